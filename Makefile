@@ -1,0 +1,44 @@
+# Two entry points for users: `make demo` and `make test`. Both build the virtual environment once
+# (a stamp file records it) and reuse it afterwards.
+#
+# On a GPU machine, override the torch requirement, e.g.:
+#   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH_SPEC  ?= torch==2.13.0
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip
+STAMP       := $(VENV)/.palm_plugin_installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test env data clean-env
+
+env: $(STAMP)
+
+# fairseq-fixed is built without build isolation so that its extensions compile against the torch installed
+# here (an isolated build would fetch another torch); its dependencies are listed in requirements.txt without
+# torchaudio, which fairseq needs only for speech and which breaks `import transformers` beside a CPU torch.
+$(STAMP): setup.py requirements.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade "pip>=23.2"
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -r requirements-build.txt
+	$(PIP) install --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
+	$(PIP) install --no-build-isolation fastbpe==0.1.0
+	$(PIP) install -r requirements.txt
+	$(PIP) uninstall -y torchaudio 2>/dev/null || true
+	$(PIP) install --no-build-isolation --no-deps -e .
+	$(PY) -c "import fairseq, palm_plugin, fastBPE, sentencepiece, transformers; print('environment ready:', fairseq.__version__)"
+	touch $@
+
+data: $(STAMP)
+	$(PY) scripts/prepare_data.py --out data
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+clean-env:
+	rm -rf $(VENV)

@@ -1,0 +1,28 @@
+"""palm_plugin: PALM, UniLM and UniLMv2 for fairseq.
+
+Importing this package (directly, through ``--user-dir palm_plugin``, or through the path printed by
+``python -c "import palm_plugin, os; print(os.path.dirname(palm_plugin.__file__))"``) does two things:
+
+1. allow-lists, for torch's weights-only unpickler, exactly the types fairseq stores in checkpoints, so that
+   fairseq-train / fairseq-generate load checkpoints safely under torch >= 2.6 (see :mod:`palm_plugin.safe_loading`);
+2. imports every module of ``criterions/``, ``models/`` and ``tasks/``, whose decorators register the plugin's
+   names with fairseq's registries.
+"""
+import importlib
+import os
+
+from palm_plugin import safe_loading
+
+safe_loading.install()
+
+
+def _import_submodules(subpackage: str) -> None:
+    """Import every public module of ``palm_plugin.<subpackage>`` (registration happens on import)."""
+    directory = os.path.join(os.path.dirname(__file__), subpackage)
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".py") and not name.startswith("_"):
+            importlib.import_module(f"{__name__}.{subpackage}.{name[:-3]}")
+
+
+for _subpackage in ("criterions", "models", "tasks"):
+    _import_submodules(_subpackage)

@@ -1,0 +1,104 @@
+"""BERT-style token masking, shared by PALM's encoder MLM, UniLM pre-training and fine-tuning.
+
+A policy does two separate things, so that each caller can pick its own positions and reuse the replacement:
+
+* :meth:`TokenMaskingPolicy.select` chooses which positions are predicted: ``mask_prob`` of the maskable
+  positions (at least one), drawn as n-gram spans whose lengths follow ``span_length_probs``
+  (BERT: ``(1.0,)``; UniLM: 80% single tokens, 20% bigrams or trigrams = ``(0.8, 0.1, 0.1)``);
+* :meth:`TokenMaskingPolicy.corrupt` replaces the chosen tokens: ``mask_token_prob`` of them by the mask symbol,
+  ``random_token_prob`` by a random non-special token, the rest left unchanged (BERT's 80/10/10).
+
+Randomness comes only from the ``numpy.random.Generator`` passed in; datasets seed it with
+``(seed, epoch, index)`` so a sample's noise does not depend on worker count or on resuming.
+"""
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator a dataset uses for item ``index`` in ``epoch`` (fairseq's seeding convention)."""
+    return np.random.default_rng((seed, epoch, index))
+
+
+@dataclass(frozen=True)
+class TokenMaskingPolicy:
+    mask_prob: float = 0.15
+    mask_token_prob: float = 0.8
+    random_token_prob: float = 0.1
+    span_length_probs: Sequence[float] = (1.0,)
+
+    def __post_init__(self):
+        if not 0.0 < self.mask_prob <= 1.0:
+            raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
+        if self.mask_token_prob < 0 or self.random_token_prob < 0 or self.mask_token_prob + self.random_token_prob > 1:
+            raise ValueError("mask_token_prob and random_token_prob must be >= 0 and sum to at most 1")
+        if abs(sum(self.span_length_probs) - 1.0) > 1e-6:
+            raise ValueError(f"span_length_probs must sum to 1, got {tuple(self.span_length_probs)}")
+
+    def select(self, maskable: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Choose the positions to predict.
+
+        Args:
+            maskable: bool array ``(T,)``, True where a token may be masked (not BOS/EOS/padding).
+        Returns:
+            bool array ``(T,)``: the selected positions, a subset of ``maskable``; ``ceil(mask_prob * n)`` of
+            them for ``n`` maskable positions (0 when there are none).
+        """
+        candidates = np.flatnonzero(maskable)
+        selected = np.zeros(len(maskable), dtype=bool)
+        if len(candidates) == 0:
+            return selected
+        budget = max(1, int(np.ceil(self.mask_prob * len(candidates))))
+        if len(self.span_length_probs) == 1:
+            selected[rng.choice(candidates, size=budget, replace=False)] = True
+            return selected
+        # Spans start at candidates in a random order; a span covers the next maskable positions only, and stops
+        # at the budget, so the count is exact and spans never cross a non-maskable token.
+        span_lengths = rng.choice(
+            np.arange(1, len(self.span_length_probs) + 1), size=len(candidates), p=self.span_length_probs
+        )
+        count = 0
+        for start, span_length in zip(rng.permutation(candidates), span_lengths):
+            for position in range(start, min(start + span_length, len(maskable))):
+                if count == budget or not maskable[position]:
+                    break
+                if not selected[position]:
+                    selected[position] = True
+                    count += 1
+            if count == budget:
+                break
+        return selected
+
+    def corrupt(
+        self,
+        tokens: np.ndarray,
+        selected: np.ndarray,
+        rng: np.random.Generator,
+        mask_index: int,
+        first_regular_index: int,
+        vocab_size: int,
+    ) -> np.ndarray:
+        """Return a copy of ``tokens`` with the selected positions replaced 80/10/10.
+
+        Args:
+            tokens: int array ``(T,)``.
+            selected: bool array ``(T,)`` from :meth:`select`.
+            mask_index: the dictionary index of the mask symbol.
+            first_regular_index / vocab_size: random replacements are drawn uniformly from
+                ``[first_regular_index, vocab_size)`` minus ``mask_index`` (no special symbols).
+        """
+        noised = tokens.copy()
+        positions = np.flatnonzero(selected)
+        if len(positions) == 0:
+            return noised
+        draw = rng.random(len(positions))
+        to_mask = positions[draw < self.mask_token_prob]
+        to_random = positions[(draw >= self.mask_token_prob) & (draw < self.mask_token_prob + self.random_token_prob)]
+        noised[to_mask] = mask_index
+        if len(to_random):
+            regular = np.arange(first_regular_index, vocab_size)
+            regular = regular[regular != mask_index]
+            noised[to_random] = rng.choice(regular, size=len(to_random))
+        return noised

@@ -1,0 +1,1 @@
+"""fairseq models and architectures of the plugin (``@register_model`` / ``@register_model_architecture``)."""

@@ -1,0 +1,16 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="palm_plugin",
+    version="0.1.0",
+    description="fairseq plugin for PALM, UniLM and UniLMv2 pre-training, fine-tuning and decoding",
+    packages=find_packages(include=["palm_plugin", "palm_plugin.*"]),
+    python_requires=">=3.9",
+    install_requires=["fairseq-fixed", "torch>=2.0", "sentencepiece", "rouge-score", "sacrebleu"],
+    entry_points={
+        "console_scripts": [
+            "palm-score=palm_plugin.cli.score:main",
+            "palm-bench=palm_plugin.cli.benchmark:main",
+        ],
+    },
+)
