@@ -78,7 +78,7 @@ def hide_padding(mask: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor
     """Remove padding keys from ``mask`` ``(B, T, T)`` or ``(T, T)``; padding rows keep only themselves."""
     keys_visible = ~padding_mask.unsqueeze(1)  # (B, 1, T)
     eye = torch.eye(padding_mask.size(1), dtype=torch.bool, device=padding_mask.device)
-    return (mask & keys_visible) | (eye & padding_mask.unsqueeze(2))
+    return torch.where(padding_mask.unsqueeze(2), eye, mask & keys_visible)
 
 
 def to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
