@@ -1,0 +1,74 @@
+"""Relative position buckets and bias against transformers' T5 (the reference implementation of the scheme)."""
+import pytest
+import torch
+from transformers import T5Config
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from palm_plugin.modules.relative_position import RelativePositionBias, relative_position_bucket
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (64, 256), (16, 32), (8, 20)])
+def test_buckets_equal_t5(bidirectional, num_buckets, max_distance):
+    offsets = torch.arange(-3 * max_distance, 3 * max_distance + 1)
+    ours = relative_position_bucket(offsets, num_buckets, max_distance, bidirectional)
+    reference = T5Attention._relative_position_bucket(
+        offsets, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    assert torch.equal(ours, reference)
+    assert ours.min() >= 0 and ours.max() == num_buckets - 1  # every bucket range is reached, none exceeded
+
+
+def test_buckets_known_values():
+    # Hand-computed for the default 32 buckets / 128: exact for |offset| < 8, log-spaced up to 128, keys after the
+    # query in the upper 16 buckets.
+    offsets = torch.tensor([0, -1, -7, -8, -12, -128, -1000, 1, 7, 8, 1000])
+    expected = torch.tensor([0, 1, 7, 8, 9, 15, 15, 17, 23, 24, 31])
+    assert torch.equal(relative_position_bucket(offsets), expected)
+
+
+def _t5_attention(num_heads, num_buckets, max_distance):
+    config = T5Config(
+        d_model=16, d_kv=4, num_heads=num_heads, relative_attention_num_buckets=num_buckets,
+        relative_attention_max_distance=max_distance, is_decoder=False,
+    )
+    return T5Attention(config, has_relative_attention_bias=True)
+
+
+def test_bias_equals_t5_compute_bias():
+    torch.manual_seed(0)
+    bias = RelativePositionBias(num_heads=3, num_buckets=32, max_distance=128)
+    t5 = _t5_attention(3, 32, 128)
+    with torch.no_grad():
+        t5.relative_attention_bias.weight.copy_(bias.weight.t())  # T5 stores [buckets, heads]
+    length = 200
+    positions = torch.arange(length).unsqueeze(0)
+    ours = bias(positions, positions)
+    assert ours.shape == (1, 3, length, length)
+    torch.testing.assert_close(ours, t5.compute_bias(length, length), rtol=0, atol=0)
+
+
+def test_bias_follows_position_ids_not_indices():
+    """Appended tokens carry the position id of the token they stand for: the bias must use the ids."""
+    torch.manual_seed(0)
+    bias = RelativePositionBias(num_heads=2, num_buckets=16, max_distance=32)
+    query = torch.tensor([[0, 1, 2, 3, 1, 2]])  # two appended rows stand for positions 1 and 2
+    key = torch.tensor([[0, 1, 2, 3, 1, 2, 5]])
+    out = bias(query, key)
+    assert out.shape == (1, 2, 6, 7)
+    for i in range(6):
+        for j in range(7):
+            bucket = relative_position_bucket(key[0, j] - query[0, i], 16, 32)
+            torch.testing.assert_close(out[0, :, i, j], bias.weight[:, bucket], rtol=0, atol=0)
+    # rows standing for the same position get identical biases
+    torch.testing.assert_close(out[0, :, 1], out[0, :, 4], rtol=0, atol=0)
+
+
+def test_bias_gradient_reaches_table():
+    bias = RelativePositionBias(num_heads=2, num_buckets=8, max_distance=16)
+    positions = torch.arange(5).unsqueeze(0)
+    bias(positions, positions).sum().backward()
+    # d(sum)/d(weight[h, b]) = the number of (query, key) pairs whose offset falls in bucket b, for every head.
+    offsets = positions.view(1, -1) - positions.view(-1, 1)  # key - query
+    counts = torch.bincount(relative_position_bucket(offsets, 8, 16).flatten(), minlength=8).float()
+    torch.testing.assert_close(bias.weight.grad, counts.expand(2, 8))
