@@ -84,3 +84,98 @@ def hide_padding(mask: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor
 def to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean mask -> additive mask: 0 where attending is allowed, the dtype's most negative value elsewhere."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# UniLMv2 (Bao et al. 2020, section 3.2 and Figure 5): the pseudo-masked LM, and the seq2seq fine-tuning layout.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class PseudoMaskKind(IntEnum):
+    """What a token of a pseudo-masked input is, for the mask rules of :func:`pmlm_mask`."""
+
+    CONTEXT = 0  # an unmasked token, or the [M] slot of a masked one (the AE part): visible to every row
+    PSEUDO = 1  # an appended [P] placeholder, whose top state predicts the token of its position
+    ORIGINAL = 2  # an appended copy of an original masked token, context for the later factorization steps
+
+
+def pmlm_mask(steps: torch.Tensor, kinds: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+    """The self-attention mask of the pseudo-masked LM, for any number of factorization steps.
+
+    Rule (Figure 5 of the paper, generalised; ``s`` = factorization step, ``CONTEXT`` tokens have no step):
+
+    * a CONTEXT key (unmasked token or [M]) is visible to every row;
+    * a CONTEXT row sees CONTEXT keys only: the AE part is a plain bidirectional MLM, whatever is appended, and
+      no context token can relay an original token to a pseudo token (the implicit leakage
+      ``[P]_4 -> x_6 -> x_4`` of section 3.2);
+    * a PSEUDO row of step i sees, besides the context, the ORIGINAL tokens of the steps < i (equation 5:
+      ``p(x_{M_i} | x_{\\M>=i})``) and the PSEUDO tokens of step i (the other placeholders of its own span, which
+      carry positions, not content). It never sees an original token of step >= i, its own included (the
+      explicit leakage of section 3.2), nor the pseudo tokens of other steps;
+    * an ORIGINAL row of step i sees the context, the ORIGINAL tokens of the steps < i and the ORIGINAL tokens of
+      step i (its own span; these rows feed only the steps after i, which may see all of step i anyway).
+
+    So with ``q`` the row and ``k`` the key: ``visible = k is CONTEXT or (q is not CONTEXT and
+    ((k is ORIGINAL and s_k < s_q) or (kind_k == kind_q and s_k == s_q)))``. For the paper's example
+    (``x_1..x_6``, steps ``{4, 5} -> {2}``) this gives Figure 5 cell by cell (tests/test_unilm2_attention_masks.py).
+
+    The same rule is the seq2seq fine-tuning mask when each target token is a one-token step in target order
+    (:func:`pseudo_seq2seq_mask`).
+
+    Args:
+        steps: ``(B, T)`` long, the factorization step of each PSEUDO / ORIGINAL token (any value on CONTEXT
+            tokens and padding).
+        kinds: ``(B, T)`` :class:`PseudoMaskKind` values.
+        padding_mask: ``(B, T)`` True at padding.
+    Returns:
+        ``(B, T, T)`` boolean mask, True = may attend.
+    """
+    query_kind, key_kind = kinds.unsqueeze(2), kinds.unsqueeze(1)
+    query_step, key_step = steps.unsqueeze(2), steps.unsqueeze(1)
+    appended_row = query_kind != PseudoMaskKind.CONTEXT
+    earlier_original = (key_kind == PseudoMaskKind.ORIGINAL) & (key_step < query_step)
+    same_step_same_kind = (key_kind == query_kind) & (key_step == query_step)
+    mask = (key_kind == PseudoMaskKind.CONTEXT) | (appended_row & (earlier_original | same_step_same_kind))
+    return hide_padding(mask, padding_mask)
+
+
+def pseudo_seq2seq_layout(source_width: int, target_width: int, device=None):
+    """Steps and kinds of the fine-tuning layout ``[source | target | pseudo target]``, each block right-padded to
+    its width (``source_width``, ``target_width``, ``target_width``).
+
+    Returns:
+        ``steps`` and ``kinds``, each ``(T,)`` with ``T = source_width + 2 * target_width``: the source is
+        CONTEXT, target token i is the ORIGINAL token of step i, pseudo token i the PSEUDO token of step i.
+    """
+    target_index = torch.arange(target_width, device=device)
+    steps = torch.cat([torch.zeros(source_width, dtype=torch.long, device=device), target_index, target_index])
+    kinds = torch.cat(
+        [
+            torch.full((source_width,), PseudoMaskKind.CONTEXT, dtype=torch.long, device=device),
+            torch.full((target_width,), PseudoMaskKind.ORIGINAL, dtype=torch.long, device=device),
+            torch.full((target_width,), PseudoMaskKind.PSEUDO, dtype=torch.long, device=device),
+        ]
+    )
+    return steps, kinds
+
+
+def pseudo_seq2seq_mask(padding_mask: torch.Tensor, source_width: int, target_width: int) -> torch.Tensor:
+    """The UniLMv2 seq2seq fine-tuning mask over ``[source | target | pseudo target]`` (section 3.4).
+
+    Source rows see the source; target row i sees the source and the target tokens <= i; pseudo row i sees the
+    source, the target tokens < i and itself; no real row sees a pseudo row. This is :func:`pmlm_mask` with one
+    factorization step per target token, in target order.
+
+    Args:
+        padding_mask: ``(B, T)`` True at padding, ``T = source_width + 2 * target_width``.
+    Returns:
+        ``(B, T, T)`` boolean mask.
+    """
+    if padding_mask.size(1) != source_width + 2 * target_width:
+        raise ValueError(
+            f"padding_mask has {padding_mask.size(1)} columns, the layout [source | target | pseudo] has "
+            f"{source_width} + 2 * {target_width}"
+        )
+    steps, kinds = pseudo_seq2seq_layout(source_width, target_width, padding_mask.device)
+    batch = padding_mask.size(0)
+    return pmlm_mask(steps.expand(batch, -1), kinds.expand(batch, -1), padding_mask)
