@@ -79,6 +79,7 @@ class TokenMaskingPolicy:
         mask_index: int,
         first_regular_index: int,
         vocab_size: int,
+        excluded: Sequence[int] = (),
     ) -> np.ndarray:
         """Return a copy of ``tokens`` with the selected positions replaced 80/10/10.
 
@@ -88,6 +89,7 @@ class TokenMaskingPolicy:
             mask_index: the dictionary index of the mask symbol.
             first_regular_index / vocab_size: random replacements are drawn uniformly from
                 ``[first_regular_index, vocab_size)`` minus ``mask_index`` (no special symbols).
+            excluded: further indices never drawn as random replacements (UniLMv2's pseudo mask symbol).
         """
         noised = tokens.copy()
         positions = np.flatnonzero(selected)
@@ -99,6 +101,6 @@ class TokenMaskingPolicy:
         noised[to_mask] = mask_index
         if len(to_random):
             regular = np.arange(first_regular_index, vocab_size)
-            regular = regular[regular != mask_index]
+            regular = regular[~np.isin(regular, [mask_index, *excluded])]
             noised[to_random] = rng.choice(regular, size=len(to_random))
         return noised
