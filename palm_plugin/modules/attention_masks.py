@@ -51,6 +51,24 @@ def seq2seq_mask(source_lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     return (j < src) | ((i >= src) & (j <= i))
 
 
+def seq2seq_decoding_mask(source_padding: torch.Tensor, cached: int, new: int) -> torch.Tensor:
+    """The rows of :func:`seq2seq_mask` for the last ``new`` target positions, as incremental decoding needs them.
+
+    Columns are ``[source (S) | cached target (cached) | new rows (new)]``: the new rows see the source (padding
+    hidden), every cached target token, and the new rows up to and including themselves.
+
+    Args:
+        source_padding: ``(N, S)`` True at source padding.
+    Returns:
+        ``(N, new, S + cached + new)`` boolean mask.
+    """
+    rows, device = source_padding.size(0), source_padding.device
+    source = (~source_padding).unsqueeze(1).expand(rows, new, -1)
+    earlier = torch.ones(rows, new, cached, dtype=torch.bool, device=device)
+    own = left_to_right_mask(new, device).expand(rows, -1, -1)
+    return torch.cat([source, earlier, own], dim=2)
+
+
 def unilm_mask(objectives: torch.Tensor, source_lengths: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
     """The mask of a mixed batch, one objective per row (UniLM pre-training).
 
