@@ -1,6 +1,5 @@
 """UniLMv2 attention masks, cell by cell: the paper's Figure 5, random factorizations, the fine-tuning layout."""
 import numpy as np
-import pytest
 import torch
 
 from palm_plugin.modules.attention_masks import (
@@ -111,32 +110,29 @@ def test_no_attention_path_leaks_a_target_to_its_pseudo_token():
 
 
 def test_seq2seq_layout_cell_by_cell():
-    """[source | target | pseudo], blocks padded separately: source lengths 3 and 2 of width 3, target lengths
-    3 and 1 of width 3."""
-    source_width, target_width = 3, 3
-    source_lengths, target_lengths = [3, 2], [3, 1]
-    width = source_width + 2 * target_width
-    padding = torch.ones(2, width, dtype=torch.bool)
-    for b in range(2):
-        padding[b, : source_lengths[b]] = False
-        padding[b, source_width : source_width + target_lengths[b]] = False
-        padding[b, source_width + target_width : source_width + target_width + target_lengths[b]] = False
-    mask = pseudo_seq2seq_mask(padding, source_width, target_width)
+    """Packed rows [source | target | pseudo | padding]: (source, target) lengths (3, 3), (2, 1), (4, 2)."""
+    source_lengths, target_lengths = torch.tensor([3, 2, 4]), torch.tensor([3, 1, 2])
+    width = 9
+    padding = torch.arange(width).unsqueeze(0) >= (source_lengths + 2 * target_lengths).unsqueeze(1)
+    mask = pseudo_seq2seq_mask(source_lengths, target_lengths, padding)
 
-    def block(column):
-        if column < source_width:
+    def block(b, column):
+        s, t = int(source_lengths[b]), int(target_lengths[b])
+        if column < s:
             return "source", column
-        if column < source_width + target_width:
-            return "target", column - source_width
-        return "pseudo", column - source_width - target_width
+        if column < s + t:
+            return "target", column - s
+        if column < s + 2 * t:
+            return "pseudo", column - s - t
+        return "padding", None
 
-    for b in range(2):
+    for b in range(3):
         for i in range(width):
             for j in range(width):
-                (row_block, row_index), (col_block, col_index) = block(i), block(j)
-                if padding[b, i]:
+                (row_block, row_index), (col_block, col_index) = block(b, i), block(b, j)
+                if row_block == "padding":
                     expected = i == j
-                elif padding[b, j]:
+                elif col_block == "padding":
                     expected = False
                 elif col_block == "source":
                     expected = True  # every row sees the source
@@ -151,9 +147,7 @@ def test_seq2seq_layout_cell_by_cell():
                 assert bool(mask[b, i, j]) == expected, (b, i, j)
 
 
-def test_seq2seq_layout_shapes_and_bad_width():
-    steps, kinds = pseudo_seq2seq_layout(2, 3)
-    assert steps.tolist() == [0, 0, 0, 1, 2, 0, 1, 2]
-    assert kinds.tolist() == [K.CONTEXT] * 2 + [K.ORIGINAL] * 3 + [K.PSEUDO] * 3
-    with pytest.raises(ValueError, match="layout"):
-        pseudo_seq2seq_mask(torch.zeros(1, 7, dtype=torch.bool), 2, 3)
+def test_seq2seq_layout_steps_and_kinds():
+    steps, kinds = pseudo_seq2seq_layout(torch.tensor([2]), torch.tensor([3]), 10)
+    assert steps.tolist() == [[0, 0, 0, 1, 2, 0, 1, 2, 0, 0]]
+    assert kinds.tolist() == [[K.CONTEXT] * 2 + [K.ORIGINAL] * 3 + [K.PSEUDO] * 3 + [K.CONTEXT] * 2]

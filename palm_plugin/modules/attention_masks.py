@@ -157,43 +157,38 @@ def pmlm_mask(steps: torch.Tensor, kinds: torch.Tensor, padding_mask: torch.Tens
     return hide_padding(mask, padding_mask)
 
 
-def pseudo_seq2seq_layout(source_width: int, target_width: int, device=None):
-    """Steps and kinds of the fine-tuning layout ``[source | target | pseudo target]``, each block right-padded to
-    its width (``source_width``, ``target_width``, ``target_width``).
+def pseudo_seq2seq_layout(source_lengths: torch.Tensor, target_lengths: torch.Tensor, seq_len: int):
+    """Steps and kinds of the fine-tuning layout ``[source | target | pseudo target | padding]`` (per row, packed).
 
+    Args:
+        source_lengths, target_lengths: ``(B,)``; row b holds ``source_lengths[b]`` source tokens, then
+            ``target_lengths[b]`` target tokens, then as many pseudo tokens, then padding up to ``seq_len``.
     Returns:
-        ``steps`` and ``kinds``, each ``(T,)`` with ``T = source_width + 2 * target_width``: the source is
-        CONTEXT, target token i is the ORIGINAL token of step i, pseudo token i the PSEUDO token of step i.
+        ``steps`` and ``kinds``, each ``(B, T)``: the source is CONTEXT, target token i is the ORIGINAL token of
+        step i, pseudo token i the PSEUDO token of step i (padding: CONTEXT, hidden by the padding mask).
     """
-    target_index = torch.arange(target_width, device=device)
-    steps = torch.cat([torch.zeros(source_width, dtype=torch.long, device=device), target_index, target_index])
-    kinds = torch.cat(
-        [
-            torch.full((source_width,), PseudoMaskKind.CONTEXT, dtype=torch.long, device=device),
-            torch.full((target_width,), PseudoMaskKind.ORIGINAL, dtype=torch.long, device=device),
-            torch.full((target_width,), PseudoMaskKind.PSEUDO, dtype=torch.long, device=device),
-        ]
-    )
+    column = torch.arange(seq_len, device=source_lengths.device).unsqueeze(0)  # (1, T)
+    source, target = source_lengths.unsqueeze(1), target_lengths.unsqueeze(1)  # (B, 1)
+    in_target = (column >= source) & (column < source + target)
+    in_pseudo = (column >= source + target) & (column < source + 2 * target)
+    steps = torch.where(in_pseudo, column - source - target, torch.where(in_target, column - source, 0))
+    kinds = torch.full_like(steps, PseudoMaskKind.CONTEXT)
+    kinds = kinds.masked_fill(in_target, PseudoMaskKind.ORIGINAL).masked_fill(in_pseudo, PseudoMaskKind.PSEUDO)
     return steps, kinds
 
 
-def pseudo_seq2seq_mask(padding_mask: torch.Tensor, source_width: int, target_width: int) -> torch.Tensor:
+def pseudo_seq2seq_mask(source_lengths: torch.Tensor, target_lengths: torch.Tensor, padding_mask: torch.Tensor):
     """The UniLMv2 seq2seq fine-tuning mask over ``[source | target | pseudo target]`` (section 3.4).
 
     Source rows see the source; target row i sees the source and the target tokens <= i; pseudo row i sees the
     source, the target tokens < i and itself; no real row sees a pseudo row. This is :func:`pmlm_mask` with one
-    factorization step per target token, in target order.
+    factorization step per target token, in target order (:func:`pseudo_seq2seq_layout`).
 
     Args:
-        padding_mask: ``(B, T)`` True at padding, ``T = source_width + 2 * target_width``.
+        source_lengths, target_lengths: ``(B,)``.
+        padding_mask: ``(B, T)`` True at padding (every column from ``source + 2 * target`` on).
     Returns:
         ``(B, T, T)`` boolean mask.
     """
-    if padding_mask.size(1) != source_width + 2 * target_width:
-        raise ValueError(
-            f"padding_mask has {padding_mask.size(1)} columns, the layout [source | target | pseudo] has "
-            f"{source_width} + 2 * {target_width}"
-        )
-    steps, kinds = pseudo_seq2seq_layout(source_width, target_width, padding_mask.device)
-    batch = padding_mask.size(0)
-    return pmlm_mask(steps.expand(batch, -1), kinds.expand(batch, -1), padding_mask)
+    steps, kinds = pseudo_seq2seq_layout(source_lengths, target_lengths, padding_mask.size(1))
+    return pmlm_mask(steps, kinds, padding_mask)
