@@ -1,0 +1,75 @@
+"""``pmlm_ae_par``: the UniLMv2 pre-training loss (Bao et al. 2020, equations 3, 6 and 7).
+
+    L = L_AE + L_PAR                                                          (7)
+    L_AE  = - sum_{m in M} log p(x_m | x_{\\M})           predicted at the [M] slots              (3)
+    L_PAR = - sum_i sum_{m in M_i} log p(x_m | x_{\\M>=i})  predicted at the [P] tokens of step i   (5, 6)
+
+Both come from ONE forward pass over the pseudo-masked input (:mod:`palm_plugin.data.pmlm_dataset`), with the
+mask of :func:`palm_plugin.modules.attention_masks.pmlm_mask`; the LM head runs on the predicted rows only.
+
+Normalisation: the gradient is ``(L_AE + L_PAR) / |M|`` (``sample_size`` = number of masked tokens), i.e. the
+mean AE loss plus the mean PAR loss per masked token, so the two objectives keep equal weight as in (7).
+Logged, in base 2 per predicted token: ``ae_loss``, ``par_loss`` and ``loss`` (their sum when both are on).
+"""
+import math
+
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.dataclass import FairseqDataclass
+from fairseq.logging import metrics
+
+from palm_plugin.modules.attention_masks import PseudoMaskKind, pmlm_mask
+
+
+@register_criterion("pmlm_ae_par", dataclass=FairseqDataclass)
+class PseudoMaskedLMCriterion(FairseqCriterion):
+    """Sums of AE and PAR cross-entropies; the objective mix is decided by the task's data (``--objective``)."""
+
+    def forward(self, model, sample, reduce=True):
+        net_input = sample["net_input"]
+        tokens, kinds = net_input["src_tokens"], net_input["kinds"]
+        mask = pmlm_mask(net_input["steps"], kinds, tokens.eq(self.padding_idx))
+        target = sample["target"]
+        predicted = target.ne(self.padding_idx)  # (B, L): the [M] slots (AE) and the [P] tokens (PAR)
+        logits, _ = model(tokens, position_ids=net_input["positions"], attention_mask=mask, masked_tokens=predicted)
+        losses = F.cross_entropy(logits.float(), target[predicted], reduction="none")  # (N,) nats
+        is_par = kinds[predicted] == PseudoMaskKind.PSEUDO
+        ae_loss = losses.masked_fill(is_par, 0.0).sum()
+        par_loss = losses.masked_fill(~is_par, 0.0).sum()
+        ae_count = int((~is_par).sum())
+        par_count = int(is_par.sum())
+        # Every masked token is predicted once by each enabled objective.
+        sample_size = max(ae_count, par_count)
+        loss = ae_loss + par_loss
+        logging_output = {
+            "loss": loss.data,
+            "ae_loss": ae_loss.data,
+            "par_loss": par_loss.data,
+            "ae_count": ae_count,
+            "par_count": par_count,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["nsentences"],
+            "sample_size": sample_size,
+        }
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        sample_size = total("sample_size")
+        if sample_size > 0:
+            metrics.log_scalar("loss", total("loss") / sample_size / math.log(2), sample_size, round=3)
+        for name in ("ae", "par"):
+            count = total(f"{name}_count")
+            if count > 0:
+                metrics.log_scalar(f"{name}_loss", total(f"{name}_loss") / count / math.log(2), count, round=3)
+                metrics.log_derived(
+                    f"{name}_ppl", lambda meters, name=name: utils.get_perplexity(meters[f"{name}_loss"].avg)
+                )
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

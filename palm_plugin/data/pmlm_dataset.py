@@ -1,0 +1,217 @@
+"""Pseudo-masked LM examples of UniLMv2 (Bao et al. 2020, section 3.2, Figure 4).
+
+For a text ``x`` whose masked positions are split into factorization steps ``M_1 .. M_K`` (Algorithm 1,
+:class:`palm_plugin.data.blockwise_masking.BlockwiseMaskingPolicy`), the input is::
+
+    [ x with the masked tokens replaced 80/10/10 by [M] | for each step k = 1..K: |M_k| [P] tokens, then the
+      |M_k| original tokens x_{M_k} ]
+
+Every appended token carries the position id of the token it stands for, so the Transformer sees it at that
+position wherever it lies in the input. For the paper's example (x_1..x_6, steps {4, 5} -> {2})::
+
+    tokens     x1 [M] x3 [M] [M] x6  [P] [P] x4 x5  [P] x2
+    positions   0  1  2   3   4  5    3   4  3  4    1  2
+    step        .  .  .   .   .  .    0   0  0  0    1  1
+    kind        C  C  C   C   C  C    P   P  O  O    P  O      (C context, P pseudo, O original)
+
+The attention mask is built from ``steps`` and ``kinds`` on the device, at the model's input
+(:func:`palm_plugin.modules.attention_masks.pmlm_mask`). Targets: the original token at each [M] slot (the
+autoencoding loss L_AE, kind CONTEXT) and at each [P] token (the partially autoregressive loss L_PAR, kind
+PSEUDO); padding everywhere else.
+
+Objectives of the paper's Table 6: ``predict_masked_slots`` switches L_AE, ``append_pseudo`` switches L_PAR (and
+the appended part: without it the input is a plain BERT MLM example and costs nothing more); AR instead of PAR
+is a masking policy with ``block_prob=0``.
+"""
+import numpy as np
+import torch
+from fairseq.data import FairseqDataset, data_utils
+
+from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
+from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
+from palm_plugin.modules.attention_masks import PseudoMaskKind
+
+MASK_SYMBOL = "<mask>"  # [M], the conventional mask (the dictionary symbol of fairseq's masked_lm)
+PSEUDO_SYMBOL = "<pseudo>"  # [P], the pseudo mask; also UniLMv2's decoding placeholder
+
+
+def pseudo_masked_example(tokens, steps, noised, pseudo_index, append_pseudo=True, predict_masked_slots=True):
+    """Lay out one example (numpy, no Python loop over tokens).
+
+    Args:
+        tokens: int ``(T,)`` the original text.
+        steps: int ``(T,)`` factorization step of each token, -1 where not masked.
+        noised: int ``(T,)`` ``tokens`` with the masked positions replaced 80/10/10.
+        pseudo_index: dictionary index of [P].
+    Returns:
+        dict of int64 arrays of length ``L = T + 2 * (number of masked tokens)`` (``T`` without
+        ``append_pseudo``): ``source``, ``positions``, ``steps``, ``kinds``, and ``target`` (-1 where nothing is
+        predicted; the dataset turns it into padding).
+    """
+    length = len(tokens)
+    masked = np.flatnonzero(steps >= 0)
+    masked = masked[np.argsort(steps[masked], kind="stable")]  # by step, then by position inside the span
+    target = np.full(length, -1, dtype=np.int64)
+    if predict_masked_slots:
+        target[masked] = tokens[masked]
+    example = {
+        "source": noised.astype(np.int64),
+        "positions": np.arange(length, dtype=np.int64),
+        "steps": np.zeros(length, dtype=np.int64),
+        "kinds": np.full(length, PseudoMaskKind.CONTEXT, dtype=np.int64),
+        "target": target,
+    }
+    if not append_pseudo or len(masked) == 0:
+        return example
+
+    # Step k occupies 2 * |M_k| slots starting at 2 * (|M_0| + ... + |M_{k-1}|): its [P] tokens, then its
+    # original tokens; a token of rank r inside its step goes to slot start + r and start + |M_k| + r.
+    masked_steps = steps[masked]
+    counts = np.bincount(masked_steps)
+    before = np.cumsum(counts) - counts
+    rank = np.arange(len(masked)) - before[masked_steps]
+    pseudo_slot = 2 * before[masked_steps] + rank
+    original_slot = pseudo_slot + counts[masked_steps]
+
+    appended = {key: np.zeros(2 * len(masked), dtype=np.int64) for key in example}
+    appended["source"][pseudo_slot] = pseudo_index
+    appended["source"][original_slot] = tokens[masked]
+    appended["positions"][pseudo_slot] = masked
+    appended["positions"][original_slot] = masked
+    appended["steps"][pseudo_slot] = masked_steps
+    appended["steps"][original_slot] = masked_steps
+    appended["kinds"][pseudo_slot] = PseudoMaskKind.PSEUDO
+    appended["kinds"][original_slot] = PseudoMaskKind.ORIGINAL
+    appended["target"][:] = -1
+    appended["target"][pseudo_slot] = tokens[masked]
+    return {key: np.concatenate([example[key], appended[key]]) for key in example}
+
+
+class PseudoMaskedLMDataset(FairseqDataset):
+    """Pseudo-masked LM examples over blocks of text (``[BOS] tokens ... [EOS]``, e.g. fairseq's
+    ``TokenBlockDataset`` + ``PrependTokenDataset``).
+
+    Randomness: ``sample_rng(seed, epoch, index)`` per item, so masks do not depend on workers or resuming.
+
+    Sizes: :meth:`size` is the text length (the positions the model must have: appended tokens reuse them);
+    :meth:`num_tokens` is an upper bound of the input length, text + 2 * (budget + longest span - 1), which
+    ``--max-tokens`` batching uses.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        dictionary,
+        mask_index: int,
+        pseudo_index: int,
+        masking: BlockwiseMaskingPolicy,
+        replacement: TokenMaskingPolicy,
+        seed: int,
+        append_pseudo: bool = True,
+        predict_masked_slots: bool = True,
+        shuffle: bool = True,
+    ):
+        if not (append_pseudo or predict_masked_slots):
+            raise ValueError("a pseudo-masked LM needs at least one loss: autoencoding or (partially) autoregressive")
+        self.dataset = dataset
+        self.dictionary = dictionary
+        self.mask_index = mask_index
+        self.pseudo_index = pseudo_index
+        self.masking = masking
+        self.replacement = replacement
+        self.seed = seed
+        self.append_pseudo = append_pseudo
+        self.predict_masked_slots = predict_masked_slots
+        self.shuffle = shuffle
+        self.epoch = 1
+        self.sizes = np.asarray(dataset.sizes, dtype=np.int64)
+        self._num_tokens = self.sizes.copy()
+        if append_pseudo:
+            budgets = np.ceil(masking.mask_prob * self.sizes - 1e-9).astype(np.int64)
+            self._num_tokens += 2 * (budgets + masking.max_block_length - 1)
+        # BOS, EOS (also the separator inside blocks that span sentences) and padding are never masked.
+        self._unmaskable = np.array([dictionary.bos(), dictionary.eos(), dictionary.pad()])
+
+    def __len__(self):
+        return len(self.dataset)
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return True  # batches depend on sizes only; the masks change with the epoch through set_epoch
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, index):
+        tokens = self.dataset[index].numpy().astype(np.int64)
+        rng = sample_rng(self.seed, self.epoch, index)
+        steps = self.masking.factorization_steps(~np.isin(tokens, self._unmaskable), rng)
+        noised = self.replacement.corrupt(
+            tokens,
+            steps >= 0,
+            rng,
+            mask_index=self.mask_index,
+            first_regular_index=self.dictionary.nspecial,
+            vocab_size=len(self.dictionary),
+            excluded=(self.pseudo_index,),
+        )
+        example = pseudo_masked_example(
+            tokens, steps, noised, self.pseudo_index, self.append_pseudo, self.predict_masked_slots
+        )
+        example["target"][example["target"] < 0] = self.dictionary.pad()
+        item = {key: torch.from_numpy(value) for key, value in example.items()}
+        item["id"] = index
+        return item
+
+    def collater(self, samples):
+        """Right-pad every field; returns fairseq's batch dict.
+
+        ``net_input``: ``src_tokens``, ``positions``, ``steps``, ``kinds`` ``(B, L)``; ``target`` ``(B, L)`` (pad where
+        nothing is predicted); ``ntokens`` counts input tokens, ``nsentences`` texts.
+        """
+        if len(samples) == 0:
+            return {}
+        pad = self.dictionary.pad()
+
+        def merge(key, value):
+            return data_utils.collate_tokens([s[key] for s in samples], value)
+
+        src_tokens = merge("source", pad)
+        return {
+            "id": torch.tensor([s["id"] for s in samples], dtype=torch.long),
+            "nsentences": len(samples),
+            "ntokens": int(src_tokens.ne(pad).sum()),
+            "net_input": {
+                "src_tokens": src_tokens,
+                "positions": merge("positions", 0),
+                "steps": merge("steps", 0),
+                "kinds": merge("kinds", int(PseudoMaskKind.CONTEXT)),
+            },
+            "target": merge("target", pad),
+        }
+
+    def num_tokens(self, index):
+        return int(self._num_tokens[index])
+
+    def num_tokens_vec(self, indices):
+        return self._num_tokens[indices]
+
+    def size(self, index):
+        return int(self.sizes[index])
+
+    def ordered_indices(self):
+        """Shuffled (fixed by the seed), then sorted by length: batches of similar lengths in random order."""
+        if not self.shuffle:
+            return np.argsort(self.sizes, kind="stable")
+        with data_utils.numpy_seed(self.seed):
+            shuffled = np.random.permutation(len(self))
+        return shuffled[np.argsort(self.sizes[shuffled], kind="stable")]
+
+    @property
+    def supports_prefetch(self):
+        return getattr(self.dataset, "supports_prefetch", False)
+
+    def prefetch(self, indices):
+        self.dataset.prefetch(indices)

@@ -1,0 +1,161 @@
+"""``pmlm``: UniLMv2 pre-training with the pseudo-masked LM (Bao et al. 2020, sections 3.1-3.3).
+
+Data: fairseq-preprocess'ed monolingual text (``--only-source``; documents separated by a blank line), cut into
+blocks of ``--tokens-per-sample`` (a block never crosses a document boundary with the default
+``complete_doc``), with ``[BOS]`` in front, as fairseq's ``masked_lm`` does. Each block is masked by blockwise
+masking (Algorithm 1) in a random factorization order and laid out as a pseudo-masked example
+(:mod:`palm_plugin.data.pmlm_dataset`); train with ``--criterion pmlm_ae_par`` on a ``unilm2_*`` arch.
+
+The dictionary gets ``<mask>`` ([M]) and ``<pseudo>`` ([P]) if ``dict.txt`` lacks them, in that order (the
+UniLMv2 fine-tuning task adds them the same way, so a pre-trained checkpoint's embedding rows line up).
+
+``--objective`` selects the pre-training objectives of the paper's Table 6:
+
+=========  ======================================================  =====================
+objective  losses                                                  factorization steps
+=========  ======================================================  =====================
+ae_par     L_AE + L_PAR, one forward pass (UniLMv2)                spans (Algorithm 1)
+ae         L_AE only (BERT's MLM; nothing appended)                spans (Algorithm 1)
+par        L_PAR only                                              spans (Algorithm 1)
+ar         L_PAR only, every step one token (autoregressive MLM)   single tokens
+ae_ar      L_AE + L_PAR with single-token steps                    single tokens
+=========  ======================================================  =====================
+"""
+import logging
+import os
+from dataclasses import dataclass, field
+
+from fairseq import utils
+from fairseq.data import Dictionary, PrependTokenDataset, TokenBlockDataset, data_utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
+from omegaconf import II, MISSING
+
+from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
+from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL, PseudoMaskedLMDataset
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+
+logger = logging.getLogger(__name__)
+
+OBJECTIVE_CHOICES = ChoiceEnum(["ae_par", "ae", "par", "ar", "ae_ar"])
+# objective -> (compute L_AE, compute L_PAR, factorization steps are spans)
+OBJECTIVES = {
+    "ae_par": (True, True, True),
+    "ae": (True, False, True),
+    "par": (False, True, True),
+    "ar": (False, True, False),
+    "ae_ar": (True, True, False),
+}
+
+
+@dataclass
+class PseudoMaskedLMConfig(FairseqDataclass):
+    data: str = field(
+        default=MISSING,
+        metadata={"help": "colon-separated fairseq-preprocess output directories (one per epoch, round-robin)"},
+    )
+    sample_break_mode: SAMPLE_BREAK_MODE_CHOICES = field(
+        default="complete_doc",
+        metadata={"help": "how text is cut into blocks (fairseq's TokenBlockDataset); complete_doc: whole "
+                  "sentences, never across a document boundary (a blank line in the raw text)"},
+    )
+    tokens_per_sample: int = field(
+        default=512, metadata={"help": "block length including [BOS] (the paper: 512); appended tokens reuse positions"}
+    )
+    objective: OBJECTIVE_CHOICES = field(
+        default="ae_par", metadata={"help": "pre-training objectives (the paper's Table 6): ae_par, ae, par, ar, ae_ar"}
+    )
+    mask_prob: float = field(default=0.15, metadata={"help": "share of tokens masked (Algorithm 1 stops at >= this)"})
+    block_prob: float = field(
+        default=0.4, metadata={"help": "probability that a drawn span is a block (n-gram) instead of one token"}
+    )
+    min_block_length: int = field(default=2, metadata={"help": "shortest block (n-gram) length"})
+    max_block_length: int = field(default=6, metadata={"help": "longest block (n-gram) length"})
+    leave_unmasked_prob: float = field(
+        default=0.1, metadata={"help": "share of masked tokens left unchanged at their [M] slot (BERT's 10%)"}
+    )
+    random_token_prob: float = field(
+        default=0.1, metadata={"help": "share of masked tokens replaced by a random token at their [M] slot"}
+    )
+    seed: int = II("common.seed")
+
+
+@register_task("pmlm", dataclass=PseudoMaskedLMConfig)
+class PseudoMaskedLMTask(FairseqTask):
+    cfg: PseudoMaskedLMConfig
+
+    def __init__(self, cfg: PseudoMaskedLMConfig, dictionary: Dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+        self.mask_idx = dictionary.add_symbol(MASK_SYMBOL)
+        self.pseudo_idx = dictionary.add_symbol(PSEUDO_SYMBOL)
+        predict_masked_slots, append_pseudo, spans = OBJECTIVES[cfg.objective]
+        self.predict_masked_slots = predict_masked_slots
+        self.append_pseudo = append_pseudo
+        self.masking = BlockwiseMaskingPolicy(
+            mask_prob=cfg.mask_prob,
+            block_prob=cfg.block_prob if spans else 0.0,
+            min_block_length=cfg.min_block_length,
+            max_block_length=cfg.max_block_length,
+        )
+        self.replacement = TokenMaskingPolicy(
+            mask_prob=cfg.mask_prob,
+            mask_token_prob=1.0 - cfg.leave_unmasked_prob - cfg.random_token_prob,
+            random_token_prob=cfg.random_token_prob,
+        )
+
+    @classmethod
+    def setup_task(cls, cfg: PseudoMaskedLMConfig, **kwargs):
+        paths = utils.split_paths(cfg.data)
+        if not paths:
+            raise ValueError("--data is empty: give the directory written by fairseq-preprocess --only-source")
+        dict_path = os.path.join(paths[0], "dict.txt")
+        if not os.path.exists(dict_path):
+            raise FileNotFoundError(
+                f"{dict_path} does not exist: --data must be a fairseq-preprocess output directory (with dict.txt)"
+            )
+        dictionary = Dictionary.load(dict_path)
+        logger.info(f"dictionary: {len(dictionary)} types")
+        return cls(cfg, dictionary)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
+        dataset = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
+        if dataset is None:
+            raise FileNotFoundError(
+                f"no binarized split {split!r} at {split_path}.{{bin,idx}}: run fairseq-preprocess --only-source "
+                f"with --trainpref / --validpref, --destdir {os.path.dirname(split_path)}"
+            )
+        blocks = TokenBlockDataset(
+            dataset,
+            dataset.sizes,
+            self.cfg.tokens_per_sample - 1,  # one less for [BOS]
+            pad=self.dictionary.pad(),
+            eos=self.dictionary.eos(),
+            break_mode=self.cfg.sample_break_mode,
+        )
+        logger.info(f"loaded {len(blocks)} blocks from {split_path}")
+        self.datasets[split] = PseudoMaskedLMDataset(
+            PrependTokenDataset(blocks, self.dictionary.bos()),
+            self.dictionary,
+            mask_index=self.mask_idx,
+            pseudo_index=self.pseudo_idx,
+            masking=self.masking,
+            replacement=self.replacement,
+            seed=self.cfg.seed,
+            append_pseudo=self.append_pseudo,
+            predict_masked_slots=self.predict_masked_slots,
+        )
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
+
+    def max_positions(self):
+        return self.cfg.tokens_per_sample

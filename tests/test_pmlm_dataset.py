@@ -1,0 +1,149 @@
+"""Pseudo-masked LM examples: the layout of the paper's Figure 4, and the dataset's items and batches."""
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
+from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL, PseudoMaskedLMDataset, pseudo_masked_example
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.modules.attention_masks import PseudoMaskKind as K
+
+C, P, O = int(K.CONTEXT), int(K.PSEUDO), int(K.ORIGINAL)
+
+
+def test_figure_4_layout():
+    """x1..x6 (ids 11..16), x2, x4, x5 masked; factorization order {x4, x5} -> {x2}."""
+    tokens = np.array([11, 12, 13, 14, 15, 16])
+    steps = np.array([-1, 1, -1, 0, 0, -1])
+    noised = np.array([11, 99, 13, 99, 99, 16])  # 99 = [M]
+    example = pseudo_masked_example(tokens, steps, noised, pseudo_index=77)
+    assert example["source"].tolist() == [11, 99, 13, 99, 99, 16, 77, 77, 14, 15, 77, 12]
+    assert example["positions"].tolist() == [0, 1, 2, 3, 4, 5, 3, 4, 3, 4, 1, 1]
+    assert example["kinds"].tolist() == [C, C, C, C, C, C, P, P, O, O, P, O]
+    assert example["steps"][6:].tolist() == [0, 0, 0, 0, 1, 1]
+    # AE predicts at the [M] slots, PAR at the [P] tokens; nothing else is predicted.
+    assert example["target"].tolist() == [-1, 12, -1, 14, 15, -1, 14, 15, -1, -1, 12, -1]
+
+
+def test_layout_without_pseudo_part_or_without_ae():
+    tokens, steps, noised = np.array([11, 12, 13]), np.array([-1, 0, -1]), np.array([11, 99, 13])
+    ae_only = pseudo_masked_example(tokens, steps, noised, 77, append_pseudo=False)
+    assert ae_only["source"].tolist() == [11, 99, 13] and ae_only["target"].tolist() == [-1, 12, -1]
+    par_only = pseudo_masked_example(tokens, steps, noised, 77, predict_masked_slots=False)
+    assert par_only["source"].tolist() == [11, 99, 13, 77, 12]
+    assert par_only["target"].tolist() == [-1, -1, -1, 12, -1]
+
+
+def make_dictionary(words=40):
+    dictionary = Dictionary()
+    for index in range(words):
+        dictionary.add_symbol(f"w{index}")
+    mask, pseudo = dictionary.add_symbol(MASK_SYMBOL), dictionary.add_symbol(PSEUDO_SYMBOL)
+    return dictionary, mask, pseudo
+
+
+class ListDataset(torch.utils.data.Dataset):
+    def __init__(self, items):
+        self.items = items
+        self.sizes = np.array([len(item) for item in items])
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def make_dataset(lengths=(30, 50, 12, 80), random_token_prob=0.1, **kwargs):
+    dictionary, mask, pseudo = make_dictionary()
+    rng = np.random.default_rng(0)
+    items = [
+        torch.tensor([dictionary.bos(), *rng.integers(dictionary.nspecial, mask, n - 2), dictionary.eos()])
+        for n in lengths
+    ]
+    dataset = PseudoMaskedLMDataset(
+        ListDataset(items),
+        dictionary,
+        mask_index=mask,
+        pseudo_index=pseudo,
+        masking=BlockwiseMaskingPolicy(),
+        replacement=TokenMaskingPolicy(mask_token_prob=1 - 0.1 - random_token_prob, random_token_prob=random_token_prob),
+        seed=3,
+        **kwargs,
+    )
+    return dataset, items, dictionary, mask, pseudo
+
+
+def test_items_are_consistent_pseudo_masked_examples():
+    dataset, items, dictionary, mask, pseudo = make_dataset()
+    for index, original in enumerate(items):
+        item = dataset[index]
+        n = len(original)
+        kinds, target, source = item["kinds"], item["target"], item["source"]
+        slots = (kinds[:n] == C) & target[:n].ne(dictionary.pad())
+        pseudo_rows, original_rows = kinds == P, kinds == O
+        masked = int(slots.sum())
+        budget = BlockwiseMaskingPolicy().budget(n - 2)  # BOS and EOS are not maskable
+        assert budget <= masked <= budget + 5
+        assert len(source) == n + 2 * masked <= dataset.num_tokens(index)
+        assert dataset.size(index) == n
+        # BOS / EOS never masked; targets are the original tokens
+        assert not slots[0] and not slots[-1]
+        assert torch.equal(target[:n][slots], original[slots])
+        # every masked position appears once as [P] (predicting it) and once as its original token
+        assert sorted(item["positions"][pseudo_rows].tolist()) == torch.nonzero(slots).flatten().tolist()
+        assert sorted(item["positions"][original_rows].tolist()) == torch.nonzero(slots).flatten().tolist()
+        assert (source[pseudo_rows] == pseudo).all()
+        assert torch.equal(source[original_rows], original[item["positions"][original_rows]])
+        assert torch.equal(target[pseudo_rows], original[item["positions"][pseudo_rows]])
+        # [P] and original tokens of one step are contiguous: [P]*k then originals*k, steps in increasing order
+        appended_steps = item["steps"][n:]
+        assert (appended_steps[1:] >= appended_steps[:-1]).all()
+        assert not (source[:n] == pseudo).any()  # [P] never appears in the text part (not even as a random token)
+
+
+def test_random_replacement_never_draws_the_pseudo_symbol():
+    dataset, items, dictionary, mask, pseudo = make_dataset(lengths=(400,) * 20, random_token_prob=0.9)
+    replaced = 0
+    for index in range(len(items)):
+        text = dataset[index]["source"][:400]
+        assert not (text == pseudo).any()
+        replaced += int(((text != items[index]) & (text != mask)).sum())
+    assert replaced > 500  # the random branch really ran
+
+
+def test_deterministic_per_seed_epoch_index():
+    dataset, *_ = make_dataset()
+    first = dataset[1]
+    assert all(torch.equal(first[k], dataset[1][k]) for k in ("source", "positions", "steps", "kinds", "target"))
+    dataset.set_epoch(2)
+    assert not torch.equal(first["source"], dataset[1]["source"]) or not torch.equal(first["steps"], dataset[1]["steps"])
+
+
+def test_collater_pads_every_field():
+    dataset, items, dictionary, *_ = make_dataset()
+    samples = [dataset[i] for i in range(len(items))]
+    batch = dataset.collater(samples)
+    width = max(len(s["source"]) for s in samples)
+    net_input = batch["net_input"]
+    for key in ("src_tokens", "positions", "steps", "kinds"):
+        assert net_input[key].shape == (len(items), width)
+    assert batch["target"].shape == (len(items), width)
+    for row, sample in enumerate(samples):
+        n = len(sample["source"])
+        assert torch.equal(net_input["src_tokens"][row, :n], sample["source"])
+        assert (net_input["src_tokens"][row, n:] == dictionary.pad()).all()
+        assert (batch["target"][row, n:] == dictionary.pad()).all()
+    assert batch["ntokens"] == sum(len(s["source"]) for s in samples)
+
+
+def test_ae_only_items_have_nothing_appended():
+    dataset, items, *_ = make_dataset(append_pseudo=False)
+    for index, original in enumerate(items):
+        assert len(dataset[index]["source"]) == len(original) == dataset.num_tokens(index)
+
+
+def test_needs_one_objective():
+    with pytest.raises(ValueError, match="at least one loss"):
+        make_dataset(append_pseudo=False, predict_masked_slots=False)
