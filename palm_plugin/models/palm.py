@@ -1,0 +1,302 @@
+"""PALM (Bi et al. 2020): a RoBERTa-compatible Transformer encoder, a Transformer decoder and a pointer-generator.
+
+* Encoder: fairseq's Transformer encoder configured as RoBERTa (learned positions, layer norm on the embeddings,
+  post-norm layers, GELU, unscaled embeddings), so a fairseq RoBERTa checkpoint loads into it (``--roberta-path``).
+* Decoder: fairseq's Transformer decoder in the same style; its output goes through PALM's pointer-generator
+  (:mod:`palm_plugin.modules.copy_generator`, equations (2)-(8)), so the decoder returns ``log P(y)`` and
+  :meth:`PalmDecoder.get_normalized_probs` hands it on unchanged; fairseq's criteria and ``SequenceGenerator``
+  work as they do for any encoder-decoder model.
+* One embedding matrix serves the encoder input, the decoder input, ``W_e`` of equation (2) and the encoder's MLM
+  head (a RoBERTa LM head, built only for tasks that pre-train the encoder, see :attr:`ContinuationPairTask.
+  trains_encoder_mlm`).
+
+Ablations of PALM's Table 6: ``--no-copy`` ("- pointer-generator"); pre-training without ``--roberta-path``
+("- autoencoding", random encoder); fine-tuning from the checkpoint of ``--stage ae`` of ``palm_mlm_lm``, whose
+decoder was never trained ("- autoregression", random decoder); fine-tuning the ``palm`` architecture with the
+``translation`` task and no ``--finetune-from-model`` ("- pre-training").
+"""
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq import utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import FairseqEncoderDecoderModel, register_model, register_model_architecture
+from fairseq.models.roberta.model import RobertaLMHead
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoderBase
+from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from fairseq.utils import safe_getattr
+
+from palm_plugin.models.palm_roberta_init import load_roberta_encoder
+from palm_plugin.modules.copy_generator import PointerGenerator
+from palm_plugin.modules.marker_embedding import MarkerEmbedding
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PalmConfig(FairseqDataclass):
+    activation_fn: ChoiceEnum(utils.get_available_activation_fns()) = field(
+        default="gelu", metadata={"help": "activation function of the feed-forward blocks (RoBERTa and PALM: gelu)"}
+    )
+    dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
+    attention_dropout: float = field(default=0.1, metadata={"help": "dropout probability for attention weights"})
+    activation_dropout: float = field(default=0.0, metadata={"help": "dropout probability after the activation"})
+    encoder_layers: int = field(default=12, metadata={"help": "number of encoder layers"})
+    encoder_embed_dim: int = field(
+        default=768, metadata={"help": "embedding and hidden size (shared by encoder, decoder and embeddings)"}
+    )
+    encoder_ffn_embed_dim: int = field(default=3072, metadata={"help": "encoder feed-forward size"})
+    encoder_attention_heads: int = field(default=12, metadata={"help": "encoder attention heads"})
+    decoder_layers: int = field(default=12, metadata={"help": "number of decoder layers"})
+    decoder_ffn_embed_dim: int = field(default=3072, metadata={"help": "decoder feed-forward size"})
+    decoder_attention_heads: int = field(default=12, metadata={"help": "decoder attention heads"})
+    encoder_max_positions: int = field(
+        default=512, metadata={"help": "learned source positions (RoBERTa checkpoints have 512)"}
+    )
+    decoder_max_positions: int = field(default=512, metadata={"help": "learned target positions"})
+    copy_attention_dim: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "hidden size of the copy layer's additive attention (W_m, W_s); default: the model size. "
+            "Its tanh activations take batch x target x source x this many floats"
+        },
+    )
+    no_copy: bool = field(
+        default=False,
+        metadata={
+            "help": "ablation '- pointer-generator' (PALM Table 6): no copy layer, P = softmax(W_e(W_v s_t + b_v))"
+        },
+    )
+    source_position_markers: int = field(
+        default=0,
+        metadata={
+            "help": "the dictionary ends with this many source position markers (<unk-0>, <unk-1>, ...) that share "
+            "the <unk> embedding and can only be copied: the extended vocabulary of fairseq's "
+            "examples/pointer_generator (use its preprocess.py / postprocess.py). 0 = off"
+        },
+    )
+    roberta_path: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "fairseq RoBERTa / masked_lm checkpoint (model.pt) with the same dictionary: initialises the "
+            "encoder, the shared embeddings and the MLM head. Leave out for the ablation '- autoencoding' "
+            "(random encoder). Not read when a saved PALM checkpoint is loaded for inference"
+        },
+    )
+
+
+@register_model("palm", dataclass=PalmConfig)
+class PalmModel(FairseqEncoderDecoderModel):
+    """PALM encoder-decoder; ``mlm_head`` is None unless the task pre-trains the encoder with MLM."""
+
+    def __init__(self, cfg, encoder, decoder, mlm_head=None):
+        super().__init__(encoder, decoder)
+        self.cfg = cfg
+        self.mlm_head = mlm_head
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        dictionary = task.source_dictionary
+        if task.target_dictionary is not None and task.target_dictionary != dictionary:
+            raise ValueError(
+                "PALM shares one embedding between source and target: binarize both sides with the same "
+                "dictionary (fairseq-preprocess --joined-dictionary or --srcdict/--tgtdict with one file)"
+            )
+        markers = safe_getattr(cfg, "source_position_markers", 0)
+        num_embeddings = len(dictionary) - markers
+        mask = dictionary.index("<mask>") if "<mask>" in dictionary else None
+        if mask is not None and mask >= num_embeddings:
+            raise ValueError(
+                f"the dictionary's <mask> (index {mask}) comes after the {markers} source position markers; "
+                "list <mask> in dict.txt before the markers"
+            )
+        embed_dim = cfg.encoder_embed_dim
+        embed_tokens = MarkerEmbedding(num_embeddings, embed_dim, dictionary.pad(), dictionary.unk())
+        transformer_cfg = _transformer_config(cfg)
+        encoder = PalmEncoder(transformer_cfg, dictionary, embed_tokens)
+        decoder = PalmDecoder(
+            transformer_cfg,
+            dictionary,
+            embed_tokens,
+            PointerGenerator(
+                decoder_dim=embed_dim,
+                encoder_dim=embed_dim,
+                output_embedding=embed_tokens.weight,
+                num_types=len(dictionary),
+                copy=not cfg.no_copy,
+                attention_dim=cfg.copy_attention_dim,
+            ),
+        )
+        mlm_head = None
+        if getattr(task, "trains_encoder_mlm", False):
+            mlm_head = RobertaLMHead(embed_dim, num_embeddings, cfg.activation_fn, weight=embed_tokens.weight)
+        model = cls(cfg, encoder, decoder, mlm_head)
+        # RoBERTa's initialisation (normal(0, 0.02), zero biases, zero padding row) for every part of the model.
+        model.apply(init_bert_params)
+        if cfg.roberta_path:
+            load_roberta_encoder(model, cfg.roberta_path)
+        return model
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens=None, masked_tokens=None, **kwargs):
+        """Run the encoder, then the MLM head and/or the decoder.
+
+        Args:
+            src_tokens / src_lengths: ``(B, S)`` / ``(B,)``.
+            prev_output_tokens: ``(B, T)`` decoder input; None skips the decoder (stage "ae" of pre-training).
+            masked_tokens: ``(B, S)`` bool, positions whose original tokens the MLM head predicts; None skips it.
+        Returns:
+            ``(log_probs, extra)``: ``log_probs`` ``(B, T, V_ext)`` from the pointer-generator (None when the
+            decoder is skipped); ``extra`` has the decoder's ``attn``/``inner_states`` and, with
+            ``masked_tokens``, ``mlm_logits`` ``(number of masked tokens, V)``.
+        """
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+        log_probs, extra = None, {}
+        if prev_output_tokens is not None:
+            log_probs, extra = self.decoder(prev_output_tokens, encoder_out=encoder_out, **kwargs)
+        if masked_tokens is not None:
+            if self.mlm_head is None:
+                raise ValueError("this PALM model has no MLM head: it is built only for the continuation_pair task")
+            features = encoder_out["encoder_out"][0].transpose(0, 1)
+            extra["mlm_logits"] = self.mlm_head(features, masked_tokens=masked_tokens)
+        return log_probs, extra
+
+    def max_positions(self):
+        return self.encoder.max_positions(), self.decoder.max_positions()
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Adapt a checkpoint to this model: drop the MLM head when there is none (fine-tuning) and, as fairseq's
+        BART does, drop the last embedding row (``<mask>``, appended by the pre-training task) when this
+        dictionary has no ``<mask>``."""
+        super().upgrade_state_dict_named(state_dict, name)
+        prefix = name + "." if name else ""
+        if self.mlm_head is None:
+            for key in [k for k in state_dict if k.startswith(prefix + "mlm_head.")]:
+                del state_dict[key]
+        embed_key = prefix + "encoder.embed_tokens.weight"
+        if embed_key not in state_dict:
+            return
+        rows = self.encoder.embed_tokens.num_embeddings
+        if state_dict[embed_key].size(0) == rows + 1 and "<mask>" not in self.encoder.dictionary:
+            for suffix in (
+                "encoder.embed_tokens.weight",
+                "decoder.embed_tokens.weight",
+                "decoder.output_projection.weight",
+                "decoder.pointer_generator.output_embedding",
+                "mlm_head.weight",
+                "mlm_head.bias",
+            ):
+                if prefix + suffix in state_dict:
+                    state_dict[prefix + suffix] = state_dict[prefix + suffix][:-1]
+
+
+class PalmEncoder(TransformerEncoderBase):
+    """fairseq's Transformer encoder that also returns ``src_tokens``, which the copy layer scatters onto."""
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        """Returns fairseq's encoder output dict (``encoder_out`` ``[(S, B, C)]``, ``encoder_padding_mask``
+        ``[(B, S)]``, ...) with ``src_tokens`` ``[(B, S)]`` filled in; ``reorder_encoder_out`` reorders it."""
+        encoder_out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        encoder_out["src_tokens"] = [src_tokens]
+        return encoder_out
+
+
+class PalmDecoder(TransformerDecoderBase):
+    """fairseq's Transformer decoder whose output layer is PALM's pointer-generator."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, pointer_generator: PointerGenerator):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=False)
+        self.pointer_generator = pointer_generator
+
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        features_only: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        src_lengths=None,
+        return_all_hiddens: bool = False,
+    ):
+        """Returns ``(log P, extra)`` with ``log P`` ``(B, T, V_ext)`` float32 (or the ``(B, T, C)`` decoder states
+        with ``features_only``); with ``incremental_state`` only the last position is computed (``T = 1``)."""
+        states, extra = self.extract_features(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            incremental_state=incremental_state,
+            full_context_alignment=full_context_alignment,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+        )
+        if features_only:
+            return states, extra
+        return self.pointer_generator(states, encoder_out, incremental_state), extra
+
+    def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
+        """The decoder's output is already ``log P``: return it (or ``P``) without another softmax."""
+        return net_output[0] if log_probs else net_output[0].exp()
+
+
+def _transformer_config(cfg) -> TransformerConfig:
+    """fairseq's TransformerConfig for RoBERTa-style encoder and decoder stacks of the sizes in ``cfg``."""
+    config = TransformerConfig()
+    config.activation_fn = cfg.activation_fn
+    config.dropout = cfg.dropout
+    config.attention_dropout = cfg.attention_dropout
+    config.activation_dropout = cfg.activation_dropout
+    config.layernorm_embedding = True
+    config.no_scale_embedding = True
+    config.share_decoder_input_output_embed = True
+    config.share_all_embeddings = True
+    config.max_source_positions = cfg.encoder_max_positions
+    config.max_target_positions = cfg.decoder_max_positions
+    for side, layers, ffn, heads in (
+        (config.encoder, cfg.encoder_layers, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads),
+        (config.decoder, cfg.decoder_layers, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads),
+    ):
+        side.embed_dim = cfg.encoder_embed_dim
+        side.ffn_embed_dim = ffn
+        side.layers = layers
+        side.attention_heads = heads
+        side.learned_pos = True
+        side.normalize_before = False
+    config.decoder.input_dim = cfg.encoder_embed_dim
+    config.decoder.output_dim = cfg.encoder_embed_dim
+    return config
+
+
+@register_model_architecture("palm", "palm_base")
+def palm_base(args):
+    """PALM: 12 + 12 layers, 768 hidden, 3072 feed-forward, 12 heads (initialised from roberta.base)."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 12)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 768)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 3072)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 12)
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 12)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
+
+
+@register_model_architecture("palm", "palm_large")
+def palm_large(args):
+    """PALM_LARGE: 24 encoder + 6 decoder layers, 1024 hidden, 4096 feed-forward, 16 heads (from roberta.large)."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 24)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 1024)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 4096)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 16)
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 6)
+    palm_base(args)
+
+
+@register_model_architecture("palm", "palm_tiny")
+def palm_tiny(args):
+    """For tests and the demo: 2 + 2 layers, 64 hidden, 128 feed-forward, 2 heads."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 128)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 2)
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 2)
+    palm_base(args)

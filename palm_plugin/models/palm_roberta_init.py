@@ -1,0 +1,87 @@
+"""Initialise PALM's encoder, shared embeddings and MLM head from a fairseq RoBERTa (``masked_lm``) checkpoint.
+
+fairseq's RoBERTa keeps its Transformer encoder under ``encoder.sentence_encoder.`` and its LM head under
+``encoder.lm_head.``; checkpoints written before fairseq 0.10 say ``decoder.`` and ``emb_layer_norm`` instead
+(the renames below are the ones ``RobertaModel.upgrade_state_dict_named`` applies). PALM's encoder is the same
+fairseq Transformer encoder, so after the renames every tensor must match by name and shape: anything else is an
+error that names the file, never a partial load.
+"""
+import logging
+
+from palm_plugin import safe_loading
+
+logger = logging.getLogger(__name__)
+
+_ENCODER = "encoder.sentence_encoder."
+_LM_HEAD = "encoder.lm_head."
+
+
+def _palm_names(roberta_weights):
+    """RoBERTa parameter names -> PALM names (``encoder.*`` and ``mlm_head.*``); other entries are dropped."""
+    renamed = {}
+    for key, value in roberta_weights.items():
+        if key.startswith("decoder."):
+            key = "encoder." + key[len("decoder."):]
+        key = key.replace(".emb_layer_norm.", ".layernorm_embedding.")
+        if key.startswith(_ENCODER):
+            renamed["encoder." + key[len(_ENCODER):]] = value
+        elif key.startswith(_LM_HEAD):
+            renamed["mlm_head." + key[len(_LM_HEAD):]] = value
+    return renamed
+
+
+def load_roberta_encoder(model, path: str) -> None:
+    """Copy the RoBERTa weights in ``path`` into ``model`` (a :class:`PalmModel`), in place.
+
+    The MLM head's output weight is PALM's shared embedding, so only its dense layer, layer norm and bias are taken
+    (when the model has an MLM head). The dictionary size is checked first; a checkpoint whose embedding has one row
+    more than a dictionary without ``<mask>`` loses that row, as in fairseq's BART.
+    """
+    state = safe_loading.load_state(path)
+    if not isinstance(state, dict) or "model" not in state:
+        raise ValueError(f"{path}: not a fairseq checkpoint (no 'model' entry); pass the model.pt of a RoBERTa model")
+    weights = _palm_names(state["model"])
+    if "encoder.embed_tokens.weight" not in weights:
+        raise ValueError(
+            f"{path}: no RoBERTa encoder in this checkpoint (expected '{_ENCODER}embed_tokens.weight'); "
+            "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture"
+        )
+    # fairseq's own upgrades (old layer-norm names, fused in_proj attention weights, the <mask> row).
+    model.upgrade_state_dict_named(weights, "")
+
+    dictionary = model.encoder.dictionary
+    expected_rows = model.encoder.embed_tokens.num_embeddings
+    rows = weights["encoder.embed_tokens.weight"].size(0)
+    if rows != expected_rows:
+        raise ValueError(
+            f"{path}: the RoBERTa embedding has {rows} rows but this dictionary has {expected_rows} embedded symbols "
+            f"({len(dictionary)} entries, <mask> {'present' if '<mask>' in dictionary else 'absent'}). PALM must "
+            "use the dictionary RoBERTa was trained with: binarize the data with that dict.txt (--srcdict)."
+        )
+
+    own = model.state_dict()
+    encoder_keys = {k for k in own if k.startswith("encoder.") and not k.endswith(".version")}
+    loaded_keys = {k for k in weights if k.startswith("encoder.") and not k.endswith(".version")}
+    missing, unexpected = sorted(encoder_keys - loaded_keys), sorted(loaded_keys - encoder_keys)
+    mismatched = [
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in sorted(encoder_keys & loaded_keys)
+        if weights[k].shape != own[k].shape
+    ]
+    if missing or unexpected or mismatched:
+        raise ValueError(
+            f"{path}: this RoBERTa encoder does not fit the PALM encoder; set --encoder-layers, "
+            "--encoder-embed-dim, --encoder-ffn-embed-dim, --encoder-attention-heads and --encoder-max-positions "
+            f"to the checkpoint's. Missing: {missing[:5]}; unexpected: {unexpected[:5]}; shapes: {mismatched[:5]}"
+        )
+    model.encoder.load_state_dict(
+        {k[len("encoder."):]: v for k, v in weights.items() if k in loaded_keys}, strict=False
+    )
+
+    if model.mlm_head is not None:
+        head = {k[len("mlm_head."):]: v for k, v in weights.items() if k.startswith("mlm_head.") and k != "mlm_head.weight"}
+        if head:
+            model.mlm_head.load_state_dict({**head, "weight": model.mlm_head.weight}, strict=True)
+        else:
+            logger.warning(f"{path}: no LM head in this checkpoint; PALM's MLM head starts from random weights")
+    logger.info(f"initialised the PALM encoder and embeddings from RoBERTa checkpoint {path}")

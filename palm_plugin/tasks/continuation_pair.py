@@ -1,0 +1,129 @@
+"""``continuation_pair``: PALM pre-training data (Bi et al. 2020, sections 2.2 and 3.1).
+
+Reads fairseq binarized monolingual data (one sentence a line, a blank line between documents) and serves
+(masked context, continuation) pairs built by :mod:`palm_plugin.data.continuation_pair_dataset`. Use it with the
+``palm`` model and the ``palm_mlm_lm`` criterion; fine-tune the resulting checkpoint with fairseq's ``translation``
+task on data binarized with the same dictionary.
+"""
+import logging
+import os
+from dataclasses import dataclass, field
+
+from fairseq import utils
+from fairseq.data import Dictionary, data_utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II, MISSING, open_dict
+
+from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ContinuationPairConfig(FairseqDataclass):
+    data: str = field(
+        default=MISSING,
+        metadata={
+            "help": "directory of fairseq-preprocess'd monolingual data (dict.txt, {split}.bin/.idx): one sentence "
+            "per line, a blank line between documents; several directories separated by ':' are used one per epoch"
+        },
+    )
+    split_mode: ChoiceEnum(["sentence", "fraction"]) = field(
+        default="sentence",
+        metadata={
+            "help": "sentence: source = consecutive sentences up to --max-source-tokens, target = the following "
+            "sentences up to --max-target-tokens, a window sliding by one sentence (PALM section 3.1); fraction: "
+            "a fragment of up to max-source + max-target tokens cut in that ratio, 80/20 (PALM section 2.2)"
+        },
+    )
+    max_source_tokens: int = field(
+        default=400, metadata={"help": "most source tokens, EOS not counted; longer sentences are truncated"}
+    )
+    max_target_tokens: int = field(
+        default=100, metadata={"help": "most target tokens, EOS not counted; longer sentences are truncated"}
+    )
+    mask_prob: float = field(default=0.15, metadata={"help": "fraction of source tokens the encoder predicts (MLM)"})
+    leave_unmasked_prob: float = field(
+        default=0.1, metadata={"help": "of the predicted tokens, this fraction is left unchanged"}
+    )
+    random_token_prob: float = field(
+        default=0.1, metadata={"help": "of the predicted tokens, this fraction is replaced by a random token"}
+    )
+    seed: int = II("common.seed")
+
+
+@register_task("continuation_pair", dataclass=ContinuationPairConfig)
+class ContinuationPairTask(FairseqTask):
+    """PALM's (context, continuation) pre-training task over one shared dictionary (with ``<mask>``)."""
+
+    trains_encoder_mlm = True  # tells the palm model to build its MLM head
+
+    def __init__(self, cfg: ContinuationPairConfig, dictionary: Dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+        # Like fairseq's masked_lm: the existing index when dict.txt lists <mask>, else appended.
+        self.mask_idx = dictionary.add_symbol("<mask>")
+        self.masking = TokenMaskingPolicy(
+            mask_prob=cfg.mask_prob,
+            mask_token_prob=1.0 - cfg.leave_unmasked_prob - cfg.random_token_prob,
+            random_token_prob=cfg.random_token_prob,
+        )
+
+    @classmethod
+    def setup_task(cls, cfg: ContinuationPairConfig, **kwargs):
+        paths = utils.split_paths(cfg.data)
+        if not paths:
+            raise ValueError("continuation_pair: give the data directory (fairseq-train DATA ...)")
+        dictionary_path = os.path.join(paths[0], "dict.txt")
+        if not os.path.exists(dictionary_path):
+            raise FileNotFoundError(f"{dictionary_path}: no dictionary; binarize the corpus with fairseq-preprocess --only-source")
+        dictionary = Dictionary.load(dictionary_path)
+        logger.info(f"dictionary: {len(dictionary)} types")
+        return cls(cfg, dictionary)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
+        sentences = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
+        if sentences is None:
+            raise FileNotFoundError(f"{split_path}.bin/.idx: split {split!r} not found (run fairseq-preprocess)")
+        pairs = build_pair_index(
+            sentences.sizes, self.cfg.max_source_tokens, self.cfg.max_target_tokens, self.cfg.split_mode
+        )
+        if len(pairs) == 0:
+            raise ValueError(
+                f"{split_path}: no pairs: every document has a single sentence. Put one sentence per line and a "
+                "blank line between documents (or use --split-mode fraction)"
+            )
+        if pairs.truncated_sources or pairs.truncated_targets:
+            logger.warning(
+                f"{split}: {pairs.truncated_sources} of {len(pairs)} sources truncated to --max-source-tokens "
+                f"{self.cfg.max_source_tokens} and {pairs.truncated_targets} "
+                f"{'targets' if self.cfg.split_mode == 'sentence' else 'fragments'} truncated (to "
+                f"{self.cfg.max_target_tokens if self.cfg.split_mode == 'sentence' else 'max-source + max-target'} "
+                "tokens): sentences longer than the limits"
+            )
+        logger.info(f"{split}: {len(pairs)} pairs ({self.cfg.split_mode} mode) from {len(sentences)} lines")
+        self.datasets[split] = ContinuationPairDataset(
+            sentences, pairs, self.dictionary, self.mask_idx, self.masking, self.cfg.seed
+        )
+
+    def build_model(self, cfg, from_checkpoint=False):
+        # The RoBERTa weights only matter for a new model; a saved PALM checkpoint already holds them.
+        if from_checkpoint and getattr(cfg, "roberta_path", None):
+            with open_dict(cfg):
+                cfg.roberta_path = None
+        return super().build_model(cfg, from_checkpoint)
+
+    def max_positions(self):
+        return self.cfg.max_source_tokens + 1, self.cfg.max_target_tokens + 1
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary

@@ -1,0 +1,136 @@
+"""PALM's pointer-generator (equations (2)-(8)) against a direct, loop-by-loop computation in float64."""
+import math
+
+import pytest
+import torch
+
+from palm_plugin.modules.copy_generator import PointerGenerator
+
+DIM, VOCAB, MARKERS, PAD = 8, 12, 3, 1
+
+
+def make_generator(copy=True, seed=0):
+    torch.manual_seed(seed)
+    embedding = torch.nn.Parameter(torch.randn(VOCAB, DIM))
+    generator = PointerGenerator(DIM, DIM, embedding, num_types=VOCAB + MARKERS, copy=copy, attention_dim=5)
+    for parameter in generator.parameters():
+        torch.nn.init.normal_(parameter, std=0.7)  # far from uniform distributions, so the test can tell
+    return generator
+
+
+def make_inputs(seed=1):
+    """Two sentences: the first right-padded, holding a repeated token and a position marker (index VOCAB + 1)."""
+    torch.manual_seed(seed)
+    src_tokens = torch.tensor([[5, 7, 5, VOCAB + 1, 2, PAD], [4, 9, 10, 6, 8, 2]])
+    encoder_states = torch.randn(2, 6, DIM)
+    padding = src_tokens.eq(PAD)
+    encoder_out = {
+        "encoder_out": [encoder_states.transpose(0, 1)],
+        "encoder_padding_mask": [padding],
+        "src_tokens": [src_tokens],
+    }
+    states = torch.randn(2, 4, DIM)
+    return states, encoder_out
+
+
+def reference_probs(generator, states, encoder_out):
+    """P(y) of equations (2)-(8), one decoder step and one source position at a time, in float64."""
+    g = {name: p.detach().double() for name, p in generator.named_parameters()}
+    src_tokens = encoder_out["src_tokens"][0]
+    padding = encoder_out["encoder_padding_mask"][0]
+    h_all = encoder_out["encoder_out"][0].transpose(0, 1).double()
+    batch, steps, _ = states.shape
+    probs = torch.zeros(batch, steps, VOCAB + MARKERS, dtype=torch.float64)
+    for b in range(batch):
+        positions = [l for l in range(src_tokens.size(1)) if not padding[b, l]]
+        for t in range(steps):
+            s = states[b, t].double()
+            logits = g["output_embedding"] @ (g["vocab_projection.weight"] @ s + g["vocab_projection.bias"])
+            p_vocab = torch.exp(logits - logits.max())
+            p_vocab = p_vocab / p_vocab.sum()  # (2)
+            if not generator.copy:
+                probs[b, t, :VOCAB] = p_vocab
+                continue
+            scores = []
+            for l in positions:
+                hidden = g["memory_projection.weight"] @ h_all[b, l] + g["query_projection.weight"] @ s
+                scores.append(float(g["attention_vector.weight"][0] @ torch.tanh(hidden + g["query_projection.bias"])))  # (3)
+            top = max(scores)
+            weights = [math.exp(e - top) for e in scores]
+            alpha = [w / sum(weights) for w in weights]  # (4)
+            z = sum(a * h_all[b, l] for a, l in zip(alpha, positions))  # (5)
+            p_copy = torch.zeros(VOCAB + MARKERS, dtype=torch.float64)
+            for a, l in zip(alpha, positions):
+                p_copy[src_tokens[b, l]] += a  # (6)
+            gate = g["gate.weight"][0] @ torch.cat((z, s)) + g["gate.bias"][0]
+            lam = 1.0 / (1.0 + math.exp(-float(gate)))  # (8)
+            probs[b, t] = lam * torch.cat((p_vocab, torch.zeros(MARKERS, dtype=torch.float64))) + (1 - lam) * p_copy  # (7)
+    return probs
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_equals_direct_computation(copy):
+    generator = make_generator(copy)
+    states, encoder_out = make_inputs()
+    log_probs = generator(states, encoder_out)
+    assert log_probs.dtype == torch.float32 and log_probs.shape == (2, 4, VOCAB + MARKERS)
+    expected = reference_probs(generator, states, encoder_out)
+    torch.testing.assert_close(log_probs.exp().double(), expected, atol=1e-6, rtol=1e-5)
+    possible = expected > 1e-20
+    torch.testing.assert_close(log_probs.double()[possible], expected[possible].log(), atol=1e-5, rtol=1e-5)
+
+
+def test_sums_to_one_over_extended_vocabulary():
+    generator = make_generator()
+    states, encoder_out = make_inputs()
+    totals = generator(states, encoder_out).double().exp().sum(-1)
+    torch.testing.assert_close(totals, torch.ones_like(totals), atol=1e-6, rtol=0)
+    # The marker held by the first source sentence gets copy mass; markers absent from the source get none.
+    probs = generator(states, encoder_out).exp()
+    assert (probs[0, :, VOCAB + 1] > 1e-4).all()
+    assert (probs[:, :, VOCAB] < 1e-30).all() and (probs[1, :, VOCAB + 1] < 1e-30).all()
+
+
+def test_closed_gate_puts_all_mass_on_source_tokens():
+    generator = make_generator()
+    with torch.no_grad():
+        generator.gate.weight.zero_()
+        generator.gate.bias.fill_(-1e4)  # lambda = sigmoid(-1e4) = 0 in float32
+    states, encoder_out = make_inputs()
+    probs = generator(states, encoder_out).double().exp()
+    for b, source in enumerate(encoder_out["src_tokens"][0].tolist()):
+        in_source = sorted(set(source) - {PAD})
+        on_source = probs[b, :, in_source].sum(-1)
+        torch.testing.assert_close(on_source, torch.ones_like(on_source), atol=1e-6, rtol=0)
+        others = [y for y in range(VOCAB + MARKERS) if y not in in_source]
+        assert (probs[b, :, others] < 1e-30).all()
+    # Sentence 0 holds token 5 twice: its copy probability is the sum of both attention weights (equation (6)).
+    alpha, _ = generator.copy_attention(states, encoder_out["encoder_out"][0].transpose(0, 1),
+                                         encoder_out["encoder_padding_mask"][0], None)
+    torch.testing.assert_close(probs[0, :, 5].float(), alpha[0, :, 0] + alpha[0, :, 2], atol=1e-6, rtol=1e-5)
+
+
+def test_gradients_reach_every_copy_parameter():
+    generator = make_generator()
+    states, encoder_out = make_inputs()
+    states.requires_grad_(True)
+    targets = torch.tensor([[5, 7, VOCAB + 1, 2], [9, 3, 8, 0]])  # source tokens, a marker, words not in source
+    log_probs = generator(states, encoder_out)
+    loss = -log_probs.gather(-1, targets.unsqueeze(-1)).sum()
+    assert torch.isfinite(loss)
+    loss.backward()
+    for name, parameter in generator.named_parameters():
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
+        assert parameter.grad.abs().sum() > 0, name
+    assert torch.isfinite(states.grad).all()
+
+
+def test_label_smoothing_over_extended_vocabulary_stays_finite():
+    """fairseq's label smoothing sums log P over every type, including markers no source token holds."""
+    generator = make_generator()
+    states, encoder_out = make_inputs()
+    log_probs = generator(states, encoder_out)
+    smooth = -log_probs.sum(-1).mean()
+    smooth.backward()
+    assert torch.isfinite(smooth)
+    assert all(torch.isfinite(p.grad).all() for p in generator.parameters())

@@ -1,0 +1,199 @@
+"""continuation_pair data: pair boundaries against a sentence-by-sentence reference, lazy items, masking."""
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+
+
+def random_corpus(rng, documents=40, longest=60):
+    """Item sizes of a binarized corpus: sentences (tokens + EOS) with a blank item (EOS only) between documents."""
+    sizes = []
+    for d in range(documents):
+        if d:
+            sizes.append(1)
+        sizes.extend(rng.integers(1, longest, size=rng.integers(1, 7)) + 1)
+    return np.array(sizes)
+
+
+def reference_pairs(sizes, max_source, max_target, mode):
+    """The pairs by their definition, greedily, one document and one start sentence at a time.
+
+    Returns (source_start, source_length, target_start, target_length) in the sentence stream and the counts of
+    truncated sources and targets (fragments in fraction mode)."""
+    documents, current = [], []
+    for size in sizes:
+        if size == 1:
+            documents.append(current)
+            current = []
+        else:
+            current.append(int(size) - 1)
+    documents.append(current)
+    pairs, truncated_src, truncated_tgt, offset = [], 0, 0, 0
+    for lengths in documents:
+        starts = np.concatenate(([0], np.cumsum(lengths))) + offset
+        for i in range(len(lengths)):
+            if mode == "sentence":
+                if i + 1 == len(lengths):
+                    break
+                j = i + 1
+                while j < len(lengths) - 1 and sum(lengths[i:j + 1]) <= max_source:
+                    j += 1
+                k = j + 1
+                while k < len(lengths) and sum(lengths[j:k + 1]) <= max_target:
+                    k += 1
+                source, target = sum(lengths[i:j]), sum(lengths[j:k])
+                truncated_src += source > max_source
+                truncated_tgt += target > max_target
+                pairs.append((starts[i], min(source, max_source), starts[j], min(target, max_target)))
+            else:
+                budget = max_source + max_target
+                k = i + 1
+                while k < len(lengths) and sum(lengths[i:k + 1]) <= budget:
+                    k += 1
+                fragment = sum(lengths[i:k])
+                if fragment < 2:
+                    continue
+                truncated_tgt += fragment > budget
+                fragment = min(fragment, budget)
+                source = min(max(int(round(fragment * max_source / budget)), 1), fragment - 1)
+                pairs.append((starts[i], source, starts[i] + source, fragment - source))
+        offset += sum(lengths)
+    return [np.array(column) for column in zip(*pairs)], truncated_src, truncated_tgt
+
+
+@pytest.mark.parametrize("mode", ["sentence", "fraction"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pair_index_matches_reference(mode, seed):
+    sizes = random_corpus(np.random.default_rng(seed))
+    index = build_pair_index(sizes, 40, 12, mode)
+    (source_start, source_length, target_start, target_length), truncated_src, truncated_tgt = reference_pairs(
+        sizes, 40, 12, mode
+    )
+    np.testing.assert_array_equal(index.source_start, source_start)
+    np.testing.assert_array_equal(index.source_length, source_length)
+    np.testing.assert_array_equal(index.target_start, target_start)
+    np.testing.assert_array_equal(index.target_length, target_length)
+    assert (index.truncated_sources, index.truncated_targets) == (truncated_src, truncated_tgt)
+    assert truncated_src + truncated_tgt > 0  # the corpus has sentences longer than the limits
+
+
+def test_sentence_mode_by_hand():
+    # document 1: sentences of 3, 4, 5 tokens; document 2: one sentence (no pair); document 3: 50 then 2 tokens.
+    sizes = np.array([4, 5, 6, 1, 3, 1, 51, 3])
+    index = build_pair_index(sizes, 8, 4, "sentence")
+    # pairs: (s0+s1 | s2 truncated to 4), (s1 | s2 truncated), (s4 truncated to 8 | s5)
+    np.testing.assert_array_equal(index.source_start, [0, 3, 14])
+    np.testing.assert_array_equal(index.source_length, [7, 4, 8])
+    np.testing.assert_array_equal(index.target_start, [7, 7, 64])
+    np.testing.assert_array_equal(index.target_length, [4, 4, 2])
+    assert (index.truncated_sources, index.truncated_targets) == (1, 2)
+
+
+class ListCorpus(torch.utils.data.Dataset):
+    """An in-memory stand-in for fairseq's indexed dataset: items and their ``sizes``."""
+
+    def __init__(self, items):
+        self.items = [torch.tensor(item) for item in items]
+        self.sizes = np.array([len(item) for item in items])
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def make_dataset(mode="sentence", max_source=12, max_target=6, seed=3):
+    dictionary = Dictionary()
+    for i in range(40):
+        dictionary.add_symbol(f"w{i}")
+    mask = dictionary.add_symbol("<mask>")
+    rng = np.random.default_rng(seed)
+    eos = dictionary.eos()
+    items, sentences = [], []
+    for d in range(6):
+        if d:
+            items.append([eos])
+        for _ in range(rng.integers(2, 6)):
+            sentence = list(rng.integers(dictionary.nspecial, mask, size=rng.integers(2, 8)))
+            items.append(sentence + [eos])
+            sentences.append(sentence)
+    corpus = ListCorpus(items)
+    pairs = build_pair_index(corpus.sizes, max_source, max_target, mode)
+    dataset = ContinuationPairDataset(corpus, pairs, dictionary, mask, TokenMaskingPolicy(), seed=7)
+    return dataset, np.concatenate(sentences), dictionary
+
+
+@pytest.mark.parametrize("mode", ["sentence", "fraction"])
+def test_items_hold_the_indexed_tokens(mode):
+    dataset, stream, dictionary = make_dataset(mode)
+    pad, eos = dictionary.pad(), dictionary.eos()
+    for index in range(len(dataset)):
+        item = dataset[index]
+        start, length = dataset.pairs.source_start[index], dataset.pairs.source_length[index]
+        original = stream[start:start + length]
+        target_start, target_length = dataset.pairs.target_start[index], dataset.pairs.target_length[index]
+        assert item["target"].tolist() == list(stream[target_start:target_start + target_length]) + [eos]
+        source, mlm_target = item["source"].numpy(), item["mlm_target"].numpy()
+        assert len(source) == len(mlm_target) == length + 1 and source[-1] == eos and mlm_target[-1] == pad
+        selected = mlm_target[:-1] != pad
+        assert selected.sum() == max(1, int(np.ceil(0.15 * length)))
+        np.testing.assert_array_equal(mlm_target[:-1][selected], original[selected])
+        np.testing.assert_array_equal(source[:-1][~selected], original[~selected])
+
+
+def test_masking_is_seeded_by_epoch_and_index():
+    dataset, _, _ = make_dataset()
+    first = [dataset[i]["source"] for i in range(len(dataset))]
+    assert all(torch.equal(a, dataset[i]["source"]) for i, a in enumerate(first))
+    dataset.set_epoch(2)
+    second = [dataset[i]["source"] for i in range(len(dataset))]
+    assert any(not torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_masking_replaces_80_10_10():
+    dataset, stream, dictionary = make_dataset(max_source=200, max_target=50)
+    mask = dictionary.index("<mask>")
+    counts = np.zeros(3)
+    for epoch in range(1, 60):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            item = dataset[index]
+            selected = item["mlm_target"].numpy() != dictionary.pad()
+            source, original = item["source"].numpy()[selected], item["mlm_target"].numpy()[selected]
+            counts += [(source == mask).sum(), ((source != mask) & (source != original)).sum(), (source == original).sum()]
+    fractions = counts / counts.sum()
+    # random replacements that draw the original token count as unchanged: 0.1 * (1 - 1/40) and 0.1 * (1 + 1/40)
+    np.testing.assert_allclose(fractions, [0.8, 0.0975, 0.1025], atol=0.02)
+
+
+def test_collater_uses_the_translation_layout():
+    dataset, _, dictionary = make_dataset()
+    batch = dataset.collater([dataset[i] for i in range(3)])
+    pad, eos = dictionary.pad(), dictionary.eos()
+    for row, index in enumerate(batch["id"].tolist()):
+        target = dataset[index]["target"]
+        assert batch["target"][row, : len(target)].tolist() == target.tolist()
+        assert batch["net_input"]["prev_output_tokens"][row, : len(target)].tolist() == [eos] + target[:-1].tolist()
+        assert batch["mlm_target"][row, : len(dataset[index]["source"])].tolist() == dataset[index]["mlm_target"].tolist()
+    assert batch["ntokens"] == int(batch["target"].ne(pad).sum())
+    assert batch["net_input"]["src_tokens"].shape == batch["mlm_target"].shape
+
+
+def test_pair_index_memory_is_a_few_arrays():
+    """2M sentences: building the index allocates a bounded number of bytes per sentence and keeps 24 per pair."""
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(2, 40, size=2_000_000)
+    sizes[rng.random(len(sizes)) < 0.05] = 1  # document breaks
+    tracemalloc.start()
+    index = build_pair_index(sizes, 400, 100, "sentence")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    kept = sum(getattr(index, name).nbytes for name in ("source_start", "source_length", "target_start", "target_length"))
+    assert kept == 24 * len(index)
+    assert peak < 200 * len(sizes), f"peak {peak / 1e6:.0f} MB for {len(sizes)} sentences"
