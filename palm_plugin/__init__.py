@@ -5,15 +5,17 @@ Importing this package (directly, through ``--user-dir palm_plugin``, or through
 
 1. allow-lists, for torch's weights-only unpickler, exactly the types fairseq stores in checkpoints, so that
    fairseq-train / fairseq-generate load checkpoints safely under torch >= 2.6 (see :mod:`palm_plugin.safe_loading`);
-2. imports every module of ``criterions/``, ``models/`` and ``tasks/``, whose decorators register the plugin's
+2. makes fairseq's torchrun support work without GPUs (see :mod:`palm_plugin.distributed`);
+3. imports every module of ``criterions/``, ``models/`` and ``tasks/``, whose decorators register the plugin's
    names with fairseq's registries.
 """
 import importlib
 import os
 
-from palm_plugin import safe_loading
+from palm_plugin import distributed, safe_loading
 
 safe_loading.install()
+distributed.install()
 
 
 def _import_submodules(subpackage: str) -> None:

@@ -16,7 +16,7 @@ def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None):
     process with this interpreter's environment; return the completed process. On failure the captured output is
     shown in the assertion message."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env_extra or {}))
-    command = [str(BIN / tool)] if not str(tool).endswith(".py") else [sys.executable, str(tool)]
+    command = [sys.executable, str(tool)] if str(tool).endswith(".py") else [str(BIN / tool)]
     result = subprocess.run(
         command + [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
