@@ -1,0 +1,83 @@
+"""The cloze loss of UniLM (Dong et al. 2019, section 2.3): recover the masked tokens, whatever the objective.
+
+Reads ``sample["cloze_input"]`` (the model's inputs: corrupted tokens, segments, objectives or a mask) and
+``sample["cloze_target"]`` (the original token at predicted positions, padding elsewhere). With label smoothing
+(section 3: 0.1 for fine-tuning) the loss is fairseq's label-smoothed cross-entropy. When the sample has
+``next_sentence_target`` (pre-training: 0 = B follows A, 1 = B is random, -1 = not a bidirectional row), the next
+sentence prediction loss of the bidirectional rows is added (section 2.3), weighted so that each of the two terms
+counts as a mean (cloze per predicted token, NSP per bidirectional row), as in BERT.
+
+Logged in base 2: ``loss`` (all terms, per predicted token), ``nll_loss`` (the cloze negative log-likelihood per
+predicted token), and ``next_sentence_loss`` / ``next_sentence_accuracy`` per bidirectional row.
+"""
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from fairseq import metrics, utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+from fairseq.dataclass import FairseqDataclass
+
+
+@dataclass
+class UniLMClozeConfig(FairseqDataclass):
+    label_smoothing: float = field(
+        default=0.0, metadata={"help": "epsilon for label smoothing of the cloze loss (UniLM fine-tuning: 0.1)"}
+    )
+
+
+@register_criterion("unilm_cloze", dataclass=UniLMClozeConfig)
+class UniLMClozeCriterion(FairseqCriterion):
+    def __init__(self, task, label_smoothing):
+        super().__init__(task)
+        self.eps = label_smoothing
+
+    def forward(self, model, sample, reduce=True):
+        target = sample["cloze_target"]
+        predicted = target.ne(self.padding_idx)
+        with_next_sentence = "next_sentence_target" in sample
+        logits, extra = model(**sample["cloze_input"], masked_tokens=predicted, next_sentence=with_next_sentence)
+        lprobs = F.log_softmax(logits.float(), dim=-1)
+        loss, nll_loss = label_smoothed_nll_loss(lprobs, target[predicted], self.eps, reduce=True)
+        sample_size = int(predicted.sum())
+        logging_output = {
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["nsentences"],
+            "sample_size": sample_size,
+        }
+        if with_next_sentence:
+            next_target = sample["next_sentence_target"]
+            rows = next_target.ne(-1)
+            next_logits = extra["next_sentence_logits"][rows].float()
+            next_loss = F.cross_entropy(next_logits, next_target[rows], reduction="sum")
+            bidirectional_rows = int(rows.sum())
+            if bidirectional_rows:
+                loss = loss + next_loss * sample_size / bidirectional_rows
+            logging_output.update(
+                next_sentence_loss=next_loss.data,
+                next_sentence_rows=bidirectional_rows,
+                next_sentence_correct=int((next_logits.argmax(-1) == next_target[rows]).sum()),
+            )
+        logging_output["loss"] = loss.data
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        sample_size = total("sample_size")
+        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        metrics.log_scalar("nll_loss", total("nll_loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
+        rows = total("next_sentence_rows")
+        if rows:
+            metrics.log_scalar("next_sentence_loss", total("next_sentence_loss") / rows / math.log(2), rows, round=3)
+            metrics.log_scalar("next_sentence_accuracy", total("next_sentence_correct") / rows, rows, round=3)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,457 @@
+"""UniLM (Dong et al. 2019): one shared Transformer whose self-attention mask selects the language model.
+
+The network (embeddings, layers, equations 1-3) is :class:`palm_plugin.modules.unilm_encoder.UniLMEncoder`; this
+file adds the output heads and fairseq's interfaces:
+
+* :meth:`UniLMModel.forward`: training and scoring. Rows carry their objective (bidirectional / left-to-right /
+  right-to-left / seq2seq, section 2.3), from which :func:`palm_plugin.modules.attention_masks.unilm_mask` builds
+  the mask; or a caller (UniLMv2) passes its own mask. Predictions come from the masked-LM head whose softmax is
+  tied to the token embeddings (section 2.4); the bidirectional rows also feed next sentence prediction.
+* an encoder/decoder pair for fairseq's ``SequenceGenerator`` (section 2.5, decoding): the "encoder" runs
+  ``[SOS] S1 [EOS]`` once, bidirectionally, and keeps every layer's keys and values once per sentence; the
+  incremental "decoder" feeds, per step, the token decoded last and a placeholder ([MASK], or UniLMv2's pseudo
+  token) at the next position, predicts from the placeholder, and caches only the real token's keys and values.
+  Without an incremental state the decoder recomputes the whole packed sequence instead (the reference the
+  cached path is tested against).
+* classification heads for fairseq's ``sentence_prediction`` task (section 2.5: ``softmax(h_1^L W^C)`` on the
+  [SOS] state).
+
+Archs: ``unilm_base`` / ``unilm_large`` / ``unilm_tiny`` (BERT sizes, 6 segment types: UniLM v1's segment ids
+mark the objective) and ``unilm2_base`` / ``unilm2_tiny`` (UniLMv2: + relative position bias, 2 segment types).
+"""
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.dataclass import FairseqDataclass
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+
+from palm_plugin.modules.attention_masks import (
+    bidirectional_mask,
+    hide_padding,
+    seq2seq_decoding_mask,
+    seq2seq_mask,
+    unilm_mask,
+)
+from palm_plugin.modules.unilm_encoder import UniLMEncoder
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class UniLMConfig(FairseqDataclass):
+    encoder_layers: int = field(default=12, metadata={"help": "number of Transformer layers"})
+    encoder_embed_dim: int = field(default=768, metadata={"help": "model (hidden) dimension"})
+    encoder_ffn_embed_dim: int = field(default=3072, metadata={"help": "feed-forward inner dimension"})
+    encoder_attention_heads: int = field(default=12, metadata={"help": "number of attention heads"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on embeddings and sublayer outputs"})
+    attention_dropout: float = field(default=0.1, metadata={"help": "dropout on attention probabilities"})
+    activation_dropout: float = field(default=0.0, metadata={"help": "dropout after the feed-forward GELU"})
+    pooler_dropout: float = field(default=0.1, metadata={"help": "dropout before a classification head"})
+    layer_norm_eps: float = field(default=1e-12, metadata={"help": "LayerNorm epsilon (BERT: 1e-12, RoBERTa: 1e-5)"})
+    max_positions: int = field(default=512, metadata={"help": "number of absolute position embeddings"})
+    num_segments: int = field(
+        default=6,
+        metadata={"help": "segment (token type) vocabulary; UniLM v1 uses 6 (ids 0-5 mark the objective), BERT 2"},
+    )
+    relative_position_buckets: int = field(
+        default=0, metadata={"help": "UniLMv2 relative position bias buckets (0 = no relative position bias)"}
+    )
+    relative_position_max_distance: int = field(
+        default=128, metadata={"help": "distance from which relative positions share the last bucket"}
+    )
+    decoding_placeholder: str = field(
+        default="<mask>",
+        metadata={"help": "symbol fed at the position being predicted while decoding ([MASK]; UniLMv2: its pseudo token)"},
+    )
+
+
+class UniLMLMHead(nn.Module):
+    """BERT's masked-LM head: dense + GELU + LayerNorm, then the token embedding matrix (tied) and a bias."""
+
+    def __init__(self, dim, vocab_size, embed_weight, layer_norm_eps):
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+        self.layer_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.weight = embed_weight
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, features):
+        """``(*, C)`` -> logits ``(*, V)``."""
+        return F.linear(self.layer_norm(F.gelu(self.dense(features))), self.weight, self.bias)
+
+
+class UniLMClassificationHead(nn.Module):
+    """Section 2.5: ``softmax(h_1^L W^C)``, a linear classifier on the top state of [SOS] (after dropout)."""
+
+    def __init__(self, dim, num_classes, dropout):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(dim, num_classes)
+
+    def forward(self, features):
+        """``(B, T, C)`` -> ``(B, num_classes)``."""
+        return self.out_proj(self.dropout(features[:, 0]))
+
+
+class UniLMSourceEncoder(FairseqEncoder):
+    """Runs ``[SOS] S1 [EOS]`` (right-padded) once and keeps each layer's keys and values for decoding.
+
+    The output holds the source cache once per sentence; ``rows_per_source`` says how many consecutive decoder
+    rows (the sentence's beams) share each entry. :meth:`reorder_encoder_out` changes only that number while the
+    rows of a sentence stay together (the usual case: beams reordered within their sentence), and copies the cache
+    only when sentences are dropped or the order mixes sentences.
+    """
+
+    def __init__(self, dictionary, stack: UniLMEncoder):
+        super().__init__(dictionary)
+        self.stack = stack
+        self.padding_idx = dictionary.pad()
+
+    def forward(self, src_tokens, src_lengths=None, source_segments=None, target_segment=None, **unused):
+        """
+        Args:
+            src_tokens: ``(n, S)`` right-padded ``[SOS] S1 [EOS]``.
+            source_segments: ``(n, S)`` segment ids of the source; target_segment: ``(n,)`` segment id the decoded
+                tokens get. The task's data decides both (UniLM v1: 4 and 5; UniLMv2: 0 and 1).
+        Returns:
+            dict with ``source_keys`` / ``source_values`` (per layer ``(n, h, S, d)``), ``source_padding``
+            ``(n, S)``, ``src_tokens``, ``source_segments``, ``target_segment`` and ``rows_per_source`` (1).
+        """
+        if source_segments is None or target_segment is None:
+            raise ValueError(
+                "UniLM decoding needs source_segments and target_segment in net_input; use --task unilm_seq2seq"
+            )
+        padding = src_tokens.eq(self.padding_idx)
+        mask = hide_padding(bidirectional_mask(src_tokens.size(1), src_tokens.device), padding)
+        cache = self.stack.forward_source(src_tokens, mask, source_segments)
+        return {
+            "source_keys": [k for k, _ in cache],
+            "source_values": [v for _, v in cache],
+            "source_padding": [padding],
+            "src_tokens": [src_tokens],
+            "source_segments": [source_segments],
+            "target_segment": [target_segment],
+            "rows_per_source": [1],
+        }
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        """Point the decoder rows ``new_order`` (``(N',)`` indices of the current rows) at their sentences."""
+        sentence_of_row = new_order // encoder_out["rows_per_source"][0]
+        group = int((sentence_of_row == sentence_of_row[0]).sum())
+        grouped = sentence_of_row.numel() % group == 0 and bool(
+            (sentence_of_row.view(-1, group) == sentence_of_row.view(-1, group)[:, :1]).all()
+        )
+        if not grouped:
+            group = 1
+        sentences = sentence_of_row[::group]
+        current = encoder_out["source_padding"][0].size(0)
+        reordered = dict(encoder_out, rows_per_source=[group])
+        if sentences.numel() != current or bool((sentences != torch.arange(current, device=sentences.device)).any()):
+            for key in ("source_keys", "source_values", "source_padding", "src_tokens", "source_segments", "target_segment"):
+                reordered[key] = [t.index_select(0, sentences) for t in encoder_out[key]]
+        return reordered
+
+    def max_positions(self):
+        return self.stack.embeddings.positions.num_embeddings
+
+
+class UniLMIncrementalDecoder(FairseqIncrementalDecoder):
+    """Predicts target token t from a placeholder at position ``|[SOS] S1 [EOS]| + t`` (section 2.5).
+
+    The network and LM head belong to the model; the decoder keeps references to them without registering them
+    again (so the parameters are stored once).
+    """
+
+    def __init__(self, dictionary, stack: UniLMEncoder, lm_head: UniLMLMHead, cfg: UniLMConfig):
+        super().__init__(dictionary)
+        self.__dict__["stack"] = stack
+        self.__dict__["lm_head"] = lm_head
+        self.placeholder = dictionary.index(cfg.decoding_placeholder)
+        if self.placeholder == dictionary.unk() and cfg.decoding_placeholder != dictionary.unk_word:
+            raise ValueError(
+                f"decoding placeholder {cfg.decoding_placeholder!r} is not in the dictionary; the task must add it "
+                f"(dictionary.add_symbol) before building the model"
+            )
+        self.padding_idx = dictionary.pad()
+
+    def forward(self, prev_output_tokens, encoder_out, incremental_state=None, **unused):
+        """
+        Args:
+            prev_output_tokens: ``(N, t + 1)``: the generator's start symbol, then the ``t`` tokens decoded so far.
+            encoder_out: from :class:`UniLMSourceEncoder` (``N`` = its sentences x ``rows_per_source``).
+            incremental_state: fairseq's cache dict; None recomputes the whole packed sequence.
+        Returns:
+            logits ``(N, 1, V)`` for target token t, and ``{"attn": None}``.
+        """
+        if incremental_state is None:
+            features = self._recompute(prev_output_tokens, encoder_out)
+        else:
+            features = self._step(prev_output_tokens, encoder_out, incremental_state)
+        return self.lm_head(features), {"attn": None}
+
+    def _rows(self, tensor, encoder_out):
+        """A per-sentence tensor repeated for each decoder row (used for small tensors only)."""
+        return tensor.repeat_interleave(encoder_out["rows_per_source"][0], dim=0)
+
+    def _source_lengths(self, encoder_out):
+        return self._rows((~encoder_out["source_padding"][0]).sum(1), encoder_out)
+
+    def _step(self, prev_output_tokens, encoder_out, incremental_state):
+        decoded = prev_output_tokens.size(1) - 1
+        rows = prev_output_tokens.size(0)
+        device = prev_output_tokens.device
+        placeholder = torch.full((rows, 1), self.placeholder, dtype=torch.long, device=device)
+        # At step 0 the token before the placeholder is the source's final [EOS], already in the source cache.
+        tokens = placeholder if decoded == 0 else torch.cat([prev_output_tokens[:, -1:], placeholder], dim=1)
+        new = tokens.size(1)
+        source_lengths = self._source_lengths(encoder_out).unsqueeze(1)
+        positions = source_lengths + torch.arange(decoded + 1 - new, decoded + 1, device=device)
+        cached_positions = source_lengths + torch.arange(decoded + 1 - new, device=device)
+        source_padding = self._rows(encoder_out["source_padding"][0], encoder_out)
+        source_positions = torch.arange(source_padding.size(1), device=device).expand(rows, -1)
+        key_positions = torch.cat([source_positions, cached_positions, positions], dim=1)
+
+        cache = self.get_incremental_state(incremental_state, "target_cache")
+        num_layers = len(self.stack.layers)
+        target_cache = None
+        if cache is not None:
+            target_cache = [(cache[f"key_{i}"], cache[f"value_{i}"]) for i in range(num_layers)]
+        mask = seq2seq_decoding_mask(source_padding, cached_positions.size(1), new)
+        source_cache = list(zip(encoder_out["source_keys"], encoder_out["source_values"]))
+        features, new_kv = self.stack.forward_step(
+            tokens,
+            positions,
+            self._rows(encoder_out["target_segment"][0], encoder_out).unsqueeze(1).expand_as(tokens),
+            key_positions,
+            mask,
+            source_cache,
+            target_cache,
+        )
+        if new == 2:  # keep the real token, never the placeholder
+            updated: Dict[str, Optional[torch.Tensor]] = {}
+            for i, (k, v) in enumerate(new_kv):
+                k, v = k[:, :, :1], v[:, :, :1]
+                if target_cache is not None:
+                    k, v = torch.cat([target_cache[i][0], k], dim=2), torch.cat([target_cache[i][1], v], dim=2)
+                updated[f"key_{i}"], updated[f"value_{i}"] = k, v
+            self.set_incremental_state(incremental_state, "target_cache", updated)
+        return features[:, -1:]
+
+    def _recompute(self, prev_output_tokens, encoder_out):
+        """Run ``[source | decoded tokens | placeholder]`` through the full network with the seq2seq mask."""
+        source = self._rows(encoder_out["src_tokens"][0], encoder_out)
+        source_padding = source.eq(self.padding_idx)
+        rows, width = source.shape
+        target = torch.cat(
+            [prev_output_tokens[:, 1:], prev_output_tokens.new_full((rows, 1), self.placeholder)], dim=1
+        )
+        tokens = torch.cat([source, target], dim=1)
+        # The source keeps its right padding inside the packed row; explicit positions put the target right after
+        # the source's last real token, as in training.
+        source_lengths = (~source_padding).sum(1, keepdim=True)
+        positions = torch.cat(
+            [
+                torch.arange(width, device=source.device).expand(rows, -1),
+                source_lengths + torch.arange(target.size(1), device=source.device),
+            ],
+            dim=1,
+        )
+        target_segment = self._rows(encoder_out["target_segment"][0], encoder_out)
+        segments = torch.cat(
+            [self._rows(encoder_out["source_segments"][0], encoder_out), target_segment.unsqueeze(1).expand_as(target)],
+            dim=1,
+        )
+        padding = torch.cat([source_padding, torch.zeros_like(target, dtype=torch.bool)], dim=1)
+        mask = hide_padding(seq2seq_mask(source.new_full((rows,), width), tokens.size(1)), padding)
+        features = self.stack(tokens, mask, positions, segments)
+        return features[:, -1:]
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        """Reorder only the target cache (the source cache is per sentence, see :class:`UniLMSourceEncoder`)."""
+        cache = self.get_incremental_state(incremental_state, "target_cache")
+        if cache is not None:
+            reordered = {name: tensor.index_select(0, new_order) for name, tensor in cache.items()}
+            self.set_incremental_state(incremental_state, "target_cache", reordered)
+
+    def max_positions(self):
+        return self.stack.embeddings.positions.num_embeddings
+
+
+@register_model("unilm", dataclass=UniLMConfig)
+class UniLMModel(FairseqEncoderDecoderModel):
+    def __init__(self, cfg: UniLMConfig, dictionary):
+        stack = UniLMEncoder(
+            vocab_size=len(dictionary),
+            padding_idx=dictionary.pad(),
+            dim=cfg.encoder_embed_dim,
+            ffn_dim=cfg.encoder_ffn_embed_dim,
+            layers=cfg.encoder_layers,
+            num_heads=cfg.encoder_attention_heads,
+            max_positions=cfg.max_positions,
+            num_segments=cfg.num_segments,
+            layer_norm_eps=cfg.layer_norm_eps,
+            dropout=cfg.dropout,
+            attention_dropout=cfg.attention_dropout,
+            activation_dropout=cfg.activation_dropout,
+            relative_position_buckets=cfg.relative_position_buckets,
+            relative_position_max_distance=cfg.relative_position_max_distance,
+        )
+        lm_head = UniLMLMHead(
+            cfg.encoder_embed_dim, len(dictionary), stack.embeddings.tokens.weight, cfg.layer_norm_eps
+        )
+        super().__init__(
+            UniLMSourceEncoder(dictionary, stack),
+            UniLMIncrementalDecoder(dictionary, stack, lm_head, cfg),
+        )
+        self.cfg = cfg
+        self.lm_head = lm_head
+        self.padding_idx = dictionary.pad()
+        # Next sentence prediction (section 2.3), on the bidirectional rows: BERT's pooler + a 2-way classifier.
+        self.pooler = nn.Linear(cfg.encoder_embed_dim, cfg.encoder_embed_dim)
+        self.next_sentence_head = nn.Linear(cfg.encoder_embed_dim, 2)
+        self.classification_heads = nn.ModuleDict()
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        """BERT's initialisation: normal(0, 0.02) weights, zero biases."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            nn.init.zeros_(module.weight[module.padding_idx])
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        return cls(cfg, task.source_dictionary)
+
+    @property
+    def stack(self) -> UniLMEncoder:
+        return self.encoder.stack
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths=None,
+        segment_ids=None,
+        position_ids=None,
+        attention_mask=None,
+        objectives=None,
+        source_lengths=None,
+        masked_tokens=None,
+        features_only=False,
+        classification_head_name=None,
+        next_sentence=False,
+        return_all_hiddens=False,
+    ):
+        """
+        Args:
+            src_tokens: ``(B, T)`` right-padded token ids.
+            src_lengths: unused (fairseq's ``sentence_prediction`` passes it).
+            segment_ids / position_ids: ``(B, T)``; default 0 / ``0 .. T-1``.
+            attention_mask: boolean ``(B, T, T)`` or ``(T, T)``; when None, built from ``objectives`` ``(B,)``
+                (:class:`~palm_plugin.modules.attention_masks.Objective`) and ``source_lengths`` ``(B,)``, or
+                bidirectional when those are None too. Padding is always hidden.
+            masked_tokens: ``(B, T)`` bool: compute LM logits only at these positions.
+            features_only: return the top states instead of logits.
+            classification_head_name: return that head's ``(B, classes)`` output.
+            next_sentence: also return ``extra["next_sentence_logits"]`` ``(B, 2)``.
+        Returns:
+            ``(x, extra)``: logits ``(B, T, V)`` (or ``(M, V)`` for the ``M`` masked positions), or the features
+            ``(B, T, C)``, or classification logits; ``extra["inner_states"]`` holds ``H^0 .. H^L`` when asked.
+        """
+        padding = src_tokens.eq(self.padding_idx)
+        if attention_mask is None:
+            if objectives is not None:
+                attention_mask = unilm_mask(objectives, source_lengths, padding)
+            else:
+                attention_mask = hide_padding(bidirectional_mask(src_tokens.size(1), src_tokens.device), padding)
+        else:
+            attention_mask = hide_padding(attention_mask, padding)
+        features, hiddens = self.stack(src_tokens, attention_mask, position_ids, segment_ids, return_all_hiddens=True)
+        extra = {"inner_states": hiddens if return_all_hiddens else None}
+        if next_sentence:
+            extra["next_sentence_logits"] = self.next_sentence_head(torch.tanh(self.pooler(features[:, 0])))
+        if classification_head_name is not None:
+            return self.classification_heads[classification_head_name](features), extra
+        if features_only:
+            return features, extra
+        if masked_tokens is not None:
+            features = features[masked_tokens]
+        return self.lm_head(features), extra
+
+    def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
+        """Add a ``num_classes``-way head on the [SOS] state (used by fairseq's ``sentence_prediction``)."""
+        if inner_dim is not None:
+            raise ValueError("UniLM's classification head is one linear layer (section 2.5); inner_dim is not used")
+        if name in self.classification_heads and self.classification_heads[name].out_proj.out_features != num_classes:
+            logger.warning(f"re-registering head {name!r} with {num_classes} classes")
+        self.classification_heads[name] = UniLMClassificationHead(
+            self.cfg.encoder_embed_dim, num_classes, self.cfg.pooler_dropout
+        )
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Keep only the checkpoint's classification heads this model has (same shape), add the model's new ones
+        (a pre-trained checkpoint has none when fine-tuning with ``sentence_prediction`` starts)."""
+        prefix = name + "." if name else ""
+        head_prefix = prefix + "classification_heads."
+        current = self.classification_heads.state_dict()
+        for key in [k for k in state_dict if k.startswith(head_prefix)]:
+            own = current.get(key[len(head_prefix) :])
+            if own is None or own.shape != state_dict[key].shape:
+                logger.warning(f"dropping {key} from the checkpoint: this model has no such head (or another shape)")
+                del state_dict[key]
+        for key, value in current.items():
+            state_dict.setdefault(head_prefix + key, value)
+        super().upgrade_state_dict_named(state_dict, name)
+
+    def max_positions(self):
+        return self.cfg.max_positions
+
+    def max_decoder_positions(self):
+        return self.cfg.max_positions
+
+
+def _architecture(args, layers, dim, ffn, heads, num_segments, relative_position_buckets):
+    args.encoder_layers = getattr(args, "encoder_layers", layers)
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", dim)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", ffn)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", heads)
+    args.num_segments = getattr(args, "num_segments", num_segments)
+    args.relative_position_buckets = getattr(args, "relative_position_buckets", relative_position_buckets)
+
+
+@register_model_architecture("unilm", "unilm_base")
+def unilm_base(args):
+    _architecture(args, 12, 768, 3072, 12, num_segments=6, relative_position_buckets=0)
+
+
+@register_model_architecture("unilm", "unilm_large")
+def unilm_large(args):
+    _architecture(args, 24, 1024, 4096, 16, num_segments=6, relative_position_buckets=0)
+
+
+@register_model_architecture("unilm", "unilm_tiny")
+def unilm_tiny(args):
+    _architecture(args, 2, 64, 256, 4, num_segments=6, relative_position_buckets=0)
+
+
+@register_model_architecture("unilm", "unilm2_base")
+def unilm2_base(args):
+    _architecture(args, 12, 768, 3072, 12, num_segments=2, relative_position_buckets=32)
+
+
+@register_model_architecture("unilm", "unilm2_tiny")
+def unilm2_tiny(args):
+    _architecture(args, 2, 64, 256, 4, num_segments=2, relative_position_buckets=32)

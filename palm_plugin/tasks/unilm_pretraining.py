@@ -1,0 +1,112 @@
+"""UniLM pre-training (Dong et al. 2019, sections 2.3-2.4): one batch mixes the four cloze objectives.
+
+Data: ``fairseq-preprocess --only-source`` output of text with one sentence a line and an empty line between
+documents (``{data}/dict.txt``, ``{data}/{split}.bin/.idx``); see :mod:`palm_plugin.data.unilm_pretraining_dataset`
+for the sampling. Train with ``--criterion unilm_cloze`` and a ``unilm_*`` arch (six segment types).
+"""
+import logging
+import os
+from dataclasses import dataclass, field
+
+from fairseq import utils
+from fairseq.data import Dictionary, data_utils
+from fairseq.dataclass import FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II, MISSING
+
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.unilm_pretraining_dataset import NUM_OBJECTIVE_SEGMENTS, UniLMPretrainingDataset
+
+logger = logging.getLogger(__name__)
+
+
+def _floats(text, option):
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+
+
+@dataclass
+class UniLMPretrainingConfig(FairseqDataclass):
+    data: str = field(default=MISSING, metadata={"help": "directory of fairseq-preprocess --only-source output"})
+    tokens_per_sample: int = field(
+        default=512, metadata={"help": "longest packed sequence [SOS] A [EOS] B [EOS], special tokens included"}
+    )
+    mask_prob: float = field(default=0.15, metadata={"help": "fraction of the text tokens to predict"})
+    mask_token_prob: float = field(default=0.8, metadata={"help": "fraction of predicted tokens replaced by [MASK]"})
+    random_token_prob: float = field(
+        default=0.1, metadata={"help": "fraction of predicted tokens replaced by a random token (rest: unchanged)"}
+    )
+    span_length_probs: str = field(
+        default="0.8,0.1,0.1",
+        metadata={"help": "probabilities of masking 1, 2, 3, ... consecutive tokens (UniLM: unigram 80%, bi/trigram 20%)"},
+    )
+    objective_probs: str = field(
+        default="0.3333333333333333,0.3333333333333333,0.16666666666666666,0.16666666666666666",
+        metadata={"help": "probabilities of the objectives bidirectional, seq2seq, left-to-right, right-to-left"},
+    )
+    seed: int = II("common.seed")
+
+
+@register_task("unilm_pretraining", dataclass=UniLMPretrainingConfig)
+class UniLMPretrainingTask(FairseqTask):
+    def __init__(self, cfg: UniLMPretrainingConfig, dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+        self.mask_index = dictionary.add_symbol("<mask>")
+        self.policy = TokenMaskingPolicy(
+            mask_prob=cfg.mask_prob,
+            mask_token_prob=cfg.mask_token_prob,
+            random_token_prob=cfg.random_token_prob,
+            span_length_probs=_floats(cfg.span_length_probs, "--span-length-probs"),
+        )
+        self.objective_probs = _floats(cfg.objective_probs, "--objective-probs")
+        if len(self.objective_probs) != 4 or abs(sum(self.objective_probs) - 1) > 1e-6:
+            raise ValueError(f"--objective-probs needs four probabilities that sum to 1, got {cfg.objective_probs}")
+
+    @classmethod
+    def setup_task(cls, cfg: UniLMPretrainingConfig, **kwargs):
+        path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no dictionary; run fairseq-preprocess --only-source first")
+        dictionary = Dictionary.load(path)
+        logger.info(f"dictionary: {len(dictionary)} types")
+        return cls(cfg, dictionary)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
+        sentences = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
+        if sentences is None:
+            raise FileNotFoundError(f"{split_path}.bin/.idx: dataset not found (fairseq-preprocess --only-source)")
+        self.datasets[split] = UniLMPretrainingDataset(
+            sentences,
+            self.dictionary,
+            self.cfg.tokens_per_sample,
+            self.policy,
+            self.mask_index,
+            self.cfg.seed,
+            self.objective_probs,
+        )
+        logger.info(f"{split}: {len(sentences)} sentences -> {len(self.datasets[split])} chunks")
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        if model.cfg.num_segments < NUM_OBJECTIVE_SEGMENTS:
+            raise ValueError(
+                f"unilm_pretraining marks the objective with segment ids 0-5; the model has {model.cfg.num_segments} "
+                f"segment types: use a unilm_* arch (not unilm2_*) or --num-segments 6"
+            )
+        return model
+
+    def max_positions(self):
+        return self.cfg.tokens_per_sample
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary

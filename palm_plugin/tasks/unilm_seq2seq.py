@@ -1,0 +1,160 @@
+"""UniLM sequence-to-sequence fine-tuning and decoding (Dong et al. 2019, section 2.5).
+
+Data: ``fairseq-preprocess --source-lang src --target-lang tgt --joined-dictionary`` output, named as for
+fairseq's ``translation`` task (``{data}/{split}.{src}-{tgt}.{src|tgt}.bin/.idx``, ``dict.{src|tgt}.txt``). UniLM
+shares one vocabulary between source and target, so both dictionaries must be the same.
+
+Training packs ``[SOS] S1 [EOS] S2 [EOS]`` (``--max-source-positions`` / ``--max-target-positions`` truncation,
+counted and logged), predicts ``--mask-prob`` of ``S2 [EOS]`` (80/10/10) with ``--criterion unilm_cloze``
+(``--label-smoothing 0.1`` in the paper). ``fairseq-generate`` decodes with the model's cached incremental decoder.
+
+``--pseudo-masks`` switches to UniLMv2's fine-tuning layout ``[source | target | pseudo target]`` (Bao et al.
+2020): the dataset is :class:`palm_plugin.data.pseudo_seq2seq_dataset.PseudoSeq2SeqDataset` (same constructor
+arguments and batch keys as :class:`~palm_plugin.data.unilm_seq2seq_dataset.UniLMSeq2SeqDataset`), the dictionary
+gets the pseudo symbol, and decoding feeds the pseudo symbol as placeholder.
+"""
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+
+from fairseq import utils
+from fairseq.data import Dictionary, data_utils
+from fairseq.dataclass import FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II, MISSING, OmegaConf, open_dict
+
+from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class UniLMSeq2SeqConfig(FairseqDataclass):
+    data: str = field(default=MISSING, metadata={"help": "directory of fairseq-preprocess output (translation layout)"})
+    source_lang: str = field(default="src", metadata={"help": "source language suffix of the data files"})
+    target_lang: str = field(default="tgt", metadata={"help": "target language suffix of the data files"})
+    max_source_positions: int = field(
+        default=384, metadata={"help": "longest [SOS] S1 [EOS]; longer sources are cut at the end"}
+    )
+    max_target_positions: int = field(
+        default=128, metadata={"help": "longest S2 [EOS]; longer targets are cut at the end (the [EOS] stays)"}
+    )
+    mask_prob: float = field(
+        default=0.7, metadata={"help": "fraction of S2 [EOS] to predict (paper: 0.7 summaries/QG, 0.5 QA/dialog)"}
+    )
+    mask_token_prob: float = field(default=0.8, metadata={"help": "fraction of predicted tokens replaced by [MASK]"})
+    random_token_prob: float = field(
+        default=0.1, metadata={"help": "fraction of predicted tokens replaced by a random token (rest: unchanged)"}
+    )
+    source_segment: int = field(
+        default=4, metadata={"help": "segment id of the source (UniLM v1: 4; UniLMv2 / BERT checkpoints: 0)"}
+    )
+    target_segment: int = field(
+        default=5, metadata={"help": "segment id of the target (UniLM v1: 5; UniLMv2 / BERT checkpoints: 1)"}
+    )
+    pseudo_masks: bool = field(
+        default=False, metadata={"help": "UniLMv2 fine-tuning layout [source | target | pseudo target]"}
+    )
+    seed: int = II("common.seed")
+
+
+@register_task("unilm_seq2seq", dataclass=UniLMSeq2SeqConfig)
+class UniLMSeq2SeqTask(FairseqTask):
+    def __init__(self, cfg: UniLMSeq2SeqConfig, dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+        self.mask_index = dictionary.add_symbol(MASK_SYMBOL)
+        if cfg.pseudo_masks:
+            dictionary.add_symbol(PSEUDO_SYMBOL)
+        self.policy = TokenMaskingPolicy(
+            mask_prob=cfg.mask_prob, mask_token_prob=cfg.mask_token_prob, random_token_prob=cfg.random_token_prob
+        )
+
+    @classmethod
+    def setup_task(cls, cfg: UniLMSeq2SeqConfig, **kwargs):
+        data = utils.split_paths(cfg.data)[0]
+        paths = [os.path.join(data, f"dict.{lang}.txt") for lang in (cfg.source_lang, cfg.target_lang)]
+        for path in paths:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{path}: no dictionary; run fairseq-preprocess (translation layout) first")
+        source_dict, target_dict = (Dictionary.load(path) for path in paths)
+        if source_dict.symbols != target_dict.symbols:
+            raise ValueError(
+                f"{paths[0]} and {paths[1]} differ: UniLM shares one vocabulary; preprocess with "
+                f"--joined-dictionary (or the same --srcdict and --tgtdict)"
+            )
+        logger.info(f"dictionary: {len(source_dict)} types")
+        return cls(cfg, source_dict)
+
+    def _split_prefix(self, split, data):
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
+            prefix = os.path.join(data, f"{split}.{pair}.")
+            if os.path.exists(prefix + f"{src}.idx"):
+                return prefix
+        raise FileNotFoundError(
+            f"{os.path.join(data, f'{split}.{src}-{tgt}.{src}')}.idx: dataset not found (fairseq-preprocess output)"
+        )
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        prefix = self._split_prefix(split, paths[(epoch - 1) % len(paths)])
+        source = data_utils.load_indexed_dataset(prefix + self.cfg.source_lang, self.dictionary)
+        target = data_utils.load_indexed_dataset(prefix + self.cfg.target_lang, self.dictionary)
+        if source is None or target is None:
+            raise FileNotFoundError(f"{prefix}{{{self.cfg.source_lang},{self.cfg.target_lang}}}.bin: cannot read")
+        dataset = self._dataset_class()(
+            source,
+            target,
+            self.dictionary,
+            self.cfg.max_source_positions,
+            self.cfg.max_target_positions,
+            self.policy,
+            self.mask_index,
+            self.cfg.source_segment,
+            self.cfg.target_segment,
+            self.cfg.seed,
+        )
+        logger.info(
+            f"{split}: {len(dataset)} pairs; truncated {dataset.truncated_sources} sources to "
+            f"--max-source-positions {self.cfg.max_source_positions} and {dataset.truncated_targets} targets to "
+            f"--max-target-positions {self.cfg.max_target_positions}"
+        )
+        self.datasets[split] = dataset
+
+    def _dataset_class(self):
+        """The switch point between UniLM's layout and UniLMv2's (``--pseudo-masks``)."""
+        if self.cfg.pseudo_masks:
+            # Imported here: the UniLMv2 layout is an optional part, maintained in its own module.
+            from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
+
+            return PseudoSeq2SeqDataset
+        return UniLMSeq2SeqDataset
+
+    def build_model(self, cfg, from_checkpoint=False):
+        if self.cfg.pseudo_masks:
+            with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.ExitStack():
+                cfg.decoding_placeholder = PSEUDO_SYMBOL
+        model = super().build_model(cfg, from_checkpoint)
+        segments = model.cfg.num_segments
+        if not (0 <= self.cfg.source_segment < segments and 0 <= self.cfg.target_segment < segments):
+            raise ValueError(
+                f"--source-segment {self.cfg.source_segment} / --target-segment {self.cfg.target_segment} do not fit "
+                f"the model's {segments} segment types (UniLMv2 and BERT checkpoints: --source-segment 0 "
+                f"--target-segment 1)"
+            )
+        return model
+
+    def max_positions(self):
+        return self.cfg.max_source_positions, self.cfg.max_target_positions
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary

@@ -1,0 +1,310 @@
+"""scripts/convert_checkpoint.py: BERT / UniLM v1 / UniLMv2 / RoBERTa checkpoints -> unilm, checked numerically
+against the reference implementations (transformers' BERT, fairseq's RoBERTa, an independent UniLMv2 forward)."""
+import argparse
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+import transformers
+from fairseq.data import Dictionary
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from palm_plugin import safe_loading
+from palm_plugin.models.unilm import UniLMModel
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "convert_checkpoint.py"
+VOCAB = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(30)] + ["##s", "the"]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("convert_checkpoint", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+convert = load_script()
+
+
+def tiny_bert_config(**overrides):
+    values = dict(
+        vocab_size=len(VOCAB), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+        max_position_embeddings=64, type_vocab_size=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    values.update(overrides)
+    return transformers.BertConfig(**values)
+
+
+def randomize(model, seed=0):
+    """Non-trivial values everywhere (LayerNorm and biases too), so that a swapped parameter shows."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1 + (parameter.dim() == 1) * 0.0)
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.add_(1.0)
+    return model
+
+
+def write_bert_dir(directory, model, config, state=None):
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict() if state is None else state, directory / "pytorch_model.bin")
+    (directory / "config.json").write_text(config.to_json_string())
+    (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return directory
+
+
+def load_converted(output):
+    """The converted checkpoint as a UniLMModel (eval mode) and its dictionary, as the tasks build them."""
+    state = safe_loading.load_state(str(output / "model.pt"))
+    dictionary = Dictionary.load(str(output / "dict.txt"))
+    dictionary.add_symbol("<mask>")
+    from omegaconf import OmegaConf
+
+    model = UniLMModel.build_model(OmegaConf.create(state["cfg"]["model"]), argparse.Namespace(source_dictionary=dictionary))
+    model.load_state_dict(state["model"], strict=True)
+    return model.eval(), dictionary
+
+
+def bert_ids(dictionary, ours):
+    """BERT vocabulary ids of our token ids (the converter's row mapping, recomputed from the two vocabularies)."""
+    names = {"<s>": "[CLS]", "<pad>": "[PAD]", "</s>": "[SEP]", "<unk>": "[UNK]", "<mask>": "[MASK]", "<pseudo>": "[MASK]"}
+    table = torch.tensor([VOCAB.index(names.get(symbol, symbol)) for symbol in dictionary.symbols])
+    return table[ours], table
+
+
+def sample_batch(dictionary, generator, lengths=(9, 6)):
+    """Right-padded ``[SOS] words [EOS]`` rows of our ids."""
+    width = max(lengths)
+    tokens = torch.full((len(lengths), width), dictionary.pad())
+    for row, length in enumerate(lengths):
+        body = torch.randint(dictionary.nspecial, len(dictionary), (length - 2,), generator=generator)
+        tokens[row, :length] = torch.cat([torch.tensor([dictionary.bos()]), body, torch.tensor([dictionary.eos()])])
+    return tokens
+
+
+def test_bert_for_masked_lm_gives_the_same_hidden_states_and_logits(tmp_path):
+    config = tiny_bert_config()
+    reference = randomize(transformers.BertForMaskedLM(config)).eval()
+    reference.tie_weights()
+    convert.main(["bert", "--input", str(write_bert_dir(tmp_path / "bert", reference, config)), "--output", str(tmp_path / "out")])
+    model, dictionary = load_converted(tmp_path / "out")
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(1))
+    ids, table = bert_ids(dictionary, tokens)
+    real = tokens.ne(dictionary.pad())
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=real.long(), output_hidden_states=True)
+        features, _ = model(tokens, features_only=True)
+        logits, _ = model(tokens)
+    torch.testing.assert_close(features[real], expected.hidden_states[-1][real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[real], expected.logits[..., table][real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("old_layer_norm_names", [False, True])
+def test_bert_model_hidden_states_pooler_and_segments(tmp_path, old_layer_norm_names):
+    config = tiny_bert_config()
+    reference = randomize(transformers.BertModel(config), seed=2).eval()
+    state = reference.state_dict()
+    if old_layer_norm_names:  # the pre-2019 file format: LayerNorm.gamma / LayerNorm.beta
+        state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+                 for k, v in state.items()}
+    source = write_bert_dir(tmp_path / "bert", reference, config, state)
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out"), "--num-segments", "6"])
+    model, dictionary = load_converted(tmp_path / "out")
+    assert model.cfg.num_segments == 6
+    segments_table = model.stack.embeddings.segments.weight
+    # Rows added for UniLM's objective segments start as copies of type 0.
+    for row in range(2, 6):
+        torch.testing.assert_close(segments_table[row], segments_table[0])
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(3))
+    ids, _ = bert_ids(dictionary, tokens)
+    real = tokens.ne(dictionary.pad())
+    token_types = (torch.arange(tokens.size(1)) >= 4).long().expand_as(tokens)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=real.long(), token_type_ids=token_types)
+        features, _ = model(tokens, segment_ids=token_types, features_only=True)
+    torch.testing.assert_close(features[real], expected.last_hidden_state[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tanh(model.pooler(features[:, 0])), expected.pooler_output, atol=1e-5, rtol=0)
+
+
+def fuse_unilm2_state(bert_state, layers, heads, buckets, generator):
+    """A UniLMv2 "fast qkv" state dict from a BERT one: fused [3H, H] projection, q_bias / v_bias, no key bias,
+    plus a random relative position table ``bert.rel_pos_bias.weight`` [heads, buckets]."""
+    state = {"bert." + k: v for k, v in bert_state.items()}
+    for layer in range(layers):
+        prefix = f"bert.encoder.layer.{layer}.attention.self."
+        state[prefix + "qkv_linear.weight"] = torch.cat(
+            [state.pop(prefix + f"{p}.weight") for p in ("query", "key", "value")]
+        )
+        state[prefix + "q_bias"] = state.pop(prefix + "query.bias")
+        state[prefix + "v_bias"] = state.pop(prefix + "value.bias")
+        del state[prefix + "key.bias"]
+    state["bert.rel_pos_bias.weight"] = torch.randn(heads, buckets, generator=generator) * 0.5
+    return state
+
+
+def unilm2_reference_forward(state, ids, padding, heads, buckets, max_distance, eps=1e-12):
+    """UniLMv2's encoder written out from the paper and the released model's description, independently of the
+    plugin: BERT with a fused qkv projection (no key bias) and T5's bidirectional relative position buckets."""
+    def linear(x, name):
+        return x @ state[name + ".weight"].t() + state[name + ".bias"]
+
+    def layer_norm(x, name):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], state[name + ".weight"], state[name + ".bias"], eps)
+
+    batch, length = ids.shape
+    positions = torch.arange(length)
+    x = (state["bert.embeddings.word_embeddings.weight"][ids] + state["bert.embeddings.position_embeddings.weight"][positions]
+         + state["bert.embeddings.token_type_embeddings.weight"][0])
+    x = layer_norm(x, "bert.embeddings.LayerNorm")
+    relative = positions.view(1, -1) - positions.view(-1, 1)  # key - query
+    bucket = T5Attention._relative_position_bucket(relative, bidirectional=True, num_buckets=buckets, max_distance=max_distance)
+    bias = state["bert.rel_pos_bias.weight"][:, bucket]  # (heads, T, T)
+    hidden = x.size(-1)
+    head_dim = hidden // heads
+    layer = 0
+    while f"bert.encoder.layer.{layer}.attention.self.qkv_linear.weight" in state:
+        prefix = f"bert.encoder.layer.{layer}."
+        qkv = x @ state[prefix + "attention.self.qkv_linear.weight"].t()
+        q, k, v = qkv.split(hidden, dim=-1)
+        q = q + state[prefix + "attention.self.q_bias"]
+        v = v + state[prefix + "attention.self.v_bias"]
+        q, k, v = (t.view(batch, length, heads, head_dim).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim) + bias
+        scores = scores.masked_fill(padding.view(batch, 1, 1, length), float("-inf"))
+        context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, hidden)
+        x = layer_norm(x + linear(context, prefix + "attention.output.dense"), prefix + "attention.output.LayerNorm")
+        inner = torch.nn.functional.gelu(linear(x, prefix + "intermediate.dense"))
+        x = layer_norm(x + linear(inner, prefix + "output.dense"), prefix + "output.LayerNorm")
+        layer += 1
+    return x
+
+
+@pytest.mark.parametrize("table_name", ["bert.rel_pos_bias.weight", "bert.encoder.rel_pos_bias.weight"])
+def test_unilm2_fused_qkv_checkpoint_matches_an_independent_forward(tmp_path, table_name):
+    config = tiny_bert_config(max_position_embeddings=200)
+    generator = torch.Generator().manual_seed(4)
+    bert = randomize(transformers.BertModel(config, add_pooling_layer=False), seed=4)
+    state = fuse_unilm2_state(bert.state_dict(), layers=2, heads=4, buckets=32, generator=generator)
+    state[table_name] = state.pop("bert.rel_pos_bias.weight")
+    convert.main(["bert", "--input", str(write_bert_dir(tmp_path / "v2", bert, config, state)), "--output", str(tmp_path / "out")])
+    model, dictionary = load_converted(tmp_path / "out")
+    assert model.cfg.relative_position_buckets == 32 and "<pseudo>" in dictionary.indices
+    # A long row, so that distances beyond the exact buckets (and beyond max_distance) are exercised.
+    tokens = sample_batch(dictionary, generator, lengths=(150, 40))
+    ids, _ = bert_ids(dictionary, tokens)
+    padding = tokens.eq(dictionary.pad())
+    reference_state = dict(state)
+    reference_state["bert.rel_pos_bias.weight"] = state[table_name]
+    with torch.no_grad():
+        expected = unilm2_reference_forward(reference_state, ids, padding, heads=4, buckets=32, max_distance=128)
+        features, _ = model(tokens, segment_ids=torch.zeros_like(tokens), features_only=True)
+    torch.testing.assert_close(features[~padding], expected[~padding], atol=1e-5, rtol=0)
+    # <pseudo> starts as [MASK].
+    embeddings = model.stack.embeddings.tokens.weight
+    torch.testing.assert_close(embeddings[dictionary.index("<pseudo>")], embeddings[dictionary.index("<mask>")])
+
+
+def tiny_roberta(dictionary):
+    from fairseq.models.roberta import RobertaModel
+    from fairseq.models.roberta.model import base_architecture
+
+    args = argparse.Namespace(
+        encoder_layers=2, encoder_embed_dim=64, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
+        max_positions=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pooler_dropout=0.0,
+    )
+    base_architecture(args)
+    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    return RobertaModel.build_model(args, task), args
+
+
+def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
+    dictionary = Dictionary()
+    for index in range(40):
+        dictionary.add_symbol(f"w{index}")
+    dictionary.save(str(tmp_path / "dict.txt"))
+    dictionary.add_symbol("<mask>")  # what fairseq's masked_lm task does
+    roberta, args = tiny_roberta(dictionary)
+    randomize(roberta, seed=5).eval()
+    torch.save({"model": roberta.state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
+    convert.main(["roberta", "--input", str(tmp_path / "roberta.pt"), "--dict", str(tmp_path / "dict.txt"),
+                  "--output", str(tmp_path / "out")])
+    model, ours = load_converted(tmp_path / "out")
+    assert ours.symbols == dictionary.symbols
+    tokens = sample_batch(ours, torch.Generator().manual_seed(6))
+    real = tokens.ne(ours.pad())
+    with torch.no_grad():
+        expected_features, _ = roberta.encoder.extract_features(tokens)
+        expected_logits, _ = roberta(tokens)
+        features, _ = model(tokens, features_only=True)
+        logits, _ = model(tokens)
+    torch.testing.assert_close(features[real], expected_features[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[real], expected_logits[real], atol=1e-5, rtol=0)
+
+
+def test_bad_inputs_give_errors_that_name_the_file(tmp_path):
+    config = tiny_bert_config()
+    bert = transformers.BertModel(config)
+    source = write_bert_dir(tmp_path / "bert", bert, config)
+
+    (source / "vocab.txt").rename(source / "vocab.bak")
+    with pytest.raises(SystemExit, match=r"vocab\.txt: file not found"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    (source / "vocab.bak").rename(source / "vocab.txt")
+
+    state = dict(bert.state_dict(), **{"encoder.layer.0.attention.self.mystery.weight": torch.zeros(2)})
+    torch.save(state, source / "pytorch_model.bin")
+    with pytest.raises(SystemExit, match=r"pytorch_model\.bin: unknown parameter 'encoder\.layer\.0\.attention\.self\.mystery\.weight'"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+
+    torch.save(bert.state_dict(), source / "pytorch_model.bin")
+    (source / "config.json").write_text(json.dumps(dict(json.loads(config.to_json_string()), intermediate_size=128)))
+    with pytest.raises(SystemExit, match=r"pytorch_model\.bin: shape mismatch for encoder\.stack\.layers\.0\.fc1\.weight"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "model.pt").exists()
+
+    with pytest.raises(SystemExit, match=r"missing\.pt: file not found"):
+        convert.main(["roberta", "--input", str(tmp_path / "missing.pt"), "--dict", str(tmp_path / "d.txt"),
+                      "--output", str(tmp_path / "out")])
+
+
+@pytest.mark.slow
+def test_converted_bert_fine_tunes_and_decodes_with_fairseq_and_wordpiece(tmp_path, cli):
+    """Real processes: convert -> fairseq-preprocess (--srcdict) -> fairseq-train --finetune-from-model ->
+    fairseq-generate --bpe bert (WordPiece detokenisation), and fairseq-generate straight from the converted file."""
+    config = tiny_bert_config()
+    source = write_bert_dir(tmp_path / "bert", randomize(transformers.BertForMaskedLM(config)), config)
+    out = tmp_path / "converted"
+    cli(SCRIPT, "bert", "--input", source, "--output", out, "--num-segments", "6")
+    tokenizer = transformers.BertTokenizer(str(out / "vocab.txt"), do_lower_case=True)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    generator = torch.Generator().manual_seed(7)
+    words = [w for w in VOCAB if w.startswith("w")]
+    for split, count in (("train", 16), ("valid", 8)):
+        for side in ("src", "tgt"):
+            lines = []
+            for _ in range(count):
+                picks = torch.randint(len(words), (5,), generator=generator).tolist()
+                lines.append(" ".join(tokenizer.tokenize(" ".join(words[i] + ("s" if i % 3 == 0 else "") for i in picks))))
+            (raw / f"{split}.{side}").write_text("\n".join(lines) + "\n")
+    data = tmp_path / "bin"
+    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+        "--validpref", raw / "valid", "--destdir", data, "--srcdict", out / "dict.txt", "--tgtdict", out / "dict.txt",
+        "--workers", "1")
+    common = ["--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--cpu", "--max-source-positions", "16",
+              "--max-target-positions", "16"]
+    cli("fairseq-train", data, *common, "--arch", "unilm_tiny", "--max-positions", "64", "--num-segments", "6",
+        "--finetune-from-model", out / "model.pt", "--criterion", "unilm_cloze", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--lr", "1e-4", "--batch-size", "8", "--max-update", "2", "--save-dir", tmp_path / "ckpt",
+        "--no-epoch-checkpoints", "--required-batch-size-multiple", "1")
+    for checkpoint in (out / "model.pt", tmp_path / "ckpt" / "checkpoint_last.pt"):
+        result = cli("fairseq-generate", data, *common, "--path", checkpoint, "--gen-subset", "valid", "--beam", "2",
+                     "--batch-size", "8", "--max-len-b", "6", "--bpe", "bert", "--bpe-vocab-file", out / "vocab.txt")
+        hypotheses = [line for line in result.stdout.splitlines() if line.startswith("D-")]
+        assert len(hypotheses) == 8
+        assert all("##" not in line for line in hypotheses)  # WordPiece pieces were joined back into words
