@@ -26,6 +26,8 @@ $(STAMP): setup.py requirements.txt Makefile
 	$(PIP) install --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
 	$(PIP) install --no-build-isolation fastbpe==0.1.0
 	$(PIP) install -r requirements.txt
+	perl -MXML::Parser -MLWP -e1 2>/dev/null || (apt-get update && apt-get install -y libxml-parser-perl libwww-perl) \
+		|| echo "warning: could not install libxml-parser-perl and libwww-perl: the ROUGE-1.5.5 cross-check test will fail"
 	$(PIP) uninstall -y torchaudio 2>/dev/null || true
 	$(PIP) install --no-build-isolation --no-deps -e .
 	$(PY) -c "import fairseq, palm_plugin, fastBPE, sentencepiece, transformers; print('environment ready:', fairseq.__version__)"

