@@ -30,3 +30,37 @@ def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# fairseq-train arguments of each pre-training objective on tiny models, with dropout off so that runs on
+# different processes can be compared exactly. fairseq's own masked_lm is the reference for the mechanisms.
+PRETRAINING = {
+    "masked_lm": ["--task", "masked_lm", "--arch", "roberta_base", "--encoder-layers", "2", "--encoder-embed-dim",
+                  "64", "--encoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--criterion",
+                  "masked_lm", "--tokens-per-sample", "64", "--dropout", "0", "--attention-dropout", "0"],
+    "continuation_pair": ["--task", "continuation_pair", "--arch", "palm_tiny", "--criterion", "palm_mlm_lm",
+                          "--stage", "joint", "--max-source-tokens", "40", "--max-target-tokens", "16",
+                          "--dropout", "0", "--attention-dropout", "0"],
+    "pmlm": ["--task", "pmlm", "--arch", "unilm2_tiny", "--criterion", "pmlm_ae_par", "--tokens-per-sample", "64",
+             "--dropout", "0", "--attention-dropout", "0"],
+    "unilm_pretraining": ["--task", "unilm_pretraining", "--arch", "unilm_tiny", "--criterion", "unilm_cloze",
+                          "--tokens-per-sample", "64", "--dropout", "0", "--attention-dropout", "0"],
+}
+
+
+@pytest.fixture(scope="session")
+def mono_data(tmp_path_factory):
+    """Tiny binarized monolingual data: 30 documents of 6 sentences of random words, blank lines between
+    documents (fairseq-preprocess stores a blank line as an item holding only EOS)."""
+    import random
+
+    root = tmp_path_factory.mktemp("mono")
+    rng = random.Random(0)
+    lines = []
+    for _ in range(30):
+        lines += [" ".join(f"w{rng.randrange(50)}" for _ in range(rng.randint(4, 12))) for _ in range(6)] + [""]
+    (root / "train.txt").write_text("\n".join(lines) + "\n")
+    (root / "valid.txt").write_text("\n".join(lines[:21]) + "\n")
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref",
+            root / "valid.txt", "--destdir", root / "bin", "--workers", "1")
+    return root / "bin"

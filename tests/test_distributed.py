@@ -12,39 +12,16 @@ import torch
 
 import palm_plugin  # noqa: F401  (weights-only loading of fairseq checkpoints)
 
-from tests.conftest import BIN, USER_DIR
-
-TASKS = {
-    "masked_lm": ["--task", "masked_lm", "--arch", "roberta_base", "--encoder-layers", "2", "--encoder-embed-dim",
-                  "64", "--encoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--criterion",
-                  "masked_lm", "--tokens-per-sample", "64", "--dropout", "0", "--attention-dropout", "0"],
-}
-
-
-@pytest.fixture(scope="module")
-def mono_data(tmp_path_factory):
-    from tests.conftest import run_cli
-
-    root = tmp_path_factory.mktemp("mono")
-    rng = random.Random(0)
-    lines = []
-    for _ in range(30):
-        lines += [" ".join(f"w{rng.randrange(50)}" for _ in range(rng.randint(4, 12))) for _ in range(6)] + [""]
-    (root / "train.txt").write_text("\n".join(lines) + "\n")
-    (root / "valid.txt").write_text("\n".join(lines[:20]) + "\n")
-    run_cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref",
-            root / "valid.txt", "--destdir", root / "bin", "--workers", "1")
-    return root / "bin"
-
+from tests.conftest import BIN, PRETRAINING, USER_DIR
 
 def parameters(path):
     return torch.load(path, weights_only=True)["model"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("task", sorted(PRETRAINING))
 def test_two_processes_equal_one_process(task, mono_data, tmp_path, cli):
-    common = [mono_data, "--user-dir", USER_DIR, *TASKS[task], "--optimizer", "adam", "--lr", "1e-3",
+    common = [mono_data, "--user-dir", USER_DIR, *PRETRAINING[task], "--optimizer", "adam", "--lr", "1e-3",
               "--max-update", "3", "--cpu", "--seed", "1", "--batch-size", "4", "--required-batch-size-multiple",
               "1", "--disable-validation", "--no-progress-bar", "--no-epoch-checkpoints"]
     cli("fairseq-train", *common, "--update-freq", "2", "--save-dir", tmp_path / "one")

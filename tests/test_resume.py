@@ -11,14 +11,13 @@ import pytest
 import torch
 
 import palm_plugin  # noqa: F401  (weights-only loading of fairseq checkpoints)
-from tests.conftest import BIN, REPO, USER_DIR
-from tests.test_distributed import TASKS, mono_data  # noqa: F401  (fixture)
+from tests.conftest import BIN, PRETRAINING, REPO, USER_DIR
 
 MAX_UPDATE = 60
 
 
 def train_command(data, task, save_dir):
-    return [str(BIN / "fairseq-train"), str(data), "--user-dir", str(USER_DIR), *TASKS[task], "--optimizer", "adam",
+    return [str(BIN / "fairseq-train"), str(data), "--user-dir", str(USER_DIR), *PRETRAINING[task], "--optimizer", "adam",
             "--lr", "1e-3", "--max-update", str(MAX_UPDATE), "--cpu", "--seed", "3", "--batch-size", "2",
             "--required-batch-size-multiple", "1", "--disable-validation", "--no-progress-bar",
             "--save-interval-updates", "5", "--no-epoch-checkpoints", "--keep-interval-updates", "1",
@@ -31,8 +30,8 @@ def run(command):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", sorted(TASKS))
-def test_sigkill_then_resume_matches_uninterrupted(task, mono_data, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("task", sorted(PRETRAINING))
+def test_sigkill_then_resume_matches_uninterrupted(task, mono_data, tmp_path):
     reference = run(train_command(mono_data, task, tmp_path / "reference"))
     assert reference.returncode == 0, reference.stderr[-3000:]
 
