@@ -1,0 +1,73 @@
+"""What all readers share: the error type, example counts, one-line text, and writing the pair files atomically."""
+import collections
+import os
+import tempfile
+
+
+class ReaderError(Exception):
+    """Malformed raw input. The message names the file, the record and what is wrong."""
+
+
+class Counts:
+    """Examples read, kept and dropped (by reason), printed after a conversion so that nothing is skipped
+    silently."""
+
+    def __init__(self):
+        self.read = 0
+        self.kept = 0
+        self.dropped = collections.Counter()
+
+    def drop(self, reason):
+        self.dropped[reason] += 1
+
+    def summary(self, name):
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(self.dropped.items()))
+        dropped = sum(self.dropped.values())
+        return f"{name}: read {self.read}, kept {self.kept}, dropped {dropped}" + (f" ({reasons})" if reasons else "")
+
+
+def one_line(text):
+    """``text`` with every run of whitespace (newlines, tabs, Unicode line separators) turned into one space, so
+    that an example stays on one line of the output files."""
+    return " ".join(text.split())
+
+
+def read_text(path, encoding="utf-8"):
+    """The whole text of ``path``; a missing or undecodable file is a :class:`ReaderError` naming it."""
+    try:
+        with open(path, encoding=encoding) as f:
+            return f.read()
+    except OSError as e:
+        raise ReaderError(f"cannot read {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ReaderError(f"{path} is not {encoding} text ({e.reason} at byte {e.start})") from e
+
+
+def write_pairs(prefix, pairs, counts, suffixes=("src", "tgt")):
+    """Write ``pairs`` to ``<prefix>.src`` and ``<prefix>.tgt`` (one example a line), counting kept pairs in
+    ``counts``. A pair with an empty side is dropped and counted. Both files are written to temporary files in the
+    same directory and renamed into place only when all pairs were read, so an error leaves no partial output."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    os.makedirs(directory, exist_ok=True)
+    temporaries = []
+    try:
+        handles = []
+        for suffix in suffixes:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(prefix)}.{suffix}.")
+            temporaries.append(tmp)
+            handles.append(os.fdopen(fd, "w", encoding="utf-8"))
+        with handles[0] as source_file, handles[1] as target_file:
+            for source, target in pairs:
+                source, target = one_line(source), one_line(target)
+                if not source or not target:
+                    counts.drop("empty source" if not source else "empty target")
+                    continue
+                source_file.write(source + "\n")
+                target_file.write(target + "\n")
+                counts.kept += 1
+        for tmp, suffix in zip(temporaries, suffixes):
+            os.replace(tmp, f"{prefix}.{suffix}")
+    finally:
+        for tmp in temporaries:
+            if os.path.exists(tmp):
+                os.remove(tmp)
