@@ -201,3 +201,22 @@ def test_perplexity_from_generate_equals_fairseq_validate(tmp_path):
     assert 5 < from_generate["ppl"] < 5000
     # generate prints 4 decimals of each log2 probability, validate 3 decimals of the mean
     assert math.log2(from_generate["ppl"]) == pytest.approx(math.log2(from_log["ppl"]), abs=2e-3)
+
+
+@pytest.mark.slow
+def test_meteor_equals_coco_caption_wrapper(tmp_path):
+    """palm-score meteor (the jar's file mode) against coco-caption's own METEOR wrapper (the jar's stdio mode, as
+    the question generation evaluation scripts call it) on real sentences; WordNet synonyms must count."""
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    refs = [s.lower() for s in sotu_sentences(40, start=150)]
+    hyps = [perturb(s, k) for k, s in enumerate(refs)]
+    out = tmp_path / "m.json"
+    args = ["meteor", "--hyp", write(tmp_path / "h", hyps), "--ref", write(tmp_path / "r", refs)]
+    assert score.main(args + ["--out", str(out)]) == 0
+    ours = json.loads(out.read_text())["meteor"]
+    coco, _ = Meteor().compute_score({i: [r] for i, r in enumerate(refs)}, {i: [h] for i, h in enumerate(hyps)})
+    assert 30 < ours < 95
+    assert ours == pytest.approx(100 * coco, abs=1e-6)
+    # exact matches alone give at most 3 of 4 words (F <= 75); the WordNet synonym car/automobile adds the fourth
+    assert score.meteor(["the automobile is red"], [["the car is red"]])["meteor"] > 80

@@ -14,6 +14,8 @@ Subcommands (each writes a small JSON file with ``--out`` and prints a one-line 
 * ``rougel`` sentence-level ROUGE-L F_beta as the coco-caption scorer computes it (whitespace tokens, beta 1.2,
   precision and recall each maximised over the references): the script used by the MS MARCO leaderboard and by
   the question generation papers.
+* ``meteor`` METEOR 1.5 (the Java jar that the PyPI package pycocoevalcap ships, with its WordNet synonyms and
+  paraphrase table), the version coco-caption and the question generation papers' scripts run.
 * ``ppl``    perplexity from ``fairseq-generate --score-reference`` output (its per-token base-2 log probabilities,
   the ``P-`` lines) or from a ``fairseq-validate`` / ``fairseq-train`` log (``valid on '...' subset`` lines).
 
@@ -211,6 +213,50 @@ def rouge_l(hyps, ref_streams, beta=1.2, lowercase=False):
     return {"rouge-l": 100 * total / len(hyps), "beta": beta, "lowercase": lowercase}
 
 
+# -------------------------------------------------------------------------------------------------------- METEOR
+
+
+def meteor_jar():
+    """The METEOR 1.5 jar (with its English paraphrase table and WordNet synonyms) that the PyPI package
+    pycocoevalcap ships: the one coco-caption and the question generation papers' scripts run."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pycocoevalcap")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    jars = [os.path.join(d, "meteor", "meteor-1.5.jar") for d in locations]
+    jars = [j for j in jars if os.path.isfile(j)]
+    if not jars:
+        raise ScoreError("METEOR needs the METEOR 1.5 jar of the PyPI package pycocoevalcap: pip install pycocoevalcap")
+    return jars[0]
+
+
+def meteor(hyps, ref_streams, language="en"):
+    """Corpus METEOR 1.5 in percent, as ``java -jar meteor-1.5.jar HYP REF -l en -norm -r N`` computes it
+    (normalised text, exact / stem / synonym / paraphrase matches; the score aggregates the statistics of all
+    segments). With several references per example, an empty one is replaced by the first."""
+    import shutil
+    import subprocess
+
+    jar = meteor_jar()
+    if shutil.which("java") is None:
+        raise ScoreError("METEOR 1.5 is a Java program: install a Java runtime (e.g. apt-get install default-jre)")
+    with tempfile.TemporaryDirectory() as tmp:
+        hyp_file, ref_file = os.path.join(tmp, "hyp"), os.path.join(tmp, "ref")
+        with open(hyp_file, "w", encoding="utf-8") as f:
+            f.writelines(" ".join(h.split()) + "\n" for h in hyps)
+        with open(ref_file, "w", encoding="utf-8") as f:
+            for i in range(len(hyps)):
+                refs = [" ".join(s[i].split()) for s in ref_streams]
+                f.writelines((r or refs[0]) + "\n" for r in refs)
+        command = ["java", "-Xmx2G", "-jar", jar, hyp_file, ref_file, "-l", language, "-norm",
+                   "-r", str(len(ref_streams))]
+        result = subprocess.run(command, capture_output=True, text=True)
+    match = re.search(r"^Final score:\s+([0-9.eE-]+)", result.stdout, re.MULTILINE)
+    if result.returncode != 0 or not match:
+        raise ScoreError(f"METEOR failed ({' '.join(command[:4])}): {(result.stderr or result.stdout)[-500:]}")
+    return {"meteor": 100 * float(match.group(1)), "version": "1.5", "options": "-l en -norm"}
+
+
 # ---------------------------------------------------------------------------------------------------- perplexity
 
 
@@ -301,6 +347,9 @@ def build_parser():
     p.add_argument("--beta", type=float, default=1.2, help="recall weight (coco-caption and MS MARCO use 1.2)")
     p.add_argument("--lowercase", action="store_true", help="compare lower-cased text")
 
+    p = commands.add_parser("meteor", help="METEOR 1.5 (Java; the jar of the pycocoevalcap package)")
+    _add_text_inputs(p)
+
     p = commands.add_parser("ppl", help="perplexity from fairseq-generate --score-reference output or a validate log")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--generate", help="output of fairseq-generate --score-reference")
@@ -326,6 +375,9 @@ def run(args):
         summary = "ROUGE-1 {:.2f} ROUGE-2 {:.2f} ROUGE-L {:.2f} (F1)".format(
             *(result[k]["f"] for k in ("rouge-1", "rouge-2", "rouge-l"))
         )
+    elif args.command == "meteor":
+        result = meteor(hyps, refs)
+        summary = f"METEOR {result['meteor']:.2f} (METEOR 1.5, -norm)"
     elif args.command == "bleu":
         result = bleu(hyps, refs, args.tokenize, args.lowercase)
         summary = f"BLEU-4 {result['bleu']:.2f} ({result['signature']})"
