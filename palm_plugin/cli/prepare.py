@@ -11,11 +11,14 @@ output.
   palm-prepare msmarco  --json dev_v2.1.json --task nlg --out raw/valid
   palm-prepare coqa     --json coqa-dev-v1.0.json --out raw/valid
   palm-prepare cornell  --lines movie_lines.txt --conversations movie_conversations.txt --out-dir raw
+  palm-prepare encode   --bpe gpt2 --model encoder.json --vocab-bpe vocab.bpe --inputs raw/test.src \
+                        --outputs bpe/test.src
 """
 import argparse
 import os
 import sys
 
+from palm_plugin.cli import encode
 from palm_plugin.cli.readers import cnndm, coqa, cornell, gigaword, msmarco, squad_qg, xsum
 from palm_plugin.cli.readers.common import Counts, ReaderError, write_pairs
 
@@ -79,11 +82,26 @@ def build_parser():
     p.add_argument("--valid-size", type=int, default=10_000, help="pairs held out for validation")
     p.add_argument("--test-size", type=int, default=20_000, help="pairs held out for test")
     p.add_argument("--seed", type=int, default=1, help="seed of the split")
+
+    p = commands.add_parser("encode", help="subword-encode line files with fairseq's gpt2 / bert / sentencepiece BPE")
+    p.add_argument("--bpe", choices=["gpt2", "wordpiece", "sentencepiece"], required=True, help="the subword scheme")
+    p.add_argument("--model", required=True, help="encoder.json (gpt2), vocab.txt (wordpiece) or the .model file "
+                   "(sentencepiece)")
+    p.add_argument("--vocab-bpe", help="vocab.bpe (gpt2 merges)")
+    p.add_argument("--uncased", action="store_true", help="lower-case before WordPiece (uncased BERT vocabularies)")
+    p.add_argument("--inputs", nargs="+", required=True, help="line files to encode")
+    p.add_argument("--outputs", nargs="+", required=True, help="one output file per input")
+    p.add_argument("--workers", type=int, default=1, help="encoding processes")
     return parser
 
 
 def convert(args):
     """Run the reader chosen on the command line and write its files; returns the summary lines."""
+    if args.benchmark == "encode":
+        config = encode.bpe_config(args.bpe, args.model, args.vocab_bpe, cased=not args.uncased)
+        lines = encode.encode_files(config, args.inputs, args.outputs, args.workers)
+        return [f"encode ({args.bpe}): {source} -> {target}: {n} lines"
+                for source, target, n in zip(args.inputs, args.outputs, lines)]
     counts = Counts()
     if args.benchmark == "cornell":
         pairs = cornell.read_cornell_pairs(args.lines, args.conversations, counts, args.min_words, args.max_words)

@@ -109,18 +109,19 @@ def load_examples(args):
 
 # --------------------------------------------------------------------------------------------------------- ROUGE
 
-SENTENCE_MARKER = "<q>"
+# "<q>", also as WordPiece decoding spells it ("< q >")
+_MARKER = re.compile(r"\s*<\s*q\s*>\s*|\n")
 
 
 def split_sentences(text, mode):
-    """Sentences of one line: ``marker`` splits at ``<q>`` markers and newlines, ``period`` after every period
+    """Sentences of one line: ``marker`` splits at ``<q>`` markers (``< q >`` too) and newlines, ``period`` after every period
     (files2rouge's default ``--eos .``), ``none`` keeps the line as one sentence."""
     if mode == "marker":
-        parts = re.split(r"\s*<q>\s*|\n", text)
+        parts = _MARKER.split(text)
     elif mode == "period":
-        parts = text.replace(SENTENCE_MARKER, " ").replace(".", ".\n").split("\n")
+        parts = _MARKER.sub(" ", text).replace(".", ".\n").split("\n")
     else:
-        parts = [text.replace(SENTENCE_MARKER, " ")]
+        parts = [_MARKER.sub(" ", text)]
     return [p.strip() for p in parts if p.strip()]
 
 
