@@ -24,6 +24,10 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
     """A checkpoint holds something other than tensors and the configuration types fairseq stores."""
 
 
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint file is truncated or is not a torch file at all."""
+
+
 def allowed_globals():
     """The classes a fairseq checkpoint may reference, for ``torch.serialization.add_safe_globals``."""
     from omegaconf import DictConfig, ListConfig
@@ -54,19 +58,15 @@ def allowed_globals():
 
 
 def _explain_refusal(load_checkpoint_to_cpu):
-    """Wrap fairseq's loader so a refused pickle names its file and says what to do."""
+    """Wrap fairseq's loader so that a refused, truncated or corrupt file is named and the user told what to do."""
 
     @functools.wraps(load_checkpoint_to_cpu)
     def load(path, *args, **kwargs):
         try:
             return load_checkpoint_to_cpu(path, *args, **kwargs)
-        except pickle.UnpicklingError as error:
-            raise UnsafeCheckpointError(
-                f"{path}: refused to load this checkpoint: it references objects that fairseq checkpoints "
-                f"never contain, so unpickling it could run code. If you made this file yourself and trust it, "
-                f"re-save it as a plain state dict (tensors, numbers, strings, argparse.Namespace). "
-                f"Details from torch: {error}"
-            ) from error
+        except Exception:
+            load_state(path)  # raises UnsafeCheckpointError / CorruptCheckpointError naming the file, if that is why
+            raise
 
     load.__wrapped_by_palm_plugin__ = True
     return load
@@ -85,17 +85,30 @@ def load_state(path):
     """Load a checkpoint or state dict file with weights-only unpickling; errors name the file.
 
     Used by the plugin's own readers (``--roberta-path``, checkpoint converters) so that every file a user hands
-    us goes through the same restricted unpickler.
+    us goes through the same restricted unpickler. Raises :class:`UnsafeCheckpointError` for a pickle that
+    references anything but tensors and fairseq's configuration types, :class:`CorruptCheckpointError` for a file
+    torch cannot parse, and ``FileNotFoundError`` for a missing one.
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise  # missing or unreadable: the OS error names the file already
     except pickle.UnpicklingError as error:
-        raise UnsafeCheckpointError(
-            f"{path}: refused to load: the file references objects other than tensors and fairseq's "
-            f"configuration types, so unpickling it could run code. Details from torch: {error}"
-        ) from error
-    except (RuntimeError, EOFError) as error:
-        raise RuntimeError(
-            f"{path}: cannot read this file as a torch checkpoint (truncated or corrupt?). "
-            f"Re-copy or re-create it. Details: {error}"
-        ) from error
+        if "Weights only load failed" in str(error):
+            raise UnsafeCheckpointError(
+                f"{path}: refused to load this checkpoint: it references objects that fairseq checkpoints never "
+                f"contain, so unpickling it could run code. If you made this file yourself and trust it, re-save "
+                f"it as a plain state dict (tensors, numbers, strings, argparse.Namespace). Details from torch: "
+                f"{error}"
+            ) from error
+        raise CorruptCheckpointError(_corruption_message(path, error)) from error
+    except Exception as error:  # torch's parsers fail on garbage with many exception types
+        raise CorruptCheckpointError(_corruption_message(path, error)) from error
+
+
+def _corruption_message(path, error):
+    return (
+        f"{path}: cannot read this file as a torch checkpoint: it is truncated or corrupt (an interrupted copy or "
+        f"download?). Copy it again, or resume from another checkpoint (fairseq writes checkpoints atomically, so "
+        f"the checkpoint_last.pt of a killed run is complete). Details from torch: {type(error).__name__}: {error}"
+    )

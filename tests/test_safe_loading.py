@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import palm_plugin  # noqa: F401  (installs the allow-list)
-from palm_plugin.safe_loading import UnsafeCheckpointError, load_state
+from palm_plugin.safe_loading import CorruptCheckpointError, UnsafeCheckpointError, load_state
 from tests.conftest import USER_DIR
 
 
@@ -126,3 +126,23 @@ def test_truncated_file_names_the_file(tmp_path):
     path.write_bytes(path.read_bytes()[:50])
     with pytest.raises(RuntimeError, match="model.pt: cannot read this file"):
         load_state(path)
+
+
+@pytest.mark.slow
+def test_generate_names_a_truncated_checkpoint(trained, tmp_path, cli):
+    data = (trained / "ck" / "checkpoint_last.pt").read_bytes()
+    truncated = tmp_path / "checkpoint_truncated.pt"
+    truncated.write_bytes(data[: len(data) // 2])
+    result = cli("fairseq-generate", trained / "bin", "--user-dir", USER_DIR, "--gen-subset", "valid",
+                 "--path", truncated, "--cpu", check=False)
+    assert result.returncode != 0
+    assert f"{truncated}: cannot read this file as a torch checkpoint: it is truncated or corrupt" in result.stderr
+
+
+def test_garbage_file_names_the_file(tmp_path):
+    from fairseq import checkpoint_utils
+
+    path = tmp_path / "notes.pt"
+    path.write_text("these are notes, not a checkpoint")
+    with pytest.raises(CorruptCheckpointError, match="notes.pt: cannot read this file as a torch checkpoint"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
