@@ -31,6 +31,7 @@ from fairseq.utils import safe_getattr
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
+from palm_plugin.precision import keep_bf16_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +279,7 @@ def palm_base(args):
     args.decoder_layers = safe_getattr(args, "decoder_layers", 12)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
     args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
+    keep_bf16_on_cpu(args)
 
 
 @register_model_architecture("palm", "palm_large")

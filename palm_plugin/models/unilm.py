@@ -43,6 +43,7 @@ from palm_plugin.modules.attention_masks import (
     unilm_mask,
 )
 from palm_plugin.modules.unilm_encoder import UniLMEncoder
+from palm_plugin.precision import keep_bf16_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -430,6 +431,7 @@ def _architecture(args, layers, dim, ffn, heads, num_segments, relative_position
     args.encoder_attention_heads = getattr(args, "encoder_attention_heads", heads)
     args.num_segments = getattr(args, "num_segments", num_segments)
     args.relative_position_buckets = getattr(args, "relative_position_buckets", relative_position_buckets)
+    keep_bf16_on_cpu(args)
 
 
 @register_model_architecture("unilm", "unilm_base")
