@@ -104,6 +104,24 @@ def test_rouge_sentence_markers_are_split_not_scored():
     assert score.rouge(["went"], ["go"])["rouge-1"]["f"] == pytest.approx(100)  # WordNet exception, as -m does
 
 
+def test_answer_f1_as_coqa_computes_it(tmp_path):
+    # normalised: "the White cat!" -> "white cat"; "a white dog" -> "white dog": one common word of two each
+    assert score.normalize_answer("The  White cat!") == "white cat"
+    assert score.answer_f1(["the White cat!"], [["a white dog"]])["f1"] == pytest.approx(50)
+    # repeated words count as often as both sides have them; the best reference counts; an empty reference is
+    # skipped; an answer that normalises to nothing matches only such a reference ("the" -> "")
+    h = write(tmp_path / "h", ["yes yes no", "the", "in the barn"])
+    r1 = write(tmp_path / "r1", ["yes no no", "", "barn"])
+    r2 = write(tmp_path / "r2", ["no", "an", "in a barn"])
+    out = tmp_path / "f1.json"
+    assert score.main(["f1", "--hyp", h, "--ref", r1, "--ref", r2, "--out", str(out)]) == 0
+    first = max(2 * (2 / 3) * (2 / 3) / (4 / 3), 2 * (1 / 3) * 1 / (4 / 3))
+    assert json.loads(out.read_text())["f1"] == pytest.approx(100 * (first + 1 + 1) / 3)
+    assert score.answer_f1(["white"], [["cat"]])["f1"] == 0
+    with pytest.raises(score.ScoreError, match="example 1 has no non-empty reference"):
+        score.answer_f1(["white"], [[""]])
+
+
 GENERATE_OUTPUT = """\
 S-1\tsecond source
 T-1\tthe second reference

@@ -14,6 +14,7 @@ Subcommands (each writes a small JSON file with ``--out`` and prints a one-line 
 * ``rougel`` sentence-level ROUGE-L F_beta as the coco-caption scorer computes it (whitespace tokens, beta 1.2,
   precision and recall each maximised over the references): the script used by the MS MARCO leaderboard and by
   the question generation papers.
+* ``f1``     word-overlap F1 of normalised answers, the CoQA (and SQuAD) measure.
 * ``meteor`` METEOR 1.5 (the Java jar that the PyPI package pycocoevalcap ships, with its WordNet synonyms and
   paraphrase table), the version coco-caption and the question generation papers' scripts run.
 * ``ppl``    perplexity from ``fairseq-generate --score-reference`` output (its per-token base-2 log probabilities,
@@ -24,9 +25,11 @@ or ``H-`` lines when no detokenizer ran, ordered by sample id; references from i
 gives the raw reference file).
 """
 import argparse
+import collections
 import json
 import os
 import re
+import string
 import sys
 import tempfile
 
@@ -214,6 +217,38 @@ def rouge_l(hyps, ref_streams, beta=1.2, lowercase=False):
     return {"rouge-l": 100 * total / len(hyps), "beta": beta, "lowercase": lowercase}
 
 
+# ------------------------------------------------------------------------------------------------------------ F1
+
+
+def normalize_answer(text):
+    """SQuAD / CoQA answer normalisation: lower case, no punctuation, no articles (a, an, the), single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def answer_f1(hyps, ref_streams):
+    """Mean word-overlap F1 in percent (the CoQA / SQuAD measure) of normalised answers, maximised over the
+    non-empty references; an answer that normalises to nothing scores 1 against a reference that does too. (CoQA's official
+    script also averages over leave-one-out subsets of its four dev references; one reference file means one.)"""
+    total = 0.0
+    for i, hyp in enumerate(hyps):
+        predicted = normalize_answer(hyp).split()
+        references = [normalize_answer(s[i]).split() for s in ref_streams if s[i].strip()]
+        if not references:
+            raise ScoreError(f"example {i + 1} has no non-empty reference")
+        best = 0.0
+        for reference in references:
+            if not predicted or not reference:
+                best = max(best, float(predicted == reference))
+                continue
+            same = sum((collections.Counter(predicted) & collections.Counter(reference)).values())
+            if same:
+                precision, recall = same / len(predicted), same / len(reference)
+                best = max(best, 2 * precision * recall / (precision + recall))
+        total += best
+    return {"f1": 100 * total / len(hyps)}
+
+
 # -------------------------------------------------------------------------------------------------------- METEOR
 
 
@@ -348,6 +383,9 @@ def build_parser():
     p.add_argument("--beta", type=float, default=1.2, help="recall weight (coco-caption and MS MARCO use 1.2)")
     p.add_argument("--lowercase", action="store_true", help="compare lower-cased text")
 
+    p = commands.add_parser("f1", help="word-overlap F1 of normalised answers (CoQA, SQuAD)")
+    _add_text_inputs(p)
+
     p = commands.add_parser("meteor", help="METEOR 1.5 (Java; the jar of the pycocoevalcap package)")
     _add_text_inputs(p)
 
@@ -376,6 +414,9 @@ def run(args):
         summary = "ROUGE-1 {:.2f} ROUGE-2 {:.2f} ROUGE-L {:.2f} (F1)".format(
             *(result[k]["f"] for k in ("rouge-1", "rouge-2", "rouge-l"))
         )
+    elif args.command == "f1":
+        result = answer_f1(hyps, refs)
+        summary = f"F1 {result['f1']:.2f}"
     elif args.command == "meteor":
         result = meteor(hyps, refs)
         summary = f"METEOR {result['meteor']:.2f} (METEOR 1.5, -norm)"
