@@ -61,6 +61,8 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         self.source_segment, self.target_segment = source_segment, target_segment
         self.seed = seed
         self.epoch = 1
+        # Symbols a random replacement must never produce besides [MASK] (UniLMv2's subclass adds its pseudo symbol).
+        self.excluded_replacements = ()
         # Binarized items end with [EOS]; the packed source adds [SOS].
         self.source_sizes = np.minimum(np.asarray(source.sizes) + 1, max_source_positions)
         self.target_sizes = np.minimum(np.asarray(target.sizes), max_target_positions)
@@ -87,7 +89,13 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         rng = sample_rng(self.seed, self.epoch, index)
         selected = self.policy.select(np.ones(len(target), dtype=bool), rng)
         noised = self.policy.corrupt(
-            target, selected, rng, self.mask_index, self.dictionary.nspecial, len(self.dictionary)
+            target,
+            selected,
+            rng,
+            self.mask_index,
+            self.dictionary.nspecial,
+            len(self.dictionary),
+            excluded=self.excluded_replacements,
         )
         return {
             "id": index,
@@ -103,6 +111,25 @@ class UniLMSeq2SeqDataset(FairseqDataset):
             return {}
         pad = self.dictionary.pad()
         sources = [s["source"] for s in samples]
+        src_tokens = data_utils.collate_tokens(sources, pad)
+        batch = len(samples)
+        return {
+            "id": torch.tensor([s["id"] for s in samples]),
+            "nsentences": batch,
+            "net_input": {
+                "src_tokens": src_tokens,
+                "src_lengths": torch.tensor([len(s) for s in sources]),
+                "source_segments": torch.full_like(src_tokens, self.source_segment),
+                "target_segment": torch.full((batch,), self.target_segment, dtype=torch.long),
+            },
+            "target": data_utils.collate_tokens([s["reference"] for s in samples], pad),
+            **self.cloze_view(samples),
+        }
+
+    def cloze_view(self, samples):
+        """The training view of a batch: ``ntokens``, ``cloze_input`` and ``cloze_target``."""
+        pad = self.dictionary.pad()
+        sources = [s["source"] for s in samples]
         packed = [torch.cat([s["source"], s["noised_target"]]) for s in samples]
         labels = [
             torch.cat([torch.full_like(s["source"], pad), s["target"].masked_fill(~s["selected"], pad)])
@@ -114,23 +141,12 @@ class UniLMSeq2SeqDataset(FairseqDataset):
             )
             for s in samples
         ]
-        src_tokens = data_utils.collate_tokens(sources, pad)
-        batch = len(samples)
         return {
-            "id": torch.tensor([s["id"] for s in samples]),
-            "nsentences": batch,
             "ntokens": sum(len(p) for p in packed),
-            "net_input": {
-                "src_tokens": src_tokens,
-                "src_lengths": torch.tensor([len(s) for s in sources]),
-                "source_segments": torch.full_like(src_tokens, self.source_segment),
-                "target_segment": torch.full((batch,), self.target_segment, dtype=torch.long),
-            },
-            "target": data_utils.collate_tokens([s["reference"] for s in samples], pad),
             "cloze_input": {
                 "src_tokens": data_utils.collate_tokens(packed, pad),
                 "segment_ids": data_utils.collate_tokens(segments, self.source_segment),
-                "objectives": torch.full((batch,), int(Objective.SEQ2SEQ), dtype=torch.long),
+                "objectives": torch.full((len(samples),), int(Objective.SEQ2SEQ), dtype=torch.long),
                 "source_lengths": torch.tensor([len(s) for s in sources]),
             },
             "cloze_target": data_utils.collate_tokens(labels, pad),

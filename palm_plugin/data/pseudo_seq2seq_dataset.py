@@ -1,0 +1,77 @@
+"""UniLMv2 sequence-to-sequence fine-tuning data (Bao et al. 2020, section 3.4): ``unilm_seq2seq --pseudo-masks``.
+
+Each pair becomes one packed row ``[source | target | pseudo target]``::
+
+    tokens     [SOS] S1 [EOS] | y_0 y_1 ... y_{n-1} | [P] [P] ... [P]      (y_{n-1} = [EOS])
+    positions  0 ....... s-1  | s   s+1 ... s+n-1   | s   s+1 ... s+n-1
+    segments   source         | target              | target
+
+Target token i and its pseudo token [P] share position ``s + i``. Pseudo row i predicts ``y_i`` from the source,
+the target tokens before i and itself (:func:`palm_plugin.modules.attention_masks.pseudo_seq2seq_mask`): all
+target tokens are predicted in one pass, each exactly as the decoder predicts it from a [P] placeholder at the next
+position (the model's cached decoder with ``decoding_placeholder = <pseudo>``). Loss on the pseudo rows only.
+
+Noise on the target tokens (the history the pseudo rows condition on): the task's masking policy picks
+``ceil(mask_prob * n)`` of the target tokens and corrupts them 80/10/10 ([MASK] / random / unchanged), so the
+model learns to tolerate errors in what it decoded before; the pseudo tokens are always [P] (as in pre-training
+and decoding) and the labels are the clean tokens. ``--mask-token-prob 0 --random-token-prob 0`` gives a clean
+target. (Microsoft's s2s-ft puts [MASK] 80% / a random token 10% / the true token 10% in the pseudo slots
+instead; the paper only says that a [P] is appended for each target token.)
+
+The generation view (``net_input``, ``target``) is the parent class's: the decoder needs the source only.
+"""
+import torch
+from fairseq.data import data_utils
+
+from palm_plugin.data.pmlm_dataset import PSEUDO_SYMBOL
+from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+from palm_plugin.modules.attention_masks import pseudo_seq2seq_mask
+
+
+class PseudoSeq2SeqDataset(UniLMSeq2SeqDataset):
+    """Same constructor as :class:`UniLMSeq2SeqDataset`; ``policy`` is the noise on the target tokens (above).
+
+    Batches: ``cloze_input`` holds the packed tokens ``(B, L)``, ``segment_ids`` and ``position_ids`` ``(B, L)``
+    and the boolean ``attention_mask`` ``(B, L, L)``; ``cloze_target`` ``(B, L)`` holds ``y_i`` at pseudo row i,
+    padding elsewhere (the ``unilm_cloze`` criterion reads both).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pseudo_index = self.dictionary.index(PSEUDO_SYMBOL)
+        if self.pseudo_index == self.dictionary.unk():
+            raise ValueError(
+                f"the dictionary has no {PSEUDO_SYMBOL} symbol: the unilm_seq2seq task adds it with --pseudo-masks"
+            )
+        self.excluded_replacements = (self.pseudo_index,)
+        self.sizes = self.source_sizes + 2 * self.target_sizes  # the pseudo block doubles the target
+
+    def cloze_view(self, samples):
+        pad = self.dictionary.pad()
+        source_lengths = torch.tensor([len(s["source"]) for s in samples])
+        target_lengths = torch.tensor([len(s["target"]) for s in samples])
+        packed, positions, segments, labels = [], [], [], []
+        for s, source_length, target_length in zip(samples, source_lengths.tolist(), target_lengths.tolist()):
+            target_positions = torch.arange(source_length, source_length + target_length)
+            packed.append(torch.cat([s["source"], s["noised_target"], torch.full_like(s["target"], self.pseudo_index)]))
+            positions.append(torch.cat([torch.arange(source_length), target_positions, target_positions]))
+            segments.append(
+                torch.cat(
+                    [
+                        torch.full((source_length,), self.source_segment),
+                        torch.full((2 * target_length,), self.target_segment),
+                    ]
+                )
+            )
+            labels.append(torch.cat([torch.full((source_length + target_length,), pad), s["target"]]))
+        tokens = data_utils.collate_tokens(packed, pad)
+        return {
+            "ntokens": int((source_lengths + 2 * target_lengths).sum()),
+            "cloze_input": {
+                "src_tokens": tokens,
+                "segment_ids": data_utils.collate_tokens(segments, self.source_segment),
+                "position_ids": data_utils.collate_tokens(positions, 0),
+                "attention_mask": pseudo_seq2seq_mask(source_lengths, target_lengths, tokens.eq(pad)),
+            },
+            "cloze_target": data_utils.collate_tokens(labels, pad),
+        }

@@ -1,0 +1,211 @@
+"""UniLMv2 fine-tuning (``unilm_seq2seq --pseudo-masks``): the packed [source | target | pseudo] batch, its
+equality with cached decoding from a [P] placeholder, leakage by perturbation, and fairseq end to end."""
+import argparse
+
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.models.unilm import UniLMConfig, UniLMModel, unilm2_tiny
+from palm_plugin.modules.attention_masks import pseudo_seq2seq_mask
+from tests.conftest import REPO
+
+SOURCE_SEGMENT, TARGET_SEGMENT = 0, 1
+
+
+def make_dictionary(words=30):
+    dictionary = Dictionary()
+    for index in range(words):
+        dictionary.add_symbol(f"w{index}")
+    dictionary.add_symbol(MASK_SYMBOL)
+    dictionary.add_symbol(PSEUDO_SYMBOL)
+    return dictionary
+
+
+class Sentences(torch.utils.data.Dataset):
+    """Binarized sentences as fairseq's indexed datasets give them: token ids ending with [EOS]."""
+
+    def __init__(self, dictionary, lengths, seed):
+        rng = np.random.default_rng(seed)
+        self.items = [
+            torch.tensor([*rng.integers(dictionary.nspecial, dictionary.nspecial + 30, n - 1), dictionary.eos()])
+            for n in lengths
+        ]
+        self.sizes = np.array(lengths)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def make_dataset(dictionary, noise=TokenMaskingPolicy(mask_prob=0.5, mask_token_prob=0.0, random_token_prob=0.0)):
+    """Three pairs; by default the noise leaves every token unchanged (a clean target)."""
+    source, target = Sentences(dictionary, [5, 8, 3], seed=0), Sentences(dictionary, [4, 2, 6], seed=1)
+    return PseudoSeq2SeqDataset(
+        source, target, dictionary, 64, 32, noise, dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT, TARGET_SEGMENT, 7
+    )
+
+
+def tiny_model(dictionary, seed=0):
+    torch.manual_seed(seed)
+    namespace = argparse.Namespace(decoding_placeholder=PSEUDO_SYMBOL)
+    unilm2_tiny(namespace)
+    model = UniLMModel.build_model(UniLMConfig.from_namespace(namespace), argparse.Namespace(source_dictionary=dictionary))
+    with torch.no_grad():  # larger weights than BERT's init, so that each context gives clearly different logits
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 0.15)
+    return model.eval()
+
+
+def test_batch_layout():
+    dictionary = make_dictionary()
+    dataset = make_dataset(dictionary)
+    samples = [dataset[i] for i in range(3)]
+    batch = dataset.collater(samples)
+    cloze, labels = batch["cloze_input"], batch["cloze_target"]
+    pad, pseudo = dictionary.pad(), dictionary.index(PSEUDO_SYMBOL)
+    for row, sample in enumerate(samples):
+        source, target = sample["source"], sample["target"]
+        s, t = len(source), len(target)
+        assert source[0] == dictionary.bos() and source[-1] == target[-1] == dictionary.eos()
+        assert cloze["src_tokens"][row, : s + 2 * t].tolist() == source.tolist() + target.tolist() + [pseudo] * t
+        assert (cloze["src_tokens"][row, s + 2 * t :] == pad).all()
+        # target token i and its pseudo token share position s + i
+        assert cloze["position_ids"][row, : s + 2 * t].tolist() == list(range(s + t)) + list(range(s, s + t))
+        assert cloze["segment_ids"][row, : s + 2 * t].tolist() == [SOURCE_SEGMENT] * s + [TARGET_SEGMENT] * 2 * t
+        # loss on the pseudo rows only, every target token once
+        assert labels[row, s + t : s + 2 * t].tolist() == target.tolist()
+        assert (labels[row, : s + t] == pad).all() and (labels[row, s + 2 * t :] == pad).all()
+        # the generation view is the source alone
+        assert batch["net_input"]["src_tokens"][row, :s].tolist() == source.tolist()
+    lengths = [(len(x["source"]), len(x["target"])) for x in samples]
+    expected_mask = pseudo_seq2seq_mask(
+        torch.tensor([s for s, _ in lengths]), torch.tensor([t for _, t in lengths]), cloze["src_tokens"].eq(pad)
+    )
+    assert torch.equal(cloze["attention_mask"], expected_mask)
+    assert batch["ntokens"] == sum(s + 2 * t for s, t in lengths)
+    assert dataset.num_tokens(1) == 8 + 1 + 2 * 2  # [SOS] + source, twice the target
+
+
+def test_target_noise_never_touches_pseudo_tokens_or_labels():
+    dictionary = make_dictionary()
+    noisy = make_dataset(dictionary, TokenMaskingPolicy(mask_prob=0.5, mask_token_prob=0.5, random_token_prob=0.5))
+    pseudo, mask = dictionary.index(PSEUDO_SYMBOL), dictionary.index(MASK_SYMBOL)
+    corrupted = 0
+    for epoch in range(1, 30):
+        noisy.set_epoch(epoch)
+        for index in range(3):
+            sample = noisy[index]
+            noised, target = sample["noised_target"], sample["target"]
+            changed = noised.ne(target)
+            assert int(changed.sum()) <= int(np.ceil(0.5 * len(target)))
+            assert not (noised == pseudo).any()  # random replacements never draw [P]
+            corrupted += int(changed.sum())
+        batch = noisy.collater([noisy[i] for i in range(3)])
+        s, t = len(noisy[0]["source"]), len(noisy[0]["target"])
+        assert batch["cloze_input"]["src_tokens"][0, s + t : s + 2 * t].eq(pseudo).all()
+        assert batch["cloze_target"][0, s + t : s + 2 * t].tolist() == noisy[0]["target"].tolist()  # clean labels
+    assert corrupted > 30
+
+
+def decode_step_logits(model, batch, dictionary, cached):
+    """Logits (B, T, V) of target token i given y_<i, from the model's decoder (placeholder [P])."""
+    targets = [t[t.ne(dictionary.pad())] for t in batch["target"]]
+    steps = max(len(t) for t in targets)
+    prefix = torch.full((len(targets), steps), dictionary.pad())
+    for row, target in enumerate(targets):
+        prefix[row, : len(target)] = target
+    encoder_out = model.encoder(**batch["net_input"])
+    state = {} if cached else None
+    outputs = []
+    for step in range(steps):
+        prev = torch.cat([torch.full((len(targets), 1), dictionary.eos()), prefix[:, :step]], dim=1)
+        logits, _ = model.decoder(prev, encoder_out, incremental_state=state)
+        outputs.append(logits[:, -1])
+    return torch.stack(outputs, dim=1)
+
+
+def test_training_forward_equals_cached_and_recomputed_decoding():
+    """Pseudo row i of the training layout computes exactly what the decoder computes at step i from a [P]
+    placeholder after y_<i, with its cache and without it (relative position bias included)."""
+    dictionary = make_dictionary()
+    model = tiny_model(dictionary)
+    dataset = make_dataset(dictionary)
+    batch = dataset.collater([dataset[i] for i in range(3)])
+    with torch.no_grad():
+        training_logits, _ = model(**batch["cloze_input"])
+        cached = decode_step_logits(model, batch, dictionary, cached=True)
+        recomputed = decode_step_logits(model, batch, dictionary, cached=False)
+    for row in range(3):
+        s = int(batch["net_input"]["src_lengths"][row])
+        t = int(batch["target"][row].ne(dictionary.pad()).sum())
+        pseudo_rows = training_logits[row, s + t : s + 2 * t]
+        torch.testing.assert_close(cached[row, :t], pseudo_rows, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(recomputed[row, :t], pseudo_rows, atol=1e-4, rtol=1e-4)
+        assert (pseudo_rows[1:] - pseudo_rows[:-1]).abs().amax() > 1e-2  # the rows really differ
+
+
+def test_changing_target_token_j_changes_only_pseudo_rows_after_j():
+    dictionary = make_dictionary()
+    model = tiny_model(dictionary, seed=5)
+    dataset = make_dataset(dictionary)
+    batch = dataset.collater([dataset[2]])  # source 3 (+[SOS]), target 6
+    cloze = batch["cloze_input"]
+    s, t = 4, 6
+    with torch.no_grad():
+        reference, _ = model(**cloze)
+        for j in range(t):
+            perturbed = dict(cloze, src_tokens=cloze["src_tokens"].clone())
+            perturbed["src_tokens"][0, s + j] = dictionary.nspecial + (perturbed["src_tokens"][0, s + j] + 5) % 30
+            logits, _ = model(**perturbed)
+            difference = (logits - reference).abs().amax(-1)[0]
+            assert difference[:s].max() == 0  # the source never sees the target
+            for i in range(t):
+                if i <= j:
+                    assert difference[s + t + i] == 0, f"pseudo row {i} saw target token {j}"
+                else:
+                    assert difference[s + t + i] > 1e-4, f"pseudo row {i} ignores target token {j}"
+
+
+def prefix_copy_data(directory, lines_per_split, seed=0):
+    """Pairs whose target is the first two words of the source."""
+    rng = np.random.default_rng(seed)
+    raw = directory / "raw"
+    raw.mkdir()
+    for split, count in lines_per_split.items():
+        sources = [[f"w{i}" for i in rng.integers(12, size=rng.integers(3, 7))] for _ in range(count)]
+        (raw / f"{split}.src").write_text("\n".join(" ".join(words) for words in sources) + "\n")
+        (raw / f"{split}.tgt").write_text("\n".join(" ".join(words[:2]) for words in sources) + "\n")
+    return raw
+
+
+@pytest.mark.slow
+def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
+    """fairseq-preprocess -> fairseq-train --pseudo-masks --arch unilm2_tiny -> fairseq-generate learns the task."""
+    raw = prefix_copy_data(tmp_path, {"train": 2000, "valid": 16, "test": 10})
+    data = tmp_path / "bin"
+    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
+        "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", data, "--joined-dictionary",
+        "--workers", "1")
+    task = ["--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--pseudo-masks", "--cpu",
+            "--source-segment", "0", "--target-segment", "1", "--max-source-positions", "10",
+            "--max-target-positions", "8"]
+    cli("fairseq-train", data, *task, "--arch", "unilm2_tiny", "--criterion", "unilm_cloze", "--optimizer", "adam",
+        "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3", "--batch-size", "32", "--max-update", "900",
+        "--mask-prob", "0.1", "--mask-token-prob", "0", "--random-token-prob", "0", "--dropout", "0",
+        "--attention-dropout", "0", "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints", "--log-format", "simple")
+    result = cli("fairseq-generate", data, *task, "--path", tmp_path / "ckpt" / "checkpoint_last.pt", "--gen-subset",
+                 "test", "--beam", "3", "--max-len-b", "8", "--batch-size", "4", "--required-batch-size-multiple", "1")
+    lines = result.stdout.splitlines()
+    hypotheses = {line.split("\t")[0][2:]: line.split("\t")[2] for line in lines if line.startswith("H-")}
+    references = {line.split("\t")[0][2:]: line.split("\t")[1] for line in lines if line.startswith("T-")}
+    assert len(hypotheses) == len(references) == 10
+    correct = sum(hypotheses[key] == references[key] for key in references)
+    assert correct >= 8, f"only {correct} of 10 test targets generated:\n" + "\n".join(lines[-30:])
