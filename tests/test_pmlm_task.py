@@ -1,0 +1,89 @@
+"""The pmlm task on real fairseq-preprocess output: dictionary symbols, blocks, and the objectives of Table 6."""
+import argparse
+
+import numpy as np
+import pytest
+import torch
+
+from palm_plugin.criterions.pmlm_ae_par import PseudoMaskedLMCriterion
+from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.models.unilm import UniLMConfig, UniLMModel
+from palm_plugin.modules.attention_masks import PseudoMaskKind as K
+from palm_plugin.tasks.pmlm import PseudoMaskedLMConfig, PseudoMaskedLMTask
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("pmlm")
+    rng = np.random.default_rng(0)
+    with open(directory / "train.txt", "w") as f:
+        for _ in range(12):  # documents of 3 lines, separated by a blank line
+            for _ in range(3):
+                f.write(" ".join(f"w{i}" for i in rng.integers(20, size=rng.integers(8, 15))) + "\n")
+            f.write("\n")
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", directory / "train.txt", "--destdir", directory / "bin",
+            "--workers", "1")
+    return directory / "bin"
+
+
+def load(data_dir, objective, **options):
+    cfg = PseudoMaskedLMConfig(data=str(data_dir), objective=objective, tokens_per_sample=24, seed=1, **options)
+    task = PseudoMaskedLMTask.setup_task(cfg)
+    task.load_dataset("train")
+    return task, task.dataset("train")
+
+
+def test_dictionary_gets_mask_then_pseudo(data_dir):
+    task, _ = load(data_dir, "ae_par")
+    d = task.dictionary
+    assert d.index(MASK_SYMBOL) == task.mask_idx and d.index(PSEUDO_SYMBOL) == task.pseudo_idx
+    assert task.pseudo_idx == len(d) - 1 and task.mask_idx < task.pseudo_idx  # <mask> may already be in dict.txt
+
+
+def test_blocks_start_with_bos_and_appended_tokens_reuse_positions(data_dir):
+    task, dataset = load(data_dir, "ae_par")
+    assert task.max_positions() == 24
+    for index in range(len(dataset)):
+        item = dataset[index]
+        n = dataset.size(index)
+        assert n <= 24 and item["source"][0] == task.dictionary.bos()
+        assert item["positions"].max() < n  # appended tokens reuse the text's positions
+
+
+@pytest.mark.parametrize(
+    "objective,ae,par,single_token_steps",
+    [("ae_par", True, True, False), ("ae", True, False, False), ("par", False, True, False),
+     ("ar", False, True, True), ("ae_ar", True, True, True)],
+)
+def test_objectives_of_table_6(data_dir, objective, ae, par, single_token_steps):
+    task, dataset = load(data_dir, objective)
+    batch = dataset.collater([dataset[i] for i in range(len(dataset))])
+    kinds, target = batch["net_input"]["kinds"], batch["target"]
+    predicted = target.ne(task.dictionary.pad())
+    assert bool((predicted & (kinds == K.CONTEXT)).any()) == ae
+    assert bool((kinds == K.PSEUDO).any()) == par
+    assert bool((predicted & (kinds == K.PSEUDO)).any()) == par
+    lengths = []
+    for index in range(len(dataset)):
+        item = dataset[index]
+        pseudo_steps = item["steps"][item["kinds"] == K.PSEUDO]
+        lengths += torch.bincount(pseudo_steps).tolist() if len(pseudo_steps) else []
+    if par:
+        assert (max(lengths) == 1) == single_token_steps
+
+    torch.manual_seed(0)
+    model = UniLMModel(
+        UniLMConfig(encoder_layers=1, encoder_embed_dim=16, encoder_ffn_embed_dim=32, encoder_attention_heads=2,
+                    max_positions=32, num_segments=2, relative_position_buckets=8),
+        task.dictionary,
+    )
+    loss, sample_size, log = PseudoMaskedLMCriterion(argparse.Namespace(target_dictionary=task.dictionary))(model, batch)
+    assert (log["ae_count"] > 0) == ae and (log["par_count"] > 0) == par
+    assert sample_size == max(log["ae_count"], log["par_count"])  # the number of masked tokens
+    assert float(loss.detach()) == pytest.approx(float(log["ae_loss"] + log["par_loss"]))
+
+
+def test_missing_data_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fairseq-preprocess"):
+        PseudoMaskedLMTask.setup_task(PseudoMaskedLMConfig(data=str(tmp_path), seed=1))
