@@ -1,0 +1,146 @@
+"""UniLM pre-training data (objective mix, segments, next sentence prediction, masking) and a real fairseq-train."""
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary, ListDataset
+from scipy import stats
+
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.unilm_pretraining_dataset import NOT_NEXT, UniLMPretrainingDataset, sentence_chunks
+from palm_plugin.modules.attention_masks import Objective
+from tests.conftest import REPO
+
+DOCUMENTS, WORDS_PER_DOCUMENT = 40, 5
+
+
+def corpus():
+    """40 documents of 3-5 sentences; document k only uses its own 5 words, so any token tells its document."""
+    d = Dictionary()
+    for k in range(DOCUMENTS):
+        for w in range(WORDS_PER_DOCUMENT):
+            d.add_symbol(f"d{k}w{w}")
+    mask = d.add_symbol("<mask>")
+    rng = np.random.default_rng(0)
+    items = []
+    for k in range(DOCUMENTS):
+        first = d.index(f"d{k}w0")
+        for _ in range(rng.integers(3, 6)):
+            items.append(list(rng.integers(first, first + WORDS_PER_DOCUMENT, size=rng.integers(3, 7))) + [d.eos()])
+        items.append([d.eos()])  # the empty line between documents
+    items = [torch.tensor(item) for item in items]
+    return d, mask, ListDataset(items, np.array([len(i) for i in items]))
+
+
+def document_of(d, token):
+    return (token - d.nspecial) // WORDS_PER_DOCUMENT
+
+
+def build(tokens_per_sample=24, **kwargs):
+    d, mask, sentences = corpus()
+    policy = TokenMaskingPolicy(mask_prob=0.15, span_length_probs=(0.8, 0.1, 0.1))
+    return d, UniLMPretrainingDataset(sentences, d, tokens_per_sample, policy, mask, seed=3, **kwargs)
+
+
+def test_chunks_stay_inside_documents_and_the_budget():
+    sizes = np.array([4, 3, 1, 6, 6, 6, 1, 30, 1, 2, 1])  # items include [EOS]; 1 = document break
+    starts, ends, lengths, documents = sentence_chunks(sizes, budget=10)
+    # Sentences are added while they fit; a single 1-token sentence (size 2) makes no chunk.
+    assert starts.tolist() == [0, 3, 5, 7]
+    assert ends.tolist() == [2, 5, 6, 8]
+    assert lengths.tolist() == [5, 10, 5, 10]  # the 29-token sentence is cut to the budget
+    assert documents.tolist() == [0, 1, 1, 2]
+
+
+def test_objective_mix_segments_and_next_sentence_prediction():
+    d, dataset = build()
+    counts = np.zeros(4)
+    next_labels = []
+    for index in range(len(dataset)):
+        for epoch in range(1, 41):
+            dataset.set_epoch(epoch)
+            item = dataset[index]
+            objective = Objective(item["objective"])
+            counts[objective] += 1
+            original = torch.where(item["target"].ne(d.pad()), item["target"], item["tokens"])
+            segments = item["segments"].tolist()
+            length = len(original)
+            assert original[0] == d.bos() and original[-1] == d.eos()
+            if objective in (Objective.LEFT_TO_RIGHT, Objective.RIGHT_TO_LEFT):
+                assert segments == [2 if objective == Objective.LEFT_TO_RIGHT else 3] * length
+                assert (original[1:-1] != d.eos()).all()
+                continue
+            source = item["source_length"]
+            assert original[source - 1] == d.eos() and (original[1 : source - 1] != d.eos()).all()
+            first, second = (0, 1) if objective == Objective.BIDIRECTIONAL else (4, 5)
+            assert segments == [first] * source + [second] * (length - source)
+            # B comes from A's document unless NSP drew a random text (then from another document).
+            a_document = document_of(d, int(original[1]))
+            b_documents = {document_of(d, int(t)) for t in original[source:-1]}
+            if objective == Objective.BIDIRECTIONAL:
+                next_labels.append(item["next_sentence"])
+                assert b_documents == ({a_document} if item["next_sentence"] == 0 else b_documents - {a_document})
+            else:
+                assert item["next_sentence"] == -1 and b_documents == {a_document}
+    # Section 2.4: 1/3 bidirectional, 1/3 seq2seq, 1/6 left-to-right, 1/6 right-to-left (chi-square test).
+    expected = counts.sum() * np.array([1 / 3, 1 / 6, 1 / 6, 1 / 3])  # in Objective order
+    assert stats.chisquare(counts, expected).pvalue > 1e-3, counts
+    assert not stats.chisquare(counts, counts.sum() * np.full(4, 0.25)).pvalue > 1e-3  # the test can tell
+    assert stats.binomtest(int(np.sum(np.array(next_labels) == NOT_NEXT)), len(next_labels), 0.5).pvalue > 1e-3
+
+
+def test_masking_is_reproducible_and_follows_the_policy():
+    d, dataset = build()
+    dataset.set_epoch(1)
+    first = [dataset[i] for i in range(len(dataset))]
+    again = [dataset[i] for i in range(len(dataset))]
+    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(first, again))
+    dataset.set_epoch(2)
+    assert any(not torch.equal(a["tokens"], dataset[i]["tokens"]) for i, a in enumerate(first))
+    predicted = text = masked = runs = 0
+    for epoch in range(1, 21):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            item = dataset[index]
+            chosen = item["target"].ne(d.pad())
+            special = (item["tokens"] == d.bos()) | (item["tokens"] == d.eos())
+            assert not (chosen & special).any()
+            n = int((~special).sum())
+            assert int(chosen.sum()) == int(np.ceil(0.15 * n))
+            predicted += int(chosen.sum())
+            text += n
+            masked += int((item["tokens"][chosen] == d.index("<mask>")).sum())
+            runs += int((chosen[1:] & chosen[:-1]).sum())
+    assert abs(masked / predicted - 0.8) < 0.03
+    assert runs > 0  # bigrams and trigrams happen
+
+
+def write_documents(path, rng, documents=30):
+    words = [f"w{i}" for i in range(40)]
+    lines = []
+    for _ in range(documents):
+        for _ in range(rng.integers(2, 6)):
+            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 12))))
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.slow
+def test_fairseq_train_unilm_pretraining(tmp_path, cli):
+    rng = np.random.default_rng(0)
+    write_documents(tmp_path / "train.txt", rng)
+    write_documents(tmp_path / "valid.txt", rng, documents=6)
+    data = tmp_path / "bin"
+    cli("fairseq-preprocess", "--only-source", "--trainpref", tmp_path / "train.txt", "--validpref",
+        tmp_path / "valid.txt", "--destdir", data, "--workers", "1")
+    result = cli("fairseq-train", data, "--user-dir", REPO / "palm_plugin", "--task", "unilm_pretraining", "--arch",
+                 "unilm_tiny", "--criterion", "unilm_cloze", "--tokens-per-sample", "32", "--optimizer", "adam",
+                 "--lr", "1e-3", "--batch-size", "8", "--max-update", "4", "--cpu", "--save-dir", tmp_path / "ckpt",
+                 "--log-format", "simple", "--log-interval", "1", "--no-epoch-checkpoints")
+    log = result.stdout + result.stderr
+    assert "num_updates 4" in log
+    assert "next_sentence_loss" in log and "nll_loss" in log
+    assert (tmp_path / "ckpt" / "checkpoint_last.pt").exists()
+    refused = cli("fairseq-train", data, "--user-dir", REPO / "palm_plugin", "--task", "unilm_pretraining", "--arch",
+                  "unilm2_tiny", "--criterion", "unilm_cloze", "--optimizer", "adam", "--lr", "1e-3", "--batch-size",
+                  "8", "--max-update", "1", "--cpu", "--save-dir", tmp_path / "ckpt2", check=False)
+    assert refused.returncode != 0 and "segment ids 0-5" in refused.stderr
