@@ -1,0 +1,128 @@
+"""The unilm model's own interfaces: mask/bias handling, output heads, classification heads, sentence_prediction."""
+import argparse
+import re
+
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from palm_plugin.models.unilm import UniLMConfig, UniLMModel, unilm2_tiny, unilm_tiny
+from palm_plugin.modules.attention_masks import Objective, left_to_right_mask
+from tests.conftest import REPO
+
+
+def build(arch, seed=0):
+    dictionary = Dictionary()
+    for index in range(30):
+        dictionary.add_symbol(f"w{index}")
+    dictionary.add_symbol("<mask>")
+    torch.manual_seed(seed)
+    namespace = argparse.Namespace()
+    arch(namespace)
+    return UniLMModel.build_model(UniLMConfig.from_namespace(namespace), argparse.Namespace(source_dictionary=dictionary)).eval(), dictionary
+
+
+def tokens_with_padding(dictionary):
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (2, 7), generator=torch.Generator().manual_seed(1))
+    tokens[1, 5:] = dictionary.pad()
+    return tokens
+
+
+def test_relative_position_bias_goes_through_the_additive_mask():
+    """With a zero bias table, unilm2 (float mask + bias) equals unilm (boolean mask) with the same weights; with a
+    non-zero table, the scores shift by exactly that bias (checked on one layer against a manual attention)."""
+    v1, dictionary = build(unilm_tiny)
+    v2, _ = build(unilm2_tiny)
+    state = {k: v for k, v in v1.state_dict().items() if "segments" not in k}
+    v2.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        v2.stack.embeddings.segments.weight.copy_(v1.stack.embeddings.segments.weight[:2])
+        v2.stack.relative_position.weight.zero_()
+    tokens = tokens_with_padding(dictionary)
+    real = tokens.ne(dictionary.pad())
+    objectives = torch.tensor([Objective.SEQ2SEQ, Objective.LEFT_TO_RIGHT])
+    with torch.no_grad():
+        a, _ = v1(tokens, objectives=objectives, source_lengths=torch.tensor([3, 0]), features_only=True)
+        b, _ = v2(tokens, objectives=objectives, source_lengths=torch.tensor([3, 0]), features_only=True)
+        torch.testing.assert_close(a[real], b[real], atol=1e-6, rtol=0)
+
+        torch.nn.init.normal_(v2.stack.relative_position.weight, std=1.0)
+        layer = v2.stack.layers[0]
+        x = torch.randn(2, 7, 64)
+        positions = v2.stack.default_positions(tokens)
+        mask = left_to_right_mask(7).expand(2, 7, 7)
+        out, _ = layer(x, v2.stack.attention_bias(positions, positions, mask, x.dtype))
+        q, k, v = layer.project(x)
+        bias = v2.stack.relative_position(positions, positions)
+        scores = (q @ k.transpose(-1, -2)) / 4.0 + bias  # head_dim 16
+        scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
+        expected = layer._finish(x, scores.softmax(-1) @ v)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_outputs_probabilities_and_explicit_masks():
+    model, dictionary = build(unilm_tiny)
+    tokens = tokens_with_padding(dictionary)
+    with torch.no_grad():
+        logits, extra = model(tokens, next_sentence=True, return_all_hiddens=True)
+        probs = model.get_normalized_probs((logits, None), log_probs=False)
+        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 7))
+        assert extra["next_sentence_logits"].shape == (2, 2) and len(extra["inner_states"]) == 3
+        masked = tokens.ne(dictionary.pad()) & (torch.arange(7) % 2 == 0)
+        only_masked, _ = model(tokens, masked_tokens=masked)
+        torch.testing.assert_close(only_masked, logits[masked], atol=1e-6, rtol=0)
+        # An explicit (T, T) mask is the same as the objective it encodes.
+        explicit, _ = model(tokens, attention_mask=left_to_right_mask(7), features_only=True)
+        by_objective, _ = model(tokens, objectives=torch.tensor([1, 1]), source_lengths=torch.zeros(2, dtype=torch.long), features_only=True)
+        torch.testing.assert_close(explicit, by_objective)
+        # Padding is invisible: changing padded tokens does not change the real rows.
+        other = tokens.clone()
+        other[1, 5:] = dictionary.index("w3")
+        other_features, _ = model(other.masked_fill(tokens.eq(dictionary.pad()), dictionary.pad()), features_only=True)
+        torch.testing.assert_close(other_features[0], model(tokens, features_only=True)[0][0])
+
+
+def test_classification_heads_and_checkpoint_upgrade():
+    model, dictionary = build(unilm_tiny)
+    model.register_classification_head("sentiment", num_classes=3)
+    model.eval()
+    tokens = tokens_with_padding(dictionary)
+    with torch.no_grad():
+        logits, _ = model(tokens, classification_head_name="sentiment")
+        features, _ = model(tokens, features_only=True)
+    assert logits.shape == (2, 3)
+    head = model.classification_heads["sentiment"]
+    torch.testing.assert_close(logits, head.out_proj(features[:, 0]))  # softmax(h_1^L W^C): the [SOS] state
+    pretrained = {k: v for k, v in model.state_dict().items() if not k.startswith("classification_heads")}
+    model.upgrade_state_dict_named(pretrained, "")
+    assert "classification_heads.sentiment.out_proj.weight" in pretrained  # a fresh head for fine-tuning
+    stale = dict(pretrained, **{"classification_heads.other.out_proj.weight": torch.zeros(5, 64)})
+    model.upgrade_state_dict_named(stale, "")
+    assert not any(k.startswith("classification_heads.other") for k in stale)
+    model.load_state_dict(stale, strict=True)
+
+
+@pytest.mark.slow
+def test_fairseq_sentence_prediction_fine_tunes_unilm_tiny(tmp_path, cli):
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 96), ("valid", 32)):
+        labels, texts = [], []
+        for _ in range(count):
+            label = int(rng.integers(2))
+            texts.append(" ".join(["good" if label else "bad"] + [f"w{i}" for i in rng.integers(20, size=5)]))
+            labels.append(str(label))
+        (tmp_path / f"{split}.input0").write_text("\n".join(texts) + "\n")
+        (tmp_path / f"{split}.label").write_text("\n".join(labels) + "\n")
+    for part in ("input0", "label"):
+        cli("fairseq-preprocess", "--only-source", "--trainpref", tmp_path / f"train.{part}", "--validpref",
+            tmp_path / f"valid.{part}", "--destdir", tmp_path / "bin" / part, "--workers", "1")
+    result = cli("fairseq-train", tmp_path / "bin", "--user-dir", REPO / "palm_plugin", "--task", "sentence_prediction",
+                 "--arch", "unilm_tiny", "--criterion", "sentence_prediction", "--num-classes", "2", "--init-token", "0",
+                 "--max-positions", "64", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "16", "--max-epoch",
+                 "6", "--cpu", "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints", "--log-format", "simple",
+                 "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric")
+    log = result.stdout + result.stderr
+    accuracies = [float(a) for a in re.findall(r"valid on 'valid' subset .*?\| accuracy ([\d.]+)", log)]
+    assert len(accuracies) == 6
+    assert accuracies[-1] >= 90.0, accuracies  # the first word decides the label: learned through [SOS]
