@@ -27,8 +27,10 @@ def data_dir(tmp_path_factory):
     return directory / "bin"
 
 
-def load(data_dir, objective, **options):
-    cfg = PseudoMaskedLMConfig(data=str(data_dir), objective=objective, tokens_per_sample=24, seed=1, **options)
+def load(data_dir, objective, tokens_per_sample=24, **options):
+    cfg = PseudoMaskedLMConfig(
+        data=str(data_dir), objective=objective, tokens_per_sample=tokens_per_sample, seed=1, **options
+    )
     task = PseudoMaskedLMTask.setup_task(cfg)
     task.load_dataset("train")
     return task, task.dataset("train")
@@ -49,6 +51,15 @@ def test_blocks_start_with_bos_and_appended_tokens_reuse_positions(data_dir):
         n = dataset.size(index)
         assert n <= 24 and item["source"][0] == task.dictionary.bos()
         assert item["positions"].max() < n  # appended tokens reuse the text's positions
+
+
+def test_lines_longer_than_a_block_are_cut_not_dropped(data_dir, caplog):
+    """complete_doc never splits a line: lines of 9-16 tokens with blocks of 10 would exceed the positions."""
+    with caplog.at_level("WARNING"):
+        _, dataset = load(data_dir, "ae_par", tokens_per_sample=10)
+    assert "lose their end" in caplog.text
+    assert max(dataset.size(i) for i in range(len(dataset))) <= 10
+    assert len(dataset) >= 36  # every line still gives a block
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 
 from fairseq import utils
-from fairseq.data import Dictionary, PrependTokenDataset, TokenBlockDataset, data_utils
+from fairseq.data import Dictionary, PrependTokenDataset, TokenBlockDataset, TruncateDataset, data_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
@@ -128,10 +128,20 @@ class PseudoMaskedLMTask(FairseqTask):
                 f"no binarized split {split!r} at {split_path}.{{bin,idx}}: run fairseq-preprocess --only-source "
                 f"with --trainpref / --validpref, --destdir {os.path.dirname(split_path)}"
             )
+        block_size = self.cfg.tokens_per_sample - 1  # one less for [BOS]
+        too_long = int((dataset.sizes > block_size).sum())
+        if too_long and self.cfg.sample_break_mode != "none":
+            # These modes never split a line, so a longer line would make a block longer than the model's positions
+            # (fairseq would drop it); cut it instead, and say so.
+            logger.warning(
+                f"{split}: {too_long} lines are longer than a block ({block_size} tokens) and lose their end; "
+                f"--sample-break-mode none packs text across lines without cutting"
+            )
+            dataset = TruncateDataset(dataset, block_size)
         blocks = TokenBlockDataset(
             dataset,
             dataset.sizes,
-            self.cfg.tokens_per_sample - 1,  # one less for [BOS]
+            block_size,
             pad=self.dictionary.pad(),
             eos=self.dictionary.eos(),
             break_mode=self.cfg.sample_break_mode,
