@@ -25,7 +25,6 @@ Consequences of the algorithm that callers (and the tests) rely on:
 autoregressive MLM of Table 6). The [M] / random / unchanged replacement of the masked tokens is not part of this
 policy: it is :meth:`palm_plugin.data.token_masking.TokenMaskingPolicy.corrupt`.
 """
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,10 +51,11 @@ class BlockwiseMaskingPolicy:
                 f"block lengths must satisfy 2 <= min <= max, got {self.min_block_length}..{self.max_block_length}"
             )
 
-    def budget(self, num_maskable: int) -> int:
-        """The number of tokens Algorithm 1 must reach: the smallest count >= ``mask_prob * num_maskable``."""
+    def budget(self, num_maskable):
+        """The number of tokens Algorithm 1 must reach: the smallest count >= ``mask_prob * num_maskable``
+        (elementwise for an array of counts)."""
         # The epsilon absorbs float error: 0.15 * 100 is 15.000000000000002, whose ceil would be 16.
-        return math.ceil(self.mask_prob * num_maskable - 1e-9)
+        return np.ceil(self.mask_prob * np.asarray(num_maskable) - 1e-9).astype(np.int64)
 
     def factorization_steps(self, maskable: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Run Algorithm 1 and draw the factorization order.
@@ -71,7 +71,7 @@ class BlockwiseMaskingPolicy:
         length = len(maskable)
         steps = np.full(length, NOT_MASKED, dtype=np.int64)
         candidates = np.flatnonzero(maskable)
-        budget = self.budget(len(candidates))
+        budget = int(self.budget(len(candidates)))
         free = np.asarray(maskable, dtype=bool).copy()  # maskable and not masked yet
         span_starts, span_lengths = [], []
         masked = 0

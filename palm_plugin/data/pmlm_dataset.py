@@ -10,7 +10,7 @@ Every appended token carries the position id of the token it stands for, so the 
 position wherever it lies in the input. For the paper's example (x_1..x_6, steps {4, 5} -> {2})::
 
     tokens     x1 [M] x3 [M] [M] x6  [P] [P] x4 x5  [P] x2
-    positions   0  1  2   3   4  5    3   4  3  4    1  2
+    positions   0  1  2   3   4  5    3   4  3  4    1  1
     step        .  .  .   .   .  .    0   0  0  0    1  1
     kind        C  C  C   C   C  C    P   P  O  O    P  O      (C context, P pseudo, O original)
 
@@ -127,8 +127,7 @@ class PseudoMaskedLMDataset(FairseqDataset):
         self.sizes = np.asarray(dataset.sizes, dtype=np.int64)
         self._num_tokens = self.sizes.copy()
         if append_pseudo:
-            budgets = np.ceil(masking.mask_prob * self.sizes - 1e-9).astype(np.int64)
-            self._num_tokens += 2 * (budgets + masking.max_block_length - 1)
+            self._num_tokens += 2 * (masking.budget(self.sizes) + masking.max_block_length - 1)
         # BOS, EOS (also the separator inside blocks that span sentences) and padding are never masked.
         self._unmaskable = np.array([dictionary.bos(), dictionary.eos(), dictionary.pad()])
 
