@@ -1,0 +1,97 @@
+"""Decoding measurements of ``palm-bench``: fairseq's ``SequenceGenerator`` (beam search) on each model.
+
+Every hypothesis decodes exactly ``T`` target tokens (``--min-len T --max-len-a 0 --max-len-b T``: EOS is
+forbidden before ``T`` tokens and forced after), so random-weight models do the work of a ``T``-token output.
+
+* ``transformer`` / ``palm``: fairseq's ``translation`` task (PALM is fine-tuned and decoded with it), source
+  ``S`` tokens ending with EOS;
+* ``unilm`` / ``unilm2``: ``unilm_seq2seq`` (``--pseudo-masks`` for UniLMv2), source ``[SOS] S1 [EOS]`` of ``S``
+  tokens, decoded with the model's cached incremental decoder; ``... recompute`` is the baseline that re-runs
+  the whole packed ``[source | decoded tokens | placeholder]`` sequence at every step: the same model and
+  generator with the generator's incremental path switched off (the UniLM decoder then takes its
+  full-recomputation branch; both give the same hypotheses, tests/test_benchmark.py checks it).
+"""
+import time
+from dataclasses import dataclass
+from typing import Callable, List
+
+import torch
+
+from palm_plugin.cli.bench_models import palm_arch, transformer_arch, translation_task, unilm_arch, unilm_seq2seq_task
+
+
+@dataclass
+class DecodeSpec:
+    key: str
+    label: str
+    args: Callable[[str, int], List[str]]  # (size, total length) -> fairseq arguments
+    unilm: bool
+    recompute: bool = False
+    baseline: str = "transformer"
+    plugin: bool = True
+
+
+DECODE_SPECS = [
+    DecodeSpec("transformer", "fairseq transformer (baseline)",
+               lambda size, n: transformer_arch(size) + translation_task(n), unilm=False, baseline=None, plugin=False),
+    DecodeSpec("palm", "palm (pointer-generator)", lambda size, n: palm_arch(size, n) + translation_task(n), unilm=False),
+    DecodeSpec("unilm", "unilm, cached", lambda size, n: unilm_arch("unilm", size, n) + unilm_seq2seq_task(n), unilm=True),
+    DecodeSpec("unilm_recompute", "unilm, full recomputation (baseline)",
+               lambda size, n: unilm_arch("unilm", size, n) + unilm_seq2seq_task(n), unilm=True, recompute=True,
+               baseline="unilm", plugin=False),
+    DecodeSpec("unilm2", "unilm2, cached",
+               lambda size, n: unilm_arch("unilm2", size, n) + unilm_seq2seq_task(n, "unilm2"), unilm=True),
+    DecodeSpec("unilm2_recompute", "unilm2, full recomputation (baseline)",
+               lambda size, n: unilm_arch("unilm2", size, n) + unilm_seq2seq_task(n, "unilm2"), unilm=True,
+               recompute=True, baseline="unilm2", plugin=False),
+]  # fmt: skip
+
+
+def source_batch(built, unilm: bool, sentences: int, source_length: int, seed: int = 1):
+    """A generation batch of ``sentences`` random sources of ``source_length`` tokens, in the task's layout."""
+    dictionary = built.task.source_dictionary
+    generator = torch.Generator().manual_seed(seed)
+    first = dictionary.index("<mask>") + 1
+    words = torch.randint(first, len(dictionary) - 1, (sentences, source_length), generator=generator)
+    words[:, -1] = dictionary.eos()
+    net_input = {"src_tokens": words, "src_lengths": torch.full((sentences,), source_length)}
+    if unilm:
+        words[:, 0] = dictionary.bos()
+        task_cfg = built.task.cfg
+        net_input["source_segments"] = torch.full_like(words, task_cfg.source_segment)
+        net_input["target_segment"] = torch.full((sentences,), task_cfg.target_segment)
+    return {"id": torch.arange(sentences), "net_input": net_input}
+
+
+def generator_for(built, beam: int, target_tokens: int, recompute: bool):
+    """fairseq's generator for exactly ``target_tokens`` tokens per hypothesis."""
+    gen_cfg = built.cfg.generation
+    gen_cfg.beam, gen_cfg.min_len, gen_cfg.max_len_a, gen_cfg.max_len_b = beam, target_tokens, 0, target_tokens
+    generator = built.task.build_generator([built.model], gen_cfg)
+    if recompute:
+        # SequenceGenerator wraps the models in an EnsembleModel; without incremental states it calls the decoder
+        # with the whole prefix every step.
+        generator.model.has_incremental = False
+    return generator
+
+
+def generate(built, generator, sample):
+    with torch.no_grad():
+        return built.task.inference_step(generator, [built.model], sample)
+
+
+def time_decoding(built, spec: DecodeSpec, beam: int, target_tokens: int, sentences: int, source_length: int,
+                  repeats: int) -> List[float]:
+    """Seconds per generation of ``sentences`` sentences, ``repeats`` times (after a short warm-up)."""
+    sample = source_batch(built, spec.unilm, sentences, source_length)
+    generate(built, generator_for(built, beam, 2, spec.recompute), sample)
+    generator = generator_for(built, beam, target_tokens, spec.recompute)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        hypotheses = generate(built, generator, sample)
+        times.append(time.perf_counter() - start)
+        produced = {len(h[0]["tokens"]) for h in hypotheses}
+        if produced != {target_tokens + 1}:
+            raise RuntimeError(f"{spec.key}: decoded lengths {produced}, expected {target_tokens} tokens + EOS")
+    return times

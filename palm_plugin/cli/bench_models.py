@@ -1,0 +1,262 @@
+"""What ``palm-bench`` measures: each configuration as fairseq command-line arguments, built in-process.
+
+Every model is built the way ``fairseq-train`` builds it (``options.parse_args_and_arch`` ->
+``tasks.setup_task`` -> ``task.build_model`` / ``task.build_criterion`` -> ``optim.build_optimizer``), so a row of
+the table is a configuration a user can run with the same flags. Baselines have the same shape as the plugin's
+model they are compared with:
+
+* ``transformer``: fairseq's encoder-decoder with PALM's layers and sizes (12 + 12 layers, 768 / 3072 / 12 heads
+  at base size, GELU, one shared embedding), trained and decoded with fairseq's ``translation`` task; ``palm``
+  (the same task, fine-tuning) differs by its RoBERTa-style blocks and the pointer-generator;
+* ``roberta``: fairseq's ``roberta_base`` (12 layers, 768) with the ``masked_lm`` task, the shape of ``unilm_base``.
+
+``--size tiny`` swaps in the 2-layer archs used by the tests (``palm_tiny``, ``unilm_tiny``, ``unilm2_tiny``) and
+baselines of the same sizes.
+"""
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+from fairseq import optim, options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+import palm_plugin  # noqa: F401  (registers the plugin's tasks, models and criteria)
+from palm_plugin.cli.bench_data import target_split
+from palm_plugin.cli.bench_flops import Dims, encoder_decoder_step, encoder_only_step
+from palm_plugin.modules.attention_masks import PseudoMaskKind
+
+COMMON = ["--optimizer", "adam", "--lr", "0.0001", "--seed", "1", "--cpu", "--num-workers", "0"]
+
+# Sizes per --size: (layers, model dim, feed-forward dim, heads) of the baselines, matching the plugin's archs.
+SEQ2SEQ_SHAPE = {"base": (12, 768, 3072, 12), "tiny": (2, 64, 128, 2)}  # palm_base / palm_tiny
+ENCODER_SHAPE = {"base": (12, 768, 3072, 12), "tiny": (2, 64, 256, 4)}  # unilm_base / unilm_tiny
+
+
+def positions(length: int) -> str:
+    """Learned position tables: the archs' 512, or more for longer sequences."""
+    return str(max(512, length))
+
+
+def transformer_arch(size: str) -> List[str]:
+    layers, dim, ffn, heads = SEQ2SEQ_SHAPE[size]
+    args = ["--arch", "transformer", "--share-all-embeddings", "--activation-fn", "gelu"]
+    for side in ("encoder", "decoder"):
+        args += [f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(dim)]
+        args += [f"--{side}-ffn-embed-dim", str(ffn), f"--{side}-attention-heads", str(heads)]
+    return args
+
+
+def roberta_arch(size: str, length: int) -> List[str]:
+    layers, dim, ffn, heads = ENCODER_SHAPE[size]
+    return [
+        "--arch", "roberta_base", "--max-positions", positions(length), "--encoder-layers", str(layers),
+        "--encoder-embed-dim", str(dim), "--encoder-ffn-embed-dim", str(ffn), "--encoder-attention-heads", str(heads),
+    ]  # fmt: skip
+
+
+def palm_arch(size: str, length: int) -> List[str]:
+    return ["--arch", f"palm_{size}", "--encoder-max-positions", positions(length), "--decoder-max-positions",
+            positions(length)]  # fmt: skip
+
+
+def unilm_arch(version: str, size: str, length: int) -> List[str]:
+    return ["--arch", f"{version}_{size}", "--max-positions", positions(length)]
+
+
+def translation_task(length: int) -> List[str]:
+    return ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--max-source-positions",
+            positions(length), "--max-target-positions", positions(length)]  # fmt: skip
+
+
+def unilm_seq2seq_task(length: int, version: str = "unilm") -> List[str]:
+    args = ["--task", "unilm_seq2seq", "--max-source-positions", positions(length),
+            "--max-target-positions", positions(length)]  # fmt: skip
+    if version == "unilm2":  # UniLMv2 fine-tuning: [source | target | pseudo target], BERT's segment ids 0 / 1
+        args += ["--pseudo-masks", "--source-segment", "0", "--target-segment", "1"]
+    return args
+
+
+@dataclass
+class Built:
+    """A configuration built through fairseq's APIs."""
+
+    args: object  # the argparse namespace (arch defaults filled in)
+    cfg: object  # its omegaconf form
+    task: object
+    model: torch.nn.Module
+    criterion: Optional[torch.nn.Module] = None
+    optimizer: Optional[object] = None
+
+    @property
+    def dims(self) -> Dims:
+        a = self.args
+        copy = 0
+        if a.arch.startswith("palm") and not getattr(a, "no_copy", False):
+            copy = getattr(a, "copy_attention_dim", None) or a.encoder_embed_dim
+        return Dims(
+            layers=a.encoder_layers,
+            d=a.encoder_embed_dim,
+            f=a.encoder_ffn_embed_dim,
+            vocab=len(self.task.source_dictionary),
+            decoder_layers=getattr(a, "decoder_layers", 0) if not a.arch.startswith(("unilm", "roberta")) else 0,
+            copy=copy,
+        )
+
+
+def build(data: str, args: List[str], training: bool = True, reuse: Optional[Built] = None) -> Built:
+    """Parse ``[data] + args`` like ``fairseq-train`` and build task, model (and, for training, criterion and
+    optimizer; for decoding the model is put in eval mode and ``cfg.generation`` holds the defaults).
+
+    ``reuse``: keep that configuration's model and optimizer (built for the longest length) and set up only the
+    task and criterion for ``args`` (another length of the same configuration).
+    """
+    namespace = options.parse_args_and_arch(options.get_training_parser(), [data] + COMMON + args)
+    cfg = convert_namespace_to_omegaconf(namespace)
+    torch.manual_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    if reuse is not None:
+        return Built(namespace, cfg, task, reuse.model, task.build_criterion(cfg.criterion), reuse.optimizer)
+    model = task.build_model(cfg.model)
+    if not training:
+        return Built(namespace, cfg, task, model.eval())
+    criterion = task.build_criterion(cfg.criterion)
+    optimizer = optim.build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad])
+    return Built(namespace, cfg, task, model, criterion, optimizer)
+
+
+def load_batch(built: Built, examples: int):
+    """The first ``examples`` items of the task's ``train`` split, collated by the task's own dataset."""
+    built.task.load_dataset("train")
+    dataset = built.task.dataset("train")
+    if len(dataset) < examples:
+        raise RuntimeError(f"synthetic data has {len(dataset)} examples, {examples} needed")
+    return dataset.collater([dataset[i] for i in range(examples)])
+
+
+def _nonpad(tensor, pad):
+    return int(tensor.ne(pad).sum())
+
+
+@dataclass
+class TrainSpec:
+    """One training configuration.
+
+    ``text_tokens(batch, pad)``: the text the step learns from (source + target tokens; for UniLMv2 the original
+    sequence, not the appended pseudo/original copies, which are cost, not data). ``flops(built, batch)``: the
+    analytic training FLOPs of one step (:mod:`palm_plugin.cli.bench_flops`).
+    """
+
+    key: str
+    label: str
+    group: str
+    layout: str
+    args: Callable[[str, int], List[str]]  # (size, length) -> fairseq arguments
+    text_tokens: Callable
+    flops: Callable
+    baseline: Optional[str] = None
+    plugin: bool = True
+
+
+def _seq2seq_tokens(batch, pad):
+    return _nonpad(batch["net_input"]["src_tokens"], pad) + _nonpad(batch["target"], pad)
+
+
+def _seq2seq_flops(built, batch):
+    src, prev = batch["net_input"]["src_tokens"], batch["net_input"]["prev_output_tokens"]
+    mlm = _nonpad(batch["mlm_target"], built.task.source_dictionary.pad()) if "mlm_target" in batch else 0
+    return encoder_decoder_step(built.dims, src.size(0), src.size(1), prev.size(1), mlm)
+
+
+def pmlm_text_tokens(batch, pad):
+    net = batch["net_input"]
+    return int((net["kinds"].eq(int(PseudoMaskKind.CONTEXT)) & net["src_tokens"].ne(pad)).sum())
+
+
+def _pmlm_flops(built, batch):
+    src = batch["net_input"]["src_tokens"]
+    return encoder_only_step(built.dims, src.size(0), src.size(1), _nonpad(batch["target"], built.task.dictionary.pad()))
+
+
+def _cloze_tokens(batch, pad):
+    return _nonpad(batch["cloze_input"]["src_tokens"], pad)
+
+
+def _cloze_flops(built, batch):
+    src = batch["cloze_input"]["src_tokens"]
+    predicted = _nonpad(batch["cloze_target"], built.task.dictionary.pad())
+    return encoder_only_step(built.dims, src.size(0), src.size(1), predicted)
+
+
+def _mlm_tokens(batch, pad):
+    return _nonpad(batch["net_input"]["src_tokens"], pad)
+
+
+def _mlm_flops(built, batch):
+    src = batch["net_input"]["src_tokens"]
+    return encoder_only_step(built.dims, src.size(0), src.size(1), _nonpad(batch["target"], built.task.dictionary.pad()))
+
+
+def _continuation_args(size, length):
+    source_body, target_body = target_split(length)
+    return palm_arch(size, length) + [
+        "--task", "continuation_pair", "--max-source-tokens", str(source_body + 1), "--max-target-tokens",
+        str(target_body), "--criterion", "palm_mlm_lm",
+    ]  # fmt: skip
+
+
+LABEL_SMOOTHED = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+
+TRAIN_SPECS = [
+    TrainSpec(
+        "transformer", "fairseq transformer, translation (baseline)", "seq2seq", "parallel",
+        lambda size, length: transformer_arch(size) + translation_task(length) + LABEL_SMOOTHED,
+        _seq2seq_tokens, _seq2seq_flops, plugin=False,
+    ),
+    TrainSpec(
+        "palm", "palm, translation (fine-tuning, copy layer)", "seq2seq", "parallel",
+        lambda size, length: palm_arch(size, length) + translation_task(length) + LABEL_SMOOTHED,
+        _seq2seq_tokens, _seq2seq_flops, baseline="transformer",
+    ),
+    TrainSpec(
+        "palm_pretrain", "palm, continuation_pair + palm_mlm_lm (pre-training)", "seq2seq", "continuation",
+        _continuation_args, _seq2seq_tokens, _seq2seq_flops, baseline="transformer",
+    ),
+    TrainSpec(
+        "pmlm_mlm", "unilm2, pmlm --objective ae (plain MLM)", "pmlm", "block",
+        lambda size, length: unilm_arch("unilm2", size, length)
+        + ["--task", "pmlm", "--tokens-per-sample", str(length), "--objective", "ae", "--criterion", "pmlm_ae_par"],
+        pmlm_text_tokens, _pmlm_flops,
+    ),
+    TrainSpec(
+        "pmlm_ae_par", "unilm2, pmlm + pmlm_ae_par (AE + PAR, one pass)", "pmlm", "block",
+        lambda size, length: unilm_arch("unilm2", size, length)
+        + ["--task", "pmlm", "--tokens-per-sample", str(length), "--objective", "ae_par", "--criterion", "pmlm_ae_par"],
+        pmlm_text_tokens, _pmlm_flops, baseline="pmlm_mlm",
+    ),
+    # The naive baseline reuses the ae_par configuration's batch; its step is bench_train.NaivePARStep.
+    TrainSpec(
+        "naive_par", "unilm2, naive per-step PAR: one pass per factorization step (benchmark-only baseline)",
+        "pmlm", "block",
+        lambda size, length: unilm_arch("unilm2", size, length)
+        + ["--task", "pmlm", "--tokens-per-sample", str(length), "--objective", "ae_par", "--criterion", "pmlm_ae_par"],
+        pmlm_text_tokens, None, baseline="pmlm_ae_par", plugin=False,
+    ),
+    TrainSpec(
+        "roberta", "fairseq roberta_base, masked_lm (baseline)", "unilm", "block",
+        lambda size, length: roberta_arch(size, length)
+        + ["--task", "masked_lm", "--tokens-per-sample", str(length), "--criterion", "masked_lm"],
+        _mlm_tokens, _mlm_flops, plugin=False,
+    ),
+    TrainSpec(
+        "unilm_pretraining", "unilm, unilm_pretraining + unilm_cloze (4 objectives)", "unilm", "two_sentences",
+        lambda size, length: unilm_arch("unilm", size, length)
+        + ["--task", "unilm_pretraining", "--tokens-per-sample", str(length), "--criterion", "unilm_cloze"],
+        _cloze_tokens, _cloze_flops, baseline="roberta",
+    ),
+    TrainSpec(
+        "unilm_seq2seq", "unilm, unilm_seq2seq + unilm_cloze (fine-tuning)", "unilm", "parallel",
+        lambda size, length: unilm_arch("unilm", size, length) + unilm_seq2seq_task(length)
+        + ["--criterion", "unilm_cloze", "--label-smoothing", "0.1"],
+        _cloze_tokens, _cloze_flops, baseline="roberta",
+    ),
+]

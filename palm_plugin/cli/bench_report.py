@@ -1,0 +1,150 @@
+"""``palm-bench`` results: the targets of issue #7, the markdown table, the JSON record and the PNG chart."""
+import json
+import statistics
+from typing import Dict, List, Optional
+
+MB = 2**20
+
+
+def median(values: List[float]) -> float:
+    return statistics.median(values)
+
+
+def _find(rows, key, **where) -> Optional[dict]:
+    for row in rows:
+        if row["key"] == key and all(row.get(k) == v for k, v in where.items()):
+            return row
+    return None
+
+
+def _target(name, value, threshold, higher_is_better, note):
+    if value is None:
+        return {"target": name, "value": None, "threshold": threshold, "status": "NOT MEASURED", "note": note}
+    passed = value >= threshold if higher_is_better else value <= threshold
+    return {"target": name, "value": value, "threshold": threshold, "status": "PASS" if passed else "MISS", "note": note}
+
+
+def _ratio(numerator, denominator, field):
+    if numerator is None or denominator is None:
+        return None
+    return numerator[field] / denominator[field]
+
+
+def evaluate_targets(training: List[dict], decoding: List[dict], length: int, target_tokens: int) -> List[dict]:
+    """The issue's targets, each from rows of this run (``length``: training length, ``target_tokens``: decoding)."""
+    def train(key):
+        return _find(training, key, length=length)
+
+    def decode(key):
+        return _find(decoding, key, target_tokens=target_tokens)
+
+    at = f"training, length {length}"
+    naive_lengths = [r["length"] for r in training if r["key"] == "naive_par" and r["length"] <= length]
+    naive_length = max(naive_lengths) if naive_lengths else length
+    targets = [
+        _target("PALM (copy layer) step cost <= 1.15x fairseq transformer",
+                _ratio(train("transformer"), train("palm"), "tokens_per_s"), 1.15, False,
+                f"{at}: transformer tokens/s / palm tokens/s (both fine-tuning, translation task)"),
+        _target("PMLM AE+PAR <= 1.5x plain MLM", _ratio(train("pmlm_mlm"), train("pmlm_ae_par"), "tokens_per_s"),
+                1.5, False, f"{at}: MLM tokens/s / AE+PAR tokens/s (same unilm2 model and text)"),
+        _target("PMLM AE+PAR >= 3x faster than naive per-step PAR",
+                _ratio(_find(training, "pmlm_ae_par", length=naive_length), _find(training, "naive_par", length=naive_length),
+                       "tokens_per_s"), 3.0, True,
+                f"training, length {naive_length} (the longest the naive baseline ran): AE+PAR tokens/s / naive "
+                "tokens/s"),
+    ]
+    for version in ("unilm", "unilm2"):
+        at = f"decoding, beam 5, {target_tokens} target tokens"
+        targets.append(_target(f"cached {version} decoding >= 3x faster than recomputation",
+                               _ratio(decode(version), decode(f"{version}_recompute"), "sentences_per_s"), 3.0, True,
+                               f"{at}: cached sentences/s / recomputation sentences/s"))
+        targets.append(_target(f"cached {version} decoding within 1.3x of fairseq transformer",
+                               _ratio(decode("transformer"), decode(version), "sentences_per_s"), 1.3, False,
+                               f"{at}: transformer sentences/s / {version} sentences/s"))
+    for row in training:
+        if row["length"] == length and row["plugin"]:
+            targets.append(_target(f"{row['key']} training >= 50% of measured matmul throughput", row["mfu"], 0.5,
+                                   True, f"training, length {length}: model FLOPs utilisation"))
+    return targets  # fmt: skip
+
+
+def _fmt(value, digits=2):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(result: Dict) -> str:
+    """The results as markdown tables."""
+    s = result["settings"]
+    lines = [f"Machine limit: fp32 matmul {result['gemm']['peak_gflops']:.1f} GFLOP/s ("
+             + ", ".join(f"{g['m']}x{g['k']}x{g['n']}: {g['gflops']:.1f}" for g in result["gemm"]["shapes"])
+             + f"), {result['machine']['threads']} threads.", ""]  # fmt: skip
+    lines += [f"### Training: tokens/s, median of {s['repeats']} updates (size {s['size']}, "
+              f"{s['batch_sequences']} sequence(s) per update)", "",
+              "| length | configuration | batch | tokens/s | vs baseline | peak MB | GFLOP/update | MFU |",
+              "|---:|---|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    for row in result["training"]:
+        versus = "-" if row["baseline"] is None else f"{_fmt(row['speed_vs_baseline'])}x speed of {row['baseline']}"
+        lines.append(
+            f"| {row['length']} | {row['label']} | {row['batch_sequences']} | {row['tokens_per_s']:.1f} | {versus} "
+            f"| {row['peak_memory_mb']:.0f} | {row['flops_per_update'] / 1e9:.1f} | {100 * row['mfu']:.1f}% |"
+        )
+    lines += ["", f"### Decoding: sentences/s, beam {s['beam']}, {s['sentences']} sentences of "
+              f"{s['source_tokens']} source tokens, median of {s['decode_repeats']}", "",
+              "| target tokens | configuration | sentences/s | s/sentence | vs baseline |", "|---:|---|---:|---:|---|"]
+    for row in result["decoding"]:
+        versus = "-" if row["baseline"] is None else f"{_fmt(row['speed_vs_baseline'])}x speed of {row['baseline']}"
+        lines.append(f"| {row['target_tokens']} | {row['label']} | {row['sentences_per_s']:.3f} "
+                     f"| {1 / row['sentences_per_s']:.2f} | {versus} |")
+    lines += ["", "### Targets", "", "| target | measured | threshold | result | how |", "|---|---:|---:|---|---|"]
+    for t in result["targets"]:
+        lines.append(f"| {t['target']} | {_fmt(t['value'], 3)} | {t['threshold']} | {t['status']} | {t['note']} |")
+    if s["size"] == "tiny":
+        lines += ["", "Tiny archs: these numbers show that the harness runs; the targets are judged on base-size runs."]
+    if result["missing"]:
+        lines += ["", "### Left out", ""] + [f"- {m['key']}: {m['reason']}" for m in result["missing"]]
+    return "\n".join(lines) + "\n"  # fmt: skip
+
+
+def write_json(result: Dict, path: str):
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def plot(result: Dict, path: str):
+    """Four panels: training tokens/s, peak memory and MFU against length; decoding sentences/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10))
+    keys = list(dict.fromkeys(row["key"] for row in result["training"]))
+    panels = [("tokens_per_s", "training tokens/s", True), ("peak_memory_mb", "peak tensor memory (MB)", True),
+              ("mfu", "model FLOPs utilisation", False)]  # fmt: skip
+    for ax, (field, title, log) in zip(axes.flat, panels):
+        for key in keys:
+            rows = [r for r in result["training"] if r["key"] == key]
+            ax.plot([r["length"] for r in rows], [r[field] for r in rows], marker="o", label=key,
+                    linestyle="-" if rows[0]["plugin"] else "--")  # fmt: skip
+        ax.set_title(title)
+        ax.set_xlabel("sequence length")
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes.flat[2].axhline(0.5, color="grey", linestyle=":")
+    axes.flat[0].legend(fontsize=8)
+    ax = axes.flat[3]
+    decode_keys = list(dict.fromkeys(row["key"] for row in result["decoding"]))
+    lengths = sorted({row["target_tokens"] for row in result["decoding"]})
+    width = 0.8 / max(len(decode_keys), 1)
+    for i, key in enumerate(decode_keys):
+        values = [(_find(result["decoding"], key, target_tokens=t) or {}).get("sentences_per_s", 0) for t in lengths]
+        ax.bar([j + i * width for j in range(len(lengths))], values, width, label=key)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], [f"{t} target tokens" for t in lengths])
+    ax.set_yscale("log")
+    ax.set_title(f"decoding sentences/s (beam {result['settings']['beam']})")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"palm-bench ({result['settings']['size']}), {result['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

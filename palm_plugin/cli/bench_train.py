@@ -1,0 +1,138 @@
+"""Training measurements of ``palm-bench``: one real fairseq update per call, its time and its peak memory.
+
+A step is what ``fairseq-train``'s trainer does per update: ``optimizer.zero_grad()``, ``task.train_step``
+(forward through the criterion, backward), gradients divided by the sample size, ``optimizer.step()`` (fairseq's
+Adam). Batches are built once, before timing.
+
+Peak memory is the peak of live torch tensor bytes (parameters, gradients, Adam state, batch, activations and
+temporaries) during one update, taken from the PyTorch profiler's memory timeline (``profile_memory=True``;
+``export_memory_timeline``) on the untimed warm-up update. It counts what torch allocates, not the Python heap
+nor memory the allocator keeps cached; ``tracemalloc`` cannot see torch tensors, and a process's peak RSS would
+mix configurations measured in one process.
+
+:class:`NaivePARStep` is the benchmark's own baseline for UniLMv2's partially autoregressive loss, not part of the
+plugin: one forward and backward pass per factorization step, the cost PMLM's pseudo masks avoid.
+"""
+import json
+import os
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from palm_plugin.cli.bench_flops import encoder_only_step
+from palm_plugin.modules.attention_masks import PseudoMaskKind
+
+
+class TrainStep:
+    """One fairseq update of ``built`` (:class:`palm_plugin.cli.bench_models.Built`) on ``batch``."""
+
+    def __init__(self, spec, built, batch):
+        self.spec, self.built, self.batch = spec, built, batch
+        self.updates = 0
+
+    @property
+    def text_tokens(self) -> int:
+        return self.spec.text_tokens(self.batch, self.built.task.source_dictionary.pad())
+
+    @property
+    def flops(self) -> float:
+        return self.spec.flops(self.built, self.batch)
+
+    def __call__(self):
+        b = self.built
+        b.optimizer.zero_grad()
+        _, sample_size, _ = b.task.train_step(self.batch, b.model, b.criterion, b.optimizer, self.updates)
+        self._update(sample_size)
+
+    def _update(self, sample_size):
+        self.built.optimizer.multiply_grads(1.0 / float(sample_size or 1))
+        self.built.optimizer.step()
+        self.updates += 1
+
+
+class NaivePARStep(TrainStep):
+    """UniLMv2's AE + PAR losses computed the naive way: one pass per factorization step.
+
+    From a ``pmlm`` (``--objective ae_par``) batch, keep the original sequence (with its 80/10/10 corrupted masked
+    positions) and the factorization steps ``M_1 .. M_K``. Pass ``i`` feeds the sequence with the tokens of steps
+    ``< i`` restored and those of steps ``>= i`` still corrupted, bidirectionally, and predicts the tokens of
+    ``M_i`` (L_PAR, equation 5); pass 1 sees every masked position corrupted, so it also predicts all of them
+    (L_AE, equation 3). K forward and backward passes, gradients accumulated, one optimizer update, the same
+    normalisation as ``pmlm_ae_par`` (the sum of both losses over the number of masked tokens).
+
+    ``max_passes`` truncates the step (used only to take the memory peak cheaply: every pass has the same shape).
+    """
+
+    def __init__(self, spec, built, batch, max_passes=None):
+        super().__init__(spec, built, batch)
+        self.passes = self.build_passes(batch, built.task.source_dictionary.pad())
+        if max_passes is not None:
+            self.passes = self.passes[:max_passes]
+        self.masked = sum(int(p[1].sum()) for p in self.passes[:1])  # pass 1 predicts every masked token (AE)
+
+    @staticmethod
+    def build_passes(batch, pad):
+        """``[(tokens (B, T), predicted (B, T) bool, targets (N,), of_this_step (N,) bool, first)]``, one per
+        factorization step; the first pass predicts every masked position (AE) and its step's tokens (PAR) are
+        read from the same logits."""
+        net = batch["net_input"]
+        source, kinds, steps, position_ids = net["src_tokens"], net["kinds"], net["steps"], net["positions"]
+        context = kinds.eq(int(PseudoMaskKind.CONTEXT)) & source.ne(pad)
+        width = int(context.sum(1).max())
+        corrupted = source[:, :width].masked_fill(~context[:, :width], pad)
+        original = corrupted.clone()
+        step_of = torch.full_like(corrupted, -1)
+        rows, cols = kinds.eq(int(PseudoMaskKind.ORIGINAL)).nonzero(as_tuple=True)
+        original[rows, position_ids[rows, cols]] = source[rows, cols]
+        step_of[rows, position_ids[rows, cols]] = steps[rows, cols]
+        masked = step_of.ge(0)
+        passes = []
+        for step in range(int(step_of.max()) + 1):
+            tokens = torch.where(step_of.lt(step) & masked, original, corrupted)
+            predicted = masked if step == 0 else step_of.eq(step)
+            passes.append((tokens, predicted, original[predicted], step_of[predicted].eq(step), step == 0))
+        return passes
+
+    def losses(self):
+        """Yield ``(ae_loss, par_loss)`` sums (nats) per pass; the caller backpropagates each before the next."""
+        model = self.built.model
+        for tokens, predicted, targets, of_this_step, first in self.passes:
+            logits, _ = model(tokens, masked_tokens=predicted)
+            losses = F.cross_entropy(logits.float(), targets, reduction="none")
+            yield (losses.sum() if first else losses.new_zeros(())), losses[of_this_step].sum()
+
+    def __call__(self):
+        b = self.built
+        b.optimizer.zero_grad()
+        b.model.train()
+        for ae, par in self.losses():
+            b.optimizer.backward(ae + par)
+        self._update(self.masked)
+
+    @property
+    def flops(self) -> float:
+        tokens = self.passes[0][0]
+        predicted = sum(int(p[1].sum()) for p in self.passes)
+        return encoder_only_step(self.built.dims, tokens.size(0), tokens.size(1), predicted, passes=len(self.passes))
+
+
+def timed(step) -> float:
+    """Seconds one call of ``step`` takes."""
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def peak_tensor_bytes(step) -> int:
+    """Run ``step`` once under the profiler; the peak of live CPU tensor bytes over its memory timeline."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "timeline.json")
+        prof.export_memory_timeline(path, device="cpu")
+        with open(path) as f:
+            _, sizes = json.load(f)
+    return int(max(sum(by_category) for by_category in sizes)) if sizes else 0

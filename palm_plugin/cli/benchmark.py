@@ -1,0 +1,246 @@
+"""``palm-bench``: speed and memory of every model of the plugin next to the fairseq baseline of the same shape.
+
+One process, one run: the ratios in the table come from measurements taken side by side (repeats of the
+configurations of a group interleaved, medians reported), which is what makes them comparable on a shared or
+noisy machine. It measures
+
+* training tokens/s, peak tensor memory and model-FLOPs utilisation (MFU) at each ``--lengths``:
+  ``palm`` vs fairseq ``transformer``; UniLMv2's ``pmlm_ae_par`` vs plain MLM on the same ``unilm2`` model vs a
+  naive per-step PAR baseline; ``unilm_pretraining`` and ``unilm_seq2seq`` vs fairseq ``roberta_base``;
+* decoding sentences/s with beam search at each ``--target-tokens``: ``unilm`` / ``unilm2`` cached vs full
+  recomputation vs fairseq ``transformer``, and ``palm``;
+* the machine's fp32 matmul throughput (the denominator of MFU),
+
+then prints a markdown table with PASS/MISS for the targets of issue #7, and writes JSON and a PNG chart. Models
+are built in-process through fairseq's APIs on synthetic data of the measured shapes
+(:mod:`palm_plugin.cli.bench_data`); see :mod:`~palm_plugin.cli.bench_flops` for how FLOPs are counted and
+:mod:`~palm_plugin.cli.bench_train` for how memory is measured.
+
+``palm-bench --quick`` runs the tiny archs in well under a minute (the test suite runs it).
+"""
+import argparse
+import datetime
+import gc
+import logging
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import warnings
+
+import torch
+
+from palm_plugin.cli import bench_report
+from palm_plugin.cli.bench_data import SyntheticCorpus, target_split
+from palm_plugin.cli.bench_decode import DECODE_SPECS, time_decoding
+from palm_plugin.cli.bench_flops import measure_matmul
+from palm_plugin.cli.bench_models import TRAIN_SPECS, build, load_batch
+from palm_plugin.cli.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes, timed
+
+# The full run fits in about 12 minutes on 2 CPU cores: one sequence per update, the naive PAR baseline (one pass
+# per factorization step) up to length 256, the recomputation baselines only at the longest target.
+QUICK = dict(size="tiny", lengths=[32, 64], batch_sequences=2, repeats=2, naive_repeats=1, naive_max_length=64,
+             target_tokens=[8, 16], recompute_target_tokens=[8, 16], source_tokens=16, sentences=2, decode_repeats=2,
+             recompute_repeats=1, vocab_size=1000, gemm_size=512)
+FULL = dict(size="base", lengths=[128, 256, 512, 768], batch_sequences=1, repeats=2, naive_repeats=1,
+            naive_max_length=256, target_tokens=[64, 128], recompute_target_tokens=[128], source_tokens=32, sentences=1,
+            decode_repeats=1, recompute_repeats=1, vocab_size=32000, gemm_size=2048)  # fmt: skip
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="palm-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny archs, short sequences: a smoke run (< 1 min)")
+    parser.add_argument("--size", choices=["tiny", "base"], help="model size (default: base; --quick: tiny)")
+    parser.add_argument("--lengths", type=int, nargs="+", help="training sequence lengths (default 128 256 512 768)")
+    parser.add_argument("--reference-length", type=int,
+                        help="training length the targets are judged at (default: 512 if measured, else the longest)")
+    parser.add_argument("--batch-sequences", type=int, help="sequences per training batch (default 1)")
+    parser.add_argument("--repeats", type=int, help="timed training updates per configuration and length (median)")
+    parser.add_argument("--naive-repeats", type=int, help="timed updates of the naive per-step PAR baseline")
+    parser.add_argument("--naive-max-length", type=int,
+                        help="skip the naive PAR baseline above this length: it costs one pass per factorization "
+                        "step, ~0.07 * length passes (default 256)")
+    parser.add_argument("--target-tokens", type=int, nargs="+", help="decoded tokens per hypothesis (default 64 128)")
+    parser.add_argument("--recompute-target-tokens", type=int, nargs="+",
+                        help="target lengths at which the recomputation baselines run (default 128)")
+    parser.add_argument("--source-tokens", type=int, help="source length for decoding (default 32)")
+    parser.add_argument("--sentences", type=int, help="sentences per decoding batch (default 1)")
+    parser.add_argument("--beam", type=int, default=5, help="beam size")
+    parser.add_argument("--decode-repeats", type=int, help="timed generations per decoder and length (default 1)")
+    parser.add_argument("--recompute-repeats", type=int, help="timed generations of the recomputation baselines")
+    parser.add_argument("--vocab-size", type=int, help="dictionary size of the synthetic data (default 32000)")
+    parser.add_argument("--gemm-size", type=int, help="square GEMM size for the machine limit (default 2048)")
+    parser.add_argument("--only", nargs="+", metavar="KEY",
+                        help="measure only these configurations (keys: "
+                        + ", ".join([s.key for s in TRAIN_SPECS] + [s.key for s in DECODE_SPECS[1:]]) + ")")
+    parser.add_argument("--no-training", action="store_true", help="skip the training measurements")
+    parser.add_argument("--no-decoding", action="store_true", help="skip the decoding measurements")
+    parser.add_argument("--output-dir", default="bench-results", help="where benchmark.{json,png,md} are written")
+    parser.add_argument("--name", default="benchmark", help="file name stem of the outputs")
+    args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.reference_length is None:
+        args.reference_length = 512 if 512 in args.lengths else max(args.lengths)
+    return args  # fmt: skip
+
+
+def log(message):
+    print(f"[palm-bench {datetime.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+def _wanted(args, key):
+    return args.only is None or key in args.only
+
+
+def _short_error(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def measure_training(args, corpus, missing):
+    """Per group (configurations compared with each other), per length: a profiled warm-up update (peak memory),
+    then ``repeats`` timed updates with the group's configurations interleaved."""
+    rows = []
+    groups = list(dict.fromkeys(spec.group for spec in TRAIN_SPECS))
+    longest = max(args.lengths)
+    for group in groups:
+        specs = [s for s in TRAIN_SPECS if s.group == group and _wanted(args, s.key)]
+        models = {}
+        for spec in specs:
+            if spec.key == "naive_par":
+                continue
+            try:
+                models[spec.key] = build(corpus.path(spec.layout, longest, 1), spec.args(args.size, longest))
+            except Exception as error:  # a model that has not landed (or fails to build) is reported, not fatal
+                missing.append({"key": spec.key, "reason": _short_error(error)})
+        for length in args.lengths:
+            batch_sequences = args.batch_sequences
+            steps = {}
+            for spec in specs:
+                if spec.key == "naive_par":
+                    if "pmlm_ae_par" not in steps or length > args.naive_max_length:
+                        continue
+                    # the same unilm2 model and batch as AE+PAR, trained the naive way
+                    steps[spec.key] = NaivePARStep(spec, steps["pmlm_ae_par"].built, steps["pmlm_ae_par"].batch)
+                    continue
+                if spec.key not in models:
+                    continue
+                task_built = build(corpus.path(spec.layout, length, batch_sequences), spec.args(args.size, length),
+                                   reuse=models[spec.key])  # fmt: skip
+                steps[spec.key] = TrainStep(spec, task_built, load_batch(task_built, batch_sequences))
+            records = {}
+            for key, step in steps.items():
+                log(f"train {key} length {length}: warm-up update (memory profile)")
+                warmup = NaivePARStep(step.spec, step.built, step.batch, max_passes=2) if key == "naive_par" else step
+                records[key] = {"times": [], "peak": peak_tensor_bytes(warmup)}
+            for repeat in range(args.repeats):
+                for key, step in steps.items():
+                    if key == "naive_par" and repeat >= args.naive_repeats:
+                        continue
+                    records[key]["times"].append(timed(step))
+                    log(f"train {key} length {length}: {records[key]['times'][-1]:.2f} s")
+            for key, step in steps.items():
+                seconds = bench_report.median(records[key]["times"])
+                rows.append({
+                    "key": key, "label": step.spec.label, "group": group, "plugin": step.spec.plugin,
+                    "baseline": step.spec.baseline if step.spec.baseline in steps else None, "length": length,
+                    "batch_sequences": batch_sequences, "text_tokens": step.text_tokens,
+                    "times_s": records[key]["times"], "median_s": seconds,
+                    "tokens_per_s": step.text_tokens / seconds, "peak_memory_mb": records[key]["peak"] / bench_report.MB,
+                    "flops_per_update": step.flops, "achieved_gflops": step.flops / seconds / 1e9,
+                    "mfu": step.flops / seconds / 1e9 / args.peak_gflops,
+                })  # fmt: skip
+            del steps
+            gc.collect()
+        del models
+        gc.collect()
+    for row in rows:
+        base = bench_report._find(rows, row["baseline"], length=row["length"]) if row["baseline"] else None
+        row["speed_vs_baseline"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
+    return rows
+
+
+def measure_decoding(args, corpus, missing):
+    rows = []
+    total = args.source_tokens + max(args.target_tokens) + 2
+    for spec in DECODE_SPECS:
+        if not _wanted(args, spec.key) and not (spec.key == "transformer" and args.only):
+            continue
+        try:
+            built = build(corpus.path("parallel", 64, 1), spec.args(args.size, total), training=False)
+        except Exception as error:
+            missing.append({"key": f"decode {spec.key}", "reason": _short_error(error)})
+            continue
+        for target_tokens in args.target_tokens:
+            if spec.recompute and target_tokens not in args.recompute_target_tokens:
+                continue
+            log(f"decode {spec.key}, {target_tokens} target tokens")
+            repeats = args.recompute_repeats if spec.recompute else args.decode_repeats
+            times = time_decoding(built, spec, args.beam, target_tokens, args.sentences, args.source_tokens, repeats)
+            seconds = bench_report.median(times)
+            rows.append({
+                "key": spec.key, "label": spec.label, "plugin": spec.plugin, "baseline": spec.baseline,
+                "target_tokens": target_tokens, "source_tokens": args.source_tokens, "beam": args.beam,
+                "sentences": args.sentences, "times_s": times, "median_s": seconds,
+                "sentences_per_s": args.sentences / seconds,
+            })  # fmt: skip
+        del built
+        gc.collect()
+    for row in rows:
+        base = bench_report._find(rows, row["baseline"], target_tokens=row["target_tokens"]) if row["baseline"] else None
+        row["speed_vs_baseline"] = row["sentences_per_s"] / base["sentences_per_s"] if base else None
+        if base is None:
+            row["baseline"] = None
+    return rows
+
+
+def machine() -> dict:
+    model = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        model = names[0] if names else model
+    import fairseq
+
+    return {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "fairseq": fairseq.__version__, "python": platform.python_version()}  # fmt: skip
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore")  # hydra's deprecation notices from fairseq's config conversion
+    logging.disable(logging.INFO)  # fairseq's and the tasks' per-dataset info lines
+    started = datetime.datetime.now(datetime.timezone.utc)
+    log(f"matmul throughput ({args.gemm_size}^3 and feed-forward shapes)")
+    gemm = measure_matmul(args.gemm_size)
+    args.peak_gflops = gemm["peak_gflops"]
+    missing = []
+    with tempfile.TemporaryDirectory() as root:
+        corpus = SyntheticCorpus(root, args.vocab_size)
+        training = [] if args.no_training else measure_training(args, corpus, missing)
+        decoding = [] if args.no_decoding else measure_decoding(args, corpus, missing)
+    settings = {key: getattr(args, key) for key in list(FULL) + ["beam", "reference_length"]}
+    result = {
+        "command": "palm-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "elapsed_s": (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(),
+        "machine": machine(), "settings": settings, "gemm": gemm, "training": training, "decoding": decoding,
+        "targets": bench_report.evaluate_targets(training, decoding, args.reference_length, max(args.target_tokens)),
+        "missing": missing,
+    }  # fmt: skip
+    table = bench_report.markdown(result)
+    print(table)
+    os.makedirs(args.output_dir, exist_ok=True)
+    stem = os.path.join(args.output_dir, args.name)
+    bench_report.write_json(result, stem + ".json")
+    bench_report.plot(result, stem + ".png")
+    with open(stem + ".md", "w") as f:
+        f.write(table)
+    log(f"wrote {stem}.json, {stem}.png and {stem}.md in {result['elapsed_s']:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()

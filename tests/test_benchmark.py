@@ -1,0 +1,134 @@
+"""palm-bench: the harness runs and writes its outputs (not how fast anything is), and the parts its numbers rest
+on are right: analytic FLOPs against torch's FLOP counter, the naive PAR baseline against the pmlm criterion,
+the recomputation decoding baseline against cached decoding, and the memory measure against what Adam must hold.
+"""
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from palm_plugin.cli.bench_data import SyntheticCorpus
+from palm_plugin.cli.bench_decode import DECODE_SPECS, generate, generator_for, source_batch
+from palm_plugin.cli.bench_models import TRAIN_SPECS, build, load_batch
+from palm_plugin.cli.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes
+
+LENGTH = 32
+SPECS = {spec.key: spec for spec in TRAIN_SPECS}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    warnings.filterwarnings("ignore", module="hydra")
+    logging.disable(logging.INFO)
+    yield SyntheticCorpus(str(tmp_path_factory.mktemp("bench")), 300)
+    logging.disable(logging.NOTSET)
+
+
+def train_step(corpus, key, sequences=2, **extra):
+    spec = SPECS[key]
+    built = build(corpus.path(spec.layout, LENGTH, sequences), spec.args("tiny", LENGTH) + list(extra.get("args", [])))
+    return TrainStep(spec, built, load_batch(built, sequences))
+
+
+@pytest.mark.slow
+def test_quick_run_writes_table_json_and_png(cli, tmp_path):
+    result = cli("palm-bench", "--quick", "--output-dir", tmp_path)
+    assert "### Training" in result.stdout and "### Decoding" in result.stdout and "### Targets" in result.stdout
+    record = json.loads((tmp_path / "benchmark.json").read_text())
+    assert {"command", "date", "machine", "settings", "gemm", "training", "decoding", "targets", "missing"} <= set(record)
+    assert record["missing"] == []
+    trained = {(row["key"], row["length"]) for row in record["training"]}
+    assert trained == {(spec.key, length) for spec in TRAIN_SPECS for length in (32, 64)}
+    decoded = {(row["key"], row["target_tokens"]) for row in record["decoding"]}
+    assert decoded == {(spec.key, t) for spec in DECODE_SPECS for t in (8, 16)}
+    for row in record["training"]:
+        assert row["tokens_per_s"] > 0 and row["peak_memory_mb"] > 0 and 0 < row["mfu"]
+        assert len(row["times_s"]) == (1 if row["key"] == "naive_par" else 2)
+    statuses = {t["status"] for t in record["targets"]}
+    assert statuses <= {"PASS", "MISS"} and len(record["targets"]) >= 7
+    assert (tmp_path / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "benchmark.md").read_text() in result.stdout
+
+
+def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+# torch's counter knows the GPU attention kernels; the CPU one gets the same formulas.
+CPU_ATTENTION = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+}
+
+
+@pytest.mark.parametrize("key", [spec.key for spec in TRAIN_SPECS])
+def test_analytic_flops_match_torch_flop_counter(corpus, key):
+    """One real update counted by torch (every mm/bmm/attention kernel of forward and backward) equals the
+    analytic count within 1% (the analytic count leaves out UniLM's next-sentence pooler)."""
+    if key == "naive_par":
+        base = train_step(corpus, "pmlm_ae_par")
+        step = NaivePARStep(SPECS[key], base.built, base.batch)
+    else:
+        step = train_step(corpus, key)
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+        step()
+    assert step.flops == pytest.approx(counter.get_total_flops(), rel=0.01)
+
+
+def test_naive_par_covers_each_factorization_step_once(corpus):
+    step = train_step(corpus, "pmlm_ae_par")
+    net, pad = step.batch["net_input"], step.built.task.dictionary.pad()
+    passes = NaivePARStep.build_passes(step.batch, pad)
+    original_kind = net["kinds"].eq(2)  # PseudoMaskKind.ORIGINAL
+    for row in range(net["src_tokens"].size(0)):
+        positions = net["positions"][row][original_kind[row]]
+        steps = net["steps"][row][original_kind[row]]
+        originals = net["src_tokens"][row][original_kind[row]]
+        assert len(passes) >= int(steps.max()) + 1
+        for index, (tokens, predicted, _, _, first) in enumerate(passes):
+            expected = positions[steps.eq(index)] if not first else positions
+            assert sorted(predicted[row].nonzero().flatten().tolist()) == sorted(expected.tolist())
+            # earlier steps restored, later (and this) steps still corrupted as in the AE+PAR input
+            restored = positions[steps.lt(index)]
+            assert torch.equal(tokens[row, restored], originals[steps.lt(index)])
+            hidden = positions[steps.ge(index)]
+            assert torch.equal(tokens[row, hidden], net["src_tokens"][row, hidden])
+
+
+def test_naive_par_autoencoding_loss_equals_pmlm_ae_loss(corpus):
+    """Pass 1 of the naive baseline sees what PMLM's [M] rows see (the context only), so without dropout its AE
+    loss is PMLM's ae_loss: the baseline computes the same objective, only in more passes."""
+    step = train_step(corpus, "pmlm_ae_par")
+    step.built.model.eval()
+    with torch.no_grad():
+        _, _, logged = step.built.criterion(step.built.model, step.batch)
+        naive = NaivePARStep(SPECS["naive_par"], step.built, step.batch)
+        ae, _ = next(naive.losses())
+    assert float(ae) == pytest.approx(float(logged["ae_loss"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("version", ["unilm", "unilm2"])
+def test_recompute_baseline_decodes_the_same_hypotheses(corpus, version):
+    spec = next(s for s in DECODE_SPECS if s.key == version)
+    built = build(corpus.path("parallel", 64, 1), spec.args("tiny", 64), training=False)
+    sample = source_batch(built, True, 2, 12)
+    cached = generate(built, generator_for(built, 3, 6, recompute=False), sample)
+    recomputed = generate(built, generator_for(built, 3, 6, recompute=True), sample)
+    for a, b in zip(cached, recomputed):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+
+
+def test_peak_memory_holds_parameters_gradients_and_adam_state(corpus):
+    """The first update ends holding parameters, gradients and Adam's two moments: 16 bytes per fp32 parameter."""
+    step = train_step(corpus, "roberta")
+    parameters = sum(p.numel() * p.element_size() for p in step.built.model.parameters())
+    peak = peak_tensor_bytes(step)
+    assert 4 * parameters <= peak < 4 * parameters + 64 * 2**20
