@@ -7,6 +7,7 @@ for the sampling. Train with ``--criterion unilm_cloze`` and a ``unilm_*`` arch 
 import logging
 import os
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from fairseq import utils
 from fairseq.data import Dictionary, data_utils
@@ -21,10 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 def _floats(text, option):
+    """``"0.8,0.1,0.1"`` or ``"1/3,1/3,1/6,1/6"`` -> a tuple of floats."""
     try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+        return tuple(float(Fraction(x.strip())) for x in text.split(","))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"{option}: expected comma-separated numbers or fractions, got {text!r}") from None
 
 
 @dataclass
@@ -43,7 +45,7 @@ class UniLMPretrainingConfig(FairseqDataclass):
         metadata={"help": "probabilities of masking 1, 2, 3, ... consecutive tokens (UniLM: unigram 80%, bi/trigram 20%)"},
     )
     objective_probs: str = field(
-        default="0.3333333333333333,0.3333333333333333,0.16666666666666666,0.16666666666666666",
+        default="1/3,1/3,1/6,1/6",
         metadata={"help": "probabilities of the objectives bidirectional, seq2seq, left-to-right, right-to-left"},
     )
     seed: int = II("common.seed")
