@@ -98,3 +98,15 @@ def test_objectives_of_table_6(data_dir, objective, ae, par, single_token_steps)
 def test_missing_data_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="fairseq-preprocess"):
         PseudoMaskedLMTask.setup_task(PseudoMaskedLMConfig(data=str(tmp_path), seed=1))
+
+
+def test_fine_tuning_dictionary_lines_up_with_pre_training(data_dir, tmp_path):
+    """unilm_seq2seq --pseudo-masks on the same dict.txt adds [M] and [P] at the same indices as pmlm, so a
+    pre-trained checkpoint's embedding rows mean the same symbols when fine-tuning starts from it."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    pre_training, _ = load(data_dir, "ae_par")
+    for side in ("src", "tgt"):
+        (tmp_path / f"dict.{side}.txt").write_text((data_dir / "dict.txt").read_text())
+    fine_tuning = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=True, seed=1))
+    assert fine_tuning.dictionary.symbols == pre_training.dictionary.symbols
