@@ -10,6 +10,7 @@ from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel
 from palm_plugin.modules.attention_masks import PseudoMaskKind as K
 from palm_plugin.tasks.pmlm import PseudoMaskedLMConfig, PseudoMaskedLMTask
+from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
 from tests.conftest import run_cli
 
 
@@ -103,8 +104,6 @@ def test_missing_data_is_a_clear_error(tmp_path):
 def test_fine_tuning_dictionary_lines_up_with_pre_training(data_dir, tmp_path):
     """unilm_seq2seq --pseudo-masks on the same dict.txt adds [M] and [P] at the same indices as pmlm, so a
     pre-trained checkpoint's embedding rows mean the same symbols when fine-tuning starts from it."""
-    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
-
     pre_training, _ = load(data_dir, "ae_par")
     for side in ("src", "tgt"):
         (tmp_path / f"dict.{side}.txt").write_text((data_dir / "dict.txt").read_text())
