@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# CNN/DailyMail abstractive summarisation, non-anonymised (See et al. 2017). See examples/README.md.
+#   MODEL=palm|unilm|unilm2 [SMOKE=1] [STAGES="..."] bash examples/cnndm/run.sh
+BENCHMARK=cnndm
+METRICS="rouge"
+source "$(dirname "$0")/../common.sh"
+
+# The papers' settings: PALM section 3.4 (as its generative QA: 10 epochs, batch 64, lr 1e-5, input 512, beam 5);
+# UniLM section 3.1 (30 epochs, batch 32, mask 0.7, label smoothing 0.1, source 640 of 768 tokens, beam 5,
+# trigram blocking); UniLMv2 appendix Table 10 (lr 7e-5, batch 64, 14 epochs, warmup 2%, input 608, output 160,
+# beam 5, length penalty 0.7).
+LABEL_SMOOTHING=0.1; WEIGHT_DECAY=0.01; MIN_LEN=1; NO_REPEAT_NGRAM=3
+case "$MODEL" in
+  palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
+          MAX_SOURCE=512; MAX_TARGET=160; BEAM=5; LENPEN=1.0; MAX_LEN_B=160 ;;
+  unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=30; WARMUP_RATIO=0.02; MASK_PROB=0.7
+          MAX_SOURCE=640; MAX_TARGET=128; BEAM=5; LENPEN=1.0; MAX_LEN_B=128 ;;
+  unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02; MASK_PROB=0.7
+          MAX_SOURCE=608; MAX_TARGET=160; BEAM=5; LENPEN=0.7; MAX_LEN_B=160 ;;
+esac
+
+# The stories are on Google Drive (https://cs.nyu.edu/~kcho/DMQA/): download cnn_stories.tgz and
+# dailymail_stories.tgz there and unpack them into $DOWNLOAD (giving cnn/stories and dailymail/stories).
+download() {
+  for split in train val test; do
+    fetch "https://raw.githubusercontent.com/abisee/cnn-dailymail/master/url_lists/all_$split.txt" \
+      "$DOWNLOAD/url_lists/all_$split.txt"
+  done
+  [[ -d "$DOWNLOAD/cnn/stories" && -d "$DOWNLOAD/dailymail/stories" ]] || die "unpack cnn_stories.tgz and \
+dailymail_stories.tgz (https://cs.nyu.edu/~kcho/DMQA/) into $DOWNLOAD"
+}
+
+convert() {
+  local split url_list
+  for split in train valid test; do
+    url_list=$([[ $split == valid ]] && echo val || echo "$split")
+    "$BIN/palm-prepare" cnndm --stories-dir "$DOWNLOAD/cnn/stories" --stories-dir "$DOWNLOAD/dailymail/stories" \
+      --url-list "$DOWNLOAD/url_lists/all_$url_list.txt" --out "$WORK/raw/$split"
+  done
+}
+
+main "$@"

@@ -1,0 +1,222 @@
+# Stages shared by the benchmark recipes (sourced by examples/<benchmark>/run.sh; see examples/README.md).
+#
+# A recipe sets BENCHMARK, METRICS (palm-score subcommands), the papers' hyper-parameters for each MODEL, and
+# defines two functions:
+#   download   fetch the raw release into $DOWNLOAD (on your machine; SMOKE=1 writes small files instead)
+#   convert    $DOWNLOAD -> $WORK/raw/{train,valid,test}.{src,tgt} with palm-prepare
+# then calls `main "$@"`. Stages: download convert tokenize binarize train decode score (STAGES="..." picks some).
+#
+# MODEL (the model family; the variables each one reads):
+#   palm    fairseq `translation` task, `palm_base`/`palm_large`, GPT-2 BPE: GPT2_DIR (encoder.json, vocab.bpe,
+#           dict.txt), PALM_CHECKPOINT (a PALM pre-trained checkpoint; fine-tuning starts from it) or, without
+#           one, ROBERTA_CHECKPOINT (the encoder is initialised from RoBERTa, as PALM does before pre-training)
+#   unilm   `unilm_seq2seq`, `unilm_large`, WordPiece: UNILM_DIR = output of scripts/convert_checkpoint.py bert
+#           --num-segments 6 (model.pt, dict.txt, vocab.txt) on the released UniLM v1 checkpoint
+#   unilm2  `unilm_seq2seq --pseudo-masks`, `unilm2_base`, WordPiece (uncased): UNILM_DIR as above for UniLMv2
+# SMOKE=1 runs every stage on small files in the benchmark's raw format (examples/smoke_data.py, real text from
+# the embedded corpora), with a sentencepiece vocabulary trained on them, the family's tiny architecture trained
+# from scratch for a few updates, and a short beam search: it checks the plumbing, not the scores.
+
+set -euo pipefail
+
+EXAMPLES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(dirname "$EXAMPLES")"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -z "${BIN:-}" ]]; then
+  command -v fairseq-train >/dev/null || { echo "fairseq-train is not on PATH: source .venv/bin/activate (make env)" \
+    "or set BIN to the folder of the fairseq and palm-* commands" >&2; exit 1; }
+  BIN="$(dirname "$(command -v fairseq-train)")"
+fi
+PYTHON="${PYTHON:-$BIN/python}"
+USER_DIR="$REPO/palm_plugin"
+
+MODEL="${MODEL:-palm}"
+SMOKE="${SMOKE:-0}"
+# work/<benchmark>/download (the raw release) and work/<benchmark>/<model> (everything made from it); SMOKE=1 uses
+# work/smoke/<benchmark>
+ROOT="${ROOT:-$REPO/work$([[ "$SMOKE" == 1 ]] && echo /smoke)/$BENCHMARK}"
+DOWNLOAD="${DOWNLOAD:-$ROOT/download}"
+WORK="${WORK:-$ROOT/$MODEL}"
+STAGES="${STAGES:-download convert tokenize binarize train decode score}"
+NGPUS="${NGPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c GPU || true)}"
+WORKERS="${WORKERS:-4}"
+GPT2_DIR="${GPT2_DIR:-$REPO/work/gpt2}"
+PALM_CHECKPOINT="${PALM_CHECKPOINT:-}"
+ROBERTA_CHECKPOINT="${ROBERTA_CHECKPOINT:-}"
+UNILM_DIR="${UNILM_DIR:-}"
+BATCH_SIZE="${BATCH_SIZE:-8}"  # sentences per GPU per step; --update-freq makes up the papers' total batch
+CHECKPOINT="${CHECKPOINT:-checkpoint_best.pt}"
+
+log() { echo "[$BENCHMARK/$MODEL] $*" >&2; }
+die() { echo "[$BENCHMARK/$MODEL] error: $*" >&2; exit 1; }
+need_file() { [[ -f "$1" ]] || die "missing $1: $2"; }
+fetch() {  # fetch URL FILE: download once
+  [[ -s "$2" ]] && return 0
+  mkdir -p "$(dirname "$2")"
+  log "downloading $1"
+  if command -v wget >/dev/null; then wget -q -O "$2.part" "$1"; else curl -fsSL -o "$2.part" "$1"; fi
+  mv "$2.part" "$2"
+}
+
+# SMOKE=1: small raw files instead of the download (main), and tiny hyper-parameters, applied after the recipe set
+# its own
+smoke_overrides() {
+  EPOCHS=1; MAX_UPDATE=4; TOTAL_BATCH=4; BATCH_SIZE=4; WARMUP_RATIO=0; BEAM=2; MAX_LEN_B=16; MIN_LEN=1
+  MAX_SOURCE=128; MAX_TARGET=96; NGPUS=0
+  case "$MODEL" in
+    palm) ARCH=palm_tiny ;;
+    unilm) ARCH=unilm_tiny ;;
+    unilm2) ARCH=unilm2_tiny ;;
+  esac
+}
+
+# ------------------------------------------------------------------------------------------------ tokenisation
+tokenize() {
+  local tok="$WORK/tok" files=() outputs=() split side
+  for split in train valid test; do
+    for side in src tgt; do files+=("$WORK/raw/$split.$side"); outputs+=("$tok/$split.$side"); done
+  done
+  if [[ "$SMOKE" == 1 ]]; then
+    mkdir -p "$tok"
+    "$PYTHON" - "$WORK/raw/train.src" "$WORK/raw/train.tgt" "$tok/spm" <<'EOF'
+import sys, sentencepiece as spm
+spm.SentencePieceTrainer.train(input=sys.argv[1:3], model_prefix=sys.argv[3], vocab_size=300, minloglevel=2,
+                               character_coverage=1.0, hard_vocab_limit=False)
+EOF
+    "$BIN/palm-prepare" encode --bpe sentencepiece --model "$tok/spm.model" --inputs "${files[@]}" \
+      --outputs "${outputs[@]}"
+    return
+  fi
+  case "$MODEL" in
+    palm)
+      fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json "$GPT2_DIR/encoder.json"
+      fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/vocab.bpe "$GPT2_DIR/vocab.bpe"
+      fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/dict.txt "$GPT2_DIR/dict.txt"
+      "$BIN/palm-prepare" encode --bpe gpt2 --model "$GPT2_DIR/encoder.json" --vocab-bpe "$GPT2_DIR/vocab.bpe" \
+        --workers "$WORKERS" --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
+    unilm | unilm2)
+      need_file "$UNILM_DIR/vocab.txt" "set UNILM_DIR to the output of scripts/convert_checkpoint.py bert"
+      local uncased=()
+      [[ "$MODEL" == unilm2 ]] && uncased=(--uncased)
+      "$BIN/palm-prepare" encode --bpe wordpiece --model "$UNILM_DIR/vocab.txt" "${uncased[@]}" \
+        --workers "$WORKERS" --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
+    *) die "MODEL must be palm, unilm or unilm2" ;;
+  esac
+}
+
+dictionary() {
+  if [[ "$SMOKE" == 1 ]]; then echo ""; return; fi
+  case "$MODEL" in
+    palm) echo "$GPT2_DIR/dict.txt" ;;
+    *) echo "$UNILM_DIR/dict.txt" ;;
+  esac
+}
+
+bpe_args() {  # how fairseq-generate turns subwords back into text
+  if [[ "$SMOKE" == 1 ]]; then echo "--bpe sentencepiece --sentencepiece-model $WORK/tok/spm.model"; return; fi
+  case "$MODEL" in
+    palm) echo "--bpe gpt2 --gpt2-encoder-json $GPT2_DIR/encoder.json --gpt2-vocab-bpe $GPT2_DIR/vocab.bpe" ;;
+    unilm) echo "--bpe bert --bpe-vocab-file $UNILM_DIR/vocab.txt --bpe-cased" ;;
+    unilm2) echo "--bpe bert --bpe-vocab-file $UNILM_DIR/vocab.txt" ;;
+  esac
+}
+
+binarize() {
+  local dict
+  dict="$(dictionary)"
+  local dict_args=(--joined-dictionary)
+  [[ -n "$dict" ]] && dict_args=(--srcdict "$dict" --tgtdict "$dict")
+  rm -rf "$WORK/bin.tmp"
+  "$BIN/fairseq-preprocess" --source-lang src --target-lang tgt --trainpref "$WORK/tok/train" \
+    --validpref "$WORK/tok/valid" --testpref "$WORK/tok/test" --destdir "$WORK/bin.tmp" "${dict_args[@]}" \
+    --workers "$WORKERS"
+  rm -rf "$WORK/bin" && mv "$WORK/bin.tmp" "$WORK/bin"
+}
+
+# ---------------------------------------------------------------------------------------------------- training
+task_args() {  # the task options shared by training and decoding
+  case "$MODEL" in
+    palm) echo "--task translation --source-lang src --target-lang tgt --truncate-source \
+      --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
+    unilm) echo "--task unilm_seq2seq --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
+    unilm2) echo "--task unilm_seq2seq --pseudo-masks --source-segment 0 --target-segment 1 \
+      --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
+  esac
+}
+
+train() {
+  local per_step=$(( BATCH_SIZE * (NGPUS > 0 ? NGPUS : 1) ))
+  local update_freq=$(( (TOTAL_BATCH + per_step - 1) / per_step ))
+  local examples steps_per_epoch total warmup
+  examples=$(wc -l < "$WORK/raw/train.src")
+  steps_per_epoch=$(( (examples + TOTAL_BATCH - 1) / TOTAL_BATCH ))
+  total=$(( steps_per_epoch * EPOCHS ))
+  [[ -n "${MAX_UPDATE:-}" ]] && total=$MAX_UPDATE
+  warmup=$(awk -v r="$WARMUP_RATIO" -v t="$total" 'BEGIN { printf "%d", r * t }')
+  local init=() model=() device=()
+  [[ "$NGPUS" == 0 ]] && device=(--cpu)
+  [[ "$NGPUS" != 0 ]] && device=(--fp16)
+  case "$MODEL" in
+    palm)
+      model=(--arch "$ARCH" --criterion label_smoothed_cross_entropy --label-smoothing "$LABEL_SMOOTHING"
+             --skip-invalid-size-inputs-valid-test)
+      if [[ "$SMOKE" != 1 ]]; then
+        if [[ -n "$PALM_CHECKPOINT" ]]; then init=(--finetune-from-model "$PALM_CHECKPOINT")
+        else need_file "$ROBERTA_CHECKPOINT" "set PALM_CHECKPOINT or ROBERTA_CHECKPOINT"
+             init=(--roberta-path "$ROBERTA_CHECKPOINT"); fi
+      fi ;;
+    unilm | unilm2)
+      model=(--arch "$ARCH" --criterion unilm_cloze --label-smoothing "$LABEL_SMOOTHING" --mask-prob "$MASK_PROB")
+      [[ "$SMOKE" != 1 ]] && init=(--finetune-from-model "$UNILM_DIR/model.pt") ;;
+  esac
+  log "training: $examples examples, $total updates ($EPOCHS epochs of $steps_per_epoch), warmup $warmup"
+  # shellcheck disable=SC2046
+  "$BIN/fairseq-train" "$WORK/bin" --user-dir "$USER_DIR" $(task_args) "${model[@]}" "${init[@]}" "${device[@]}" \
+    --optimizer adam --adam-betas "(0.9, 0.999)" --adam-eps 1e-8 --weight-decay "$WEIGHT_DECAY" --clip-norm 1.0 \
+    --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$warmup" --total-num-update "$total" \
+    --max-update "$total" --batch-size "$BATCH_SIZE" --update-freq "$update_freq" --dropout 0.1 \
+    --attention-dropout 0.1 --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --log-format simple \
+    --log-interval 100 --seed 1 --num-workers 0 ${TRAIN_EXTRA:-}
+}
+
+# ---------------------------------------------------------------------------------------------------- decoding
+decode() {
+  mkdir -p "$WORK/gen"
+  local device=()
+  [[ "$NGPUS" == 0 ]] && device=(--cpu)
+  local search=(--beam "$BEAM" --lenpen "$LENPEN" --min-len "$MIN_LEN" --max-len-b "$MAX_LEN_B")
+  [[ "${NO_REPEAT_NGRAM:-0}" != 0 ]] && search+=(--no-repeat-ngram-size "$NO_REPEAT_NGRAM")
+  [[ "${SCORE_REFERENCE:-0}" == 1 ]] && search=(--score-reference)
+  # shellcheck disable=SC2046
+  "$BIN/fairseq-generate" "$WORK/bin" --user-dir "$USER_DIR" $(task_args) $(bpe_args) "${device[@]}" \
+    --path "$WORK/checkpoints/$CHECKPOINT" --gen-subset test "${search[@]}" --batch-size "$BATCH_SIZE" \
+    --required-batch-size-multiple 1 --num-workers 0 > "$WORK/gen/test.out.tmp"
+  mv "$WORK/gen/test.out.tmp" "$WORK/gen/test.out"
+}
+
+score() {
+  local metric
+  for metric in $METRICS; do
+    case "$metric" in
+      ppl) "$BIN/palm-score" ppl --generate "$WORK/gen/test.out" --out "$WORK/scores.$metric.json" ;;
+      *) local options="${metric^^}_ARGS"  # e.g. BLEU_ARGS="--tokenize none --lowercase"
+         # shellcheck disable=SC2086
+         "$BIN/palm-score" "$metric" --generate "$WORK/gen/test.out" --ref "$WORK/raw/test.tgt" \
+           --out "$WORK/scores.$metric.json" ${!options:-} ;;
+    esac
+  done
+}
+
+main() {
+  [[ "$SMOKE" == 1 ]] && smoke_overrides
+  mkdir -p "$WORK"
+  local stage
+  for stage in $STAGES; do
+    log "stage $stage"
+    if [[ "$stage" == download && "$SMOKE" == 1 ]]; then
+      "$PYTHON" "$EXAMPLES/smoke_data.py" "$BENCHMARK" "$DOWNLOAD"
+    else
+      "$stage"
+    fi
+  done
+}
