@@ -142,6 +142,11 @@ def test_gigaword_parallel_files(tmp_path, capsys):
     assert lines(tmp_path / "test.src") == [
         "australia 's current account deficit shrunk by a record #.## billion dollars", "third"]
     assert lines(tmp_path / "test.tgt") == ["australian current account deficit narrows sharply", "UNK title"]
+    # Windows line ends and a U+2028 inside a line do not change the pairing
+    title.write_bytes("australian current account deficit narrows sharply\r\nempty\u2028article\r\nUNK title\r\n"
+                      .encode("utf-8"))
+    code, out, _ = run(capsys, "gigaword", "--source", article, "--target", title, "--out", tmp_path / "crlf")
+    assert code == 0 and lines(tmp_path / "crlf.tgt") == lines(tmp_path / "test.tgt")
     title.write_text("only one line\n")
     code, _, err = run(capsys, "gigaword", "--source", article, "--target", title, "--out", tmp_path / "t2")
     assert code == 1 and "test.article.txt has 3 lines but" in err and "test.title.txt has 1" in err

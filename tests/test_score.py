@@ -171,6 +171,12 @@ def test_validate_log_parsing(tmp_path):
     assert score.perplexity_from_log(as_json)["ppl"] == pytest.approx(2**3.25)
 
 
+def test_lines_end_only_at_newline(tmp_path):
+    path = tmp_path / "h.txt"
+    path.write_bytes("first\u2028still first\r\nsecond\n\nfourth".encode("utf-8"))
+    assert score.read_lines(str(path)) == ["first\u2028still first", "second", "", "fourth"]
+
+
 def test_errors_name_the_file(tmp_path, capsys):
     h = write(tmp_path / "hyp.txt", ["a", "b", "c"])
     r = write(tmp_path / "ref.txt", ["a", "b"])

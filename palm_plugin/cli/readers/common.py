@@ -33,9 +33,10 @@ def one_line(text):
 
 
 def read_text(path, encoding="utf-8"):
-    """The whole text of ``path``; a missing or undecodable file is a :class:`ReaderError` naming it."""
+    """The whole text of ``path``, line ends untranslated (a line is what ``\n`` ends, as for ``wc -l``); a
+    missing or undecodable file is a :class:`ReaderError` naming it."""
     try:
-        with open(path, encoding=encoding) as f:
+        with open(path, encoding=encoding, newline="") as f:
             return f.read()
     except OSError as e:
         raise ReaderError(f"cannot read {path}: {e.strerror}") from e
