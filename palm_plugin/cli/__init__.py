@@ -1,2 +1,3 @@
-"""Command-line tools installed as console scripts: ``palm-score`` (evaluation metrics as the papers report them)
-and ``palm-prepare`` (raw benchmark formats to source/target line files)."""
+"""Command-line tools installed as console scripts (setup.py): ``palm-score`` (evaluation metrics as the papers
+report them), ``palm-prepare`` (raw benchmark formats to source/target line files, and subword encoding) and
+``palm-bench`` (speed and memory against fairseq baselines)."""
