@@ -11,14 +11,14 @@ For decoder state ``s_t`` and encoder states ``h_l`` (``l = 1..m``):
     (8) lambda  = sigmoid(w_z z_t + w_s s_t + b_m)
 
 The copy attention (3)-(5) is a layer of its own (additive attention), not one of the decoder's cross-attention
-heads. Everything after the projections is computed in float32 and in log space: equation (7) is evaluated as
-``logaddexp(log lambda + log P_v, log(1 - lambda) + log P_c)`` with ``log lambda = logsigmoid(g)`` and
-``log(1 - lambda) = logsigmoid(-g)``, so neither a saturated gate nor a sharp softmax turns into ``log 0``.
+heads. Everything after the projections is computed in float32 and in log space, without ever forming ``log 0``:
+for a type that no source position holds, (7) is ``log lambda + log P_v`` with ``log lambda = logsigmoid(g)``; for
+the (at most ``S``) types in the source it is ``logaddexp(log lambda + log P_v, log(1 - lambda) + log P_c)`` with
+``log(1 - lambda) = logsigmoid(-g)``. A saturated gate or a sharp softmax therefore stays finite.
 
-Outcomes that neither distribution can produce (a position marker of the extended vocabulary that is not in the
-source, a word absent from the source when the gate is closed) get the log-probability :data:`LOG_ZERO` (the log of
-float32's smallest normal number) instead of ``-inf``: fairseq's label smoothing sums log-probabilities over the
-whole vocabulary, and ``logaddexp(-inf, -inf)`` has an undefined gradient.
+Position markers of the extended vocabulary have no ``P_v`` entry; :data:`LOG_ZERO` (the log of float32's smallest
+normal number) stands in for ``log 0`` there, so that fairseq's label smoothing, which sums log-probabilities over
+the whole vocabulary, stays finite.
 """
 from typing import Dict, Optional
 
@@ -119,15 +119,16 @@ class PointerGenerator(nn.Module):
         src_tokens = encoder_out["src_tokens"][0]
         alpha, context = self.copy_attention(states, encoder_states, padding_mask, incremental_state)
 
-        batch, steps, source_len = alpha.shape
-        p_copy = alpha.new_zeros(batch, steps, self.num_types)
-        p_copy.scatter_add_(2, src_tokens.unsqueeze(1).expand(batch, steps, source_len), alpha)  # (6)
-
         gate = self.gate(torch.cat((context, states), dim=-1)).float()  # (8), before the sigmoid: (B, T, 1)
-        return torch.logaddexp(
-            F.logsigmoid(gate) + log_p_vocab,
-            F.logsigmoid(-gate) + torch.log(p_copy.clamp_min(TINY)),
-        )  # (7)
+        # (7) for a type no source position holds is log(lambda P_v); only the <= S source types need the mixture.
+        log_probs = F.logsigmoid(gate) + log_p_vocab
+        index = src_tokens.unsqueeze(1).expand_as(alpha)
+        p_copy = alpha.new_zeros(log_probs.shape).scatter_add_(2, index, alpha).gather(2, index)  # (6), at positions
+        mixed = torch.logaddexp(log_probs.gather(2, index), F.logsigmoid(-gate) + torch.log(p_copy.clamp_min(TINY)))
+        # A type held at several positions is written once per position with equal values; only its first position
+        # passes the gradient on, so that the scatter below counts it once.
+        mixed = torch.where(_first_occurrence(src_tokens).unsqueeze(1), mixed, mixed.detach())
+        return log_probs.scatter(2, index, mixed)
 
     def _projected_memory(self, encoder_states: Tensor, incremental_state) -> Tensor:
         """``W_m h_l`` ``(B, S, A)``: computed once per sentence when decoding incrementally."""
@@ -147,3 +148,10 @@ class PointerGenerator(nn.Module):
             self.set_incremental_state(
                 incremental_state, "copy_memory", {"memory": cached["memory"].index_select(0, new_order)}
             )
+
+
+def _first_occurrence(tokens: Tensor) -> Tensor:
+    """``(B, S)`` bool: True where ``tokens[b, l]`` does not occur at any earlier position ``l' < l`` of row ``b``."""
+    same = tokens.unsqueeze(2) == tokens.unsqueeze(1)  # (B, S, S): [b, l, l'] = tokens[b, l] == tokens[b, l']
+    earlier = torch.ones_like(same[0]).tril(diagonal=-1)  # l' < l
+    return ~(same & earlier).any(dim=2)
