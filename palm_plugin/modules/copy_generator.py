@@ -123,11 +123,12 @@ class PointerGenerator(nn.Module):
         # (7) for a type no source position holds is log(lambda P_v); only the <= S source types need the mixture.
         log_probs = F.logsigmoid(gate) + log_p_vocab
         index = src_tokens.unsqueeze(1).expand_as(alpha)
-        p_copy = alpha.new_zeros(log_probs.shape).scatter_add_(2, index, alpha).gather(2, index)  # (6), at positions
+        same_type = src_tokens.unsqueeze(2) == src_tokens.unsqueeze(1)  # (B, S, S): x_l' == x_l
+        p_copy = torch.bmm(alpha, same_type.to(alpha.dtype))  # (6) for the type at each position l: (B, T, S)
         mixed = torch.logaddexp(log_probs.gather(2, index), F.logsigmoid(-gate) + torch.log(p_copy.clamp_min(TINY)))
         # A type held at several positions is written once per position with equal values; only its first position
         # passes the gradient on, so that the scatter below counts it once.
-        mixed = torch.where(_first_occurrence(src_tokens).unsqueeze(1), mixed, mixed.detach())
+        mixed = torch.where(_first_occurrence(same_type).unsqueeze(1), mixed, mixed.detach())
         return log_probs.scatter(2, index, mixed)
 
     def _projected_memory(self, encoder_states: Tensor, incremental_state) -> Tensor:
@@ -150,8 +151,7 @@ class PointerGenerator(nn.Module):
             )
 
 
-def _first_occurrence(tokens: Tensor) -> Tensor:
-    """``(B, S)`` bool: True where ``tokens[b, l]`` does not occur at any earlier position ``l' < l`` of row ``b``."""
-    same = tokens.unsqueeze(2) == tokens.unsqueeze(1)  # (B, S, S): [b, l, l'] = tokens[b, l] == tokens[b, l']
-    earlier = torch.ones_like(same[0]).tril(diagonal=-1)  # l' < l
-    return ~(same & earlier).any(dim=2)
+def _first_occurrence(same_type: Tensor) -> Tensor:
+    """``(B, S)`` bool: True at the first position of each type, from ``same_type[b, l, l'] = x_l == x_l'``."""
+    earlier = torch.ones_like(same_type[0]).tril(diagonal=-1)  # l' < l
+    return ~(same_type & earlier).any(dim=2)
