@@ -60,13 +60,14 @@ def indexed(rows, d):
     return ListDataset(items, np.array([len(item) for item in items]))
 
 
-def train(dataset, d, steps=400, batch_size=32, seed=0, lr=2e-3):
+def train(dataset, d, steps=400, batch_size=32, seed=0):
     torch.manual_seed(seed)
     namespace = argparse.Namespace(dropout=0.0, attention_dropout=0.0)
     unilm_tiny(namespace)
     model = UniLMModel.build_model(UniLMConfig.from_namespace(namespace), argparse.Namespace(source_dictionary=d))
     criterion = UniLMClozeCriterion(argparse.Namespace(target_dictionary=d), label_smoothing=0.0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    # 1e-3: at 2e-3 some seeds stay stuck at chance on the within-target copy (checked over seeds 1-4).
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     rng = np.random.default_rng(seed)
     model.train()
     for step in range(steps):
