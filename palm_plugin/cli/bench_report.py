@@ -74,8 +74,11 @@ def _fmt(value, digits=2):
 
 def markdown(result: Dict) -> str:
     """The results as markdown tables."""
-    s = result["settings"]
-    lines = [f"Machine limit: fp32 matmul {result['gemm']['peak_gflops']:.1f} GFLOP/s ("
+    s, m = result["settings"], result["machine"]
+    lines = [f"Command: `{result['command']}` ({result['date']}, {result['elapsed_s'] / 60:.1f} min)", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, fairseq {m['fairseq']}, "
+             f"Python {m['python']}", "",
+             f"Machine limit: fp32 matmul {result['gemm']['peak_gflops']:.1f} GFLOP/s ("
              + ", ".join(f"{g['m']}x{g['k']}x{g['n']}: {g['gflops']:.1f}" for g in result["gemm"]["shapes"])
              + f"), {result['machine']['threads']} threads.", ""]  # fmt: skip
     lines += [f"### Training: tokens/s, median of {s['repeats']} updates (size {s['size']}, "

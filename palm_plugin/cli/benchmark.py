@@ -208,7 +208,8 @@ def machine() -> dict:
             "fairseq": fairseq.__version__, "python": platform.python_version()}  # fmt: skip
 
 
-def main(argv=None):
+def run(argv=None) -> dict:
+    """Measure, print the tables, write the outputs; returns the JSON record."""
     args = parse_args(argv)
     warnings.filterwarnings("ignore")  # hydra's deprecation notices from fairseq's config conversion
     logging.disable(logging.INFO)  # fairseq's and the tasks' per-dataset info lines
@@ -240,6 +241,10 @@ def main(argv=None):
         f.write(table)
     log(f"wrote {stem}.json, {stem}.png and {stem}.md in {result['elapsed_s']:.0f} s")
     return result
+
+
+def main(argv=None):
+    run(argv)
 
 
 if __name__ == "__main__":
