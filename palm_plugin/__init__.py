@@ -15,6 +15,19 @@ import os
 from palm_plugin import distributed, safe_loading
 
 safe_loading.install()
+
+
+def _fix_cpu_ngram_blocking() -> None:
+    """fairseq's CPU ``--no-repeat-ngram-size`` never blocks anything (see palm_plugin/modules/ngram_repeat_block.py);
+    give every task's SequenceGenerator the fixed blocker, including fairseq's own translation task (PALM decoding)."""
+    from fairseq import sequence_generator
+
+    from palm_plugin.modules.ngram_repeat_block import PrefixNGramRepeatBlock
+
+    sequence_generator.NGramRepeatBlock = PrefixNGramRepeatBlock
+
+
+_fix_cpu_ngram_blocking()
 distributed.install()
 
 

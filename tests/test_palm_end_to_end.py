@@ -155,3 +155,7 @@ def test_pretrain_finetune_generate(corpus, roberta_checkpoint):
     hypotheses = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", generate.stdout, flags=re.M)
     assert sorted(int(i) for i, _, _ in hypotheses) == list(range(6))
     assert all(float(score) <= 0 for _, score, _ in hypotheses)
+    for _, _, text in hypotheses:  # --no-repeat-ngram-size 3 holds on CPU (the plugin's fix of fairseq's blocker)
+        words = text.split()
+        trigrams = list(zip(words, words[1:], words[2:]))
+        assert len(trigrams) == len(set(trigrams)), text
