@@ -13,7 +13,6 @@ predicted token), and ``next_sentence_loss`` / ``next_sentence_accuracy`` per bi
 import math
 from dataclasses import dataclass, field
 
-import torch
 import torch.nn.functional as F
 from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
-from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
+from palm_plugin.data.token_masking import sample_rng
 from palm_plugin.modules.attention_masks import Objective
 
 OBJECTIVES = (Objective.BIDIRECTIONAL, Objective.SEQ2SEQ, Objective.LEFT_TO_RIGHT, Objective.RIGHT_TO_LEFT)

@@ -21,7 +21,7 @@ mark the objective) and ``unilm2_base`` / ``unilm2_tiny`` (UniLMv2: + relative p
 """
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
