@@ -134,10 +134,11 @@ binarize() {
 }
 
 # ---------------------------------------------------------------------------------------------------- training
-task_args() {  # the task options shared by training and decoding
+task_args() {  # the task options shared by training and decoding; $1 = the longest reference allowed
+  local max_target="${1:-$MAX_TARGET}"
   case "$MODEL" in
     palm) echo "--task translation --source-lang src --target-lang tgt --truncate-source \
-      --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
+      --max-source-positions $MAX_SOURCE --max-target-positions $max_target" ;;
     unilm) echo "--task unilm_seq2seq --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
     unilm2) echo "--task unilm_seq2seq --pseudo-masks --source-segment 0 --target-segment 1 \
       --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
@@ -188,7 +189,9 @@ decode() {
   [[ "${NO_REPEAT_NGRAM:-0}" != 0 ]] && search+=(--no-repeat-ngram-size "$NO_REPEAT_NGRAM")
   [[ "${SCORE_REFERENCE:-0}" == 1 ]] && search=(--score-reference)
   # shellcheck disable=SC2046
-  "$BIN/fairseq-generate" "$WORK/bin" --user-dir "$USER_DIR" $(task_args) $(bpe_args) "${device[@]}" \
+  # translation would refuse test examples whose reference is longer than training allowed: decoding does not
+  # read the reference (scoring reads the raw file), so any length up to the decoder's 512 positions is fine
+  "$BIN/fairseq-generate" "$WORK/bin" --user-dir "$USER_DIR" $(task_args 512) $(bpe_args) "${device[@]}" \
     --path "$WORK/checkpoints/$CHECKPOINT" --gen-subset test "${search[@]}" --batch-size "$BATCH_SIZE" \
     --required-batch-size-multiple 1 --num-workers 0 > "$WORK/gen/test.out.tmp"
   mv "$WORK/gen/test.out.tmp" "$WORK/gen/test.out"
