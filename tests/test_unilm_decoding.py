@@ -178,7 +178,7 @@ def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
 
 def test_no_repeat_ngram_blocking_sees_the_generated_prefix():
     """fairseq's CPU blocker reads the end of the whole buffer (padding) and blocks nothing (fairseq #5206);
-    the unilm_seq2seq task installs one that reads the generated prefix."""
+    the plugin installs one that reads the generated prefix."""
     from fairseq.ngram_repeat_block import NGramRepeatBlock
 
     from palm_plugin.modules.ngram_repeat_block import PrefixNGramRepeatBlock

@@ -4,6 +4,7 @@ fairseq's ``SequenceGenerator`` hands its whole token buffer ``(bsz * beam, max_
 whose CPU path takes the last ``n - 1`` entries of that buffer (padding, beyond the current step) as the n-gram
 prefix to check, so nothing is ever blocked (fairseq issue #5206). This subclass passes only the generated
 prefix ``tokens[:, : step + 1]``; the CUDA extension, which reads the buffer up to ``step`` itself, is unchanged.
+Importing the plugin installs it in fairseq's ``sequence_generator`` (``palm_plugin/__init__.py``).
 """
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 
@@ -15,10 +16,3 @@ class PrefixNGramRepeatBlock(NGramRepeatBlock):
             tokens = tokens[:, : step + 1]
         return super().forward(tokens, lprobs, bsz, beam_size, step)
 
-
-def fix_ngram_blocking(generator):
-    """Replace the generator's n-gram blocker (if any) by :class:`PrefixNGramRepeatBlock`; return the generator."""
-    blocker = getattr(generator, "repeat_ngram_blocker", None)
-    if blocker is not None and not isinstance(blocker, PrefixNGramRepeatBlock):
-        generator.repeat_ngram_blocker = PrefixNGramRepeatBlock(blocker.no_repeat_ngram_size)
-    return generator

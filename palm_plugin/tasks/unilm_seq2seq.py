@@ -27,7 +27,6 @@ from omegaconf import II, MISSING, OmegaConf, open_dict
 from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
-from palm_plugin.modules.ngram_repeat_block import fix_ngram_blocking
 
 logger = logging.getLogger(__name__)
 
@@ -148,9 +147,6 @@ class UniLMSeq2SeqTask(FairseqTask):
                 f"--target-segment 1)"
             )
         return model
-
-    def build_generator(self, models, args, **kwargs):
-        return fix_ngram_blocking(super().build_generator(models, args, **kwargs))
 
     def max_positions(self):
         return self.cfg.max_source_positions, self.cfg.max_target_positions
