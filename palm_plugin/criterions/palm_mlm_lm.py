@@ -26,7 +26,8 @@ class PalmMlmLmConfig(FairseqDataclass):
         metadata={
             "help": "ae: first stage, the encoder alone as a masked-LM autoencoder (decoder not run); joint: "
             "second stage, encoder MLM and decoder LM together. Fine-tuning from an 'ae' checkpoint gives the "
-            "ablation '- autoregression' (random decoder) of PALM Table 6"
+            "ablation '- autoregression' (random decoder) of PALM Table 6. Several GPUs in stage ae need "
+            "--find-unused-parameters (the decoder gets no gradient)"
         },
     )
     mlm_weight: float = field(default=1.0, metadata={"help": "weight of the encoder's masked-LM loss"})
