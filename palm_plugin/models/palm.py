@@ -7,8 +7,8 @@
   :meth:`PalmDecoder.get_normalized_probs` hands it on unchanged; fairseq's criteria and ``SequenceGenerator``
   work as they do for any encoder-decoder model.
 * One embedding matrix serves the encoder input, the decoder input, ``W_e`` of equation (2) and the encoder's MLM
-  head (a RoBERTa LM head, built only for tasks that pre-train the encoder, see :attr:`ContinuationPairTask.
-  trains_encoder_mlm`).
+  head (a RoBERTa LM head, built only for tasks that set ``trains_encoder_mlm``, i.e. ``continuation_pair``; a
+  fine-tuning model drops it from the pre-training checkpoint).
 
 Ablations of PALM's Table 6: ``--no-copy`` ("- pointer-generator"); pre-training without ``--roberta-path``
 ("- autoencoding", random encoder); fine-tuning from the checkpoint of ``--stage ae`` of ``palm_mlm_lm``, whose
