@@ -129,7 +129,7 @@ def last_valid(log, key):
     return float(values[-1])
 
 
-def test_pretrain_finetune_generate(corpus, roberta_checkpoint):
+def test_pretrain_finetune_generate(corpus, roberta_checkpoint, monkeypatch):
     palm = ["--user-dir", USER_DIR, "--task", "continuation_pair", "--arch", "palm_tiny", "--criterion", "palm_mlm_lm",
             "--max-source-tokens", 40, "--max-tokens", 1500, *COMMON]
     ae = run_cli("fairseq-train", corpus / "mono", *palm, "--stage", "ae", "--roberta-path", roberta_checkpoint,
@@ -163,3 +163,11 @@ def test_pretrain_finetune_generate(corpus, roberta_checkpoint):
         words = text.split()
         trigrams = list(zip(words, words[1:], words[2:]))
         assert len(trigrams) == len(set(trigrams)), text
+
+    # A saved pre-training checkpoint loads for inference without reading its --roberta-path again.
+    def refuse(model, path):
+        raise AssertionError(f"read {path} while loading a saved PALM checkpoint")
+
+    monkeypatch.setattr("palm_plugin.models.palm.load_roberta_encoder", refuse)
+    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(corpus / "ae" / "checkpoint_best.pt")])
+    assert isinstance(model, PalmModel) and model.mlm_head is not None and task.cfg.split_mode == "sentence"
