@@ -68,6 +68,54 @@ def evaluate_targets(training: List[dict], decoding: List[dict], length: int, ta
     return targets  # fmt: skip
 
 
+METHOD = """### How it is measured
+
+- **Builds.** Every configuration is built in-process the way `fairseq-train` builds it
+  (`options.parse_args_and_arch` -> `tasks.setup_task` -> `task.build_model` / `task.build_criterion` -> fairseq's
+  Adam), on random tokens written in fairseq's binarized format and batched by each task's own dataset, so the
+  batches have the real layouts. Baselines have the plugin model's shape: fairseq `transformer` with PALM's layers,
+  sizes, GELU, shared embeddings and dropout (12 + 12 layers, 768 / 3072 / 12 heads at base size); fairseq
+  `roberta_base` (12 layers, 768) for UniLM. Vocabulary: the run's `vocab_size` (settings in the JSON).
+- **Training update**: `optimizer.zero_grad()`, `task.train_step` (criterion forward, backward), gradients divided
+  by the sample size, `optimizer.step()`, dropout on. Wall-clock time of each update; one untimed warm-up update
+  per configuration and length, then the timed updates of a group's configurations interleaved; median.
+  **tokens/s** counts the text of the batch: source + target tokens for sequence-to-sequence rows, the original
+  sequence for UniLMv2 (the appended pseudo and original tokens are cost, not text).
+- **Peak memory**: live torch tensor bytes (parameters, gradients, Adam state, batch, activations, temporaries) over
+  the warm-up update, from the PyTorch profiler's memory timeline (`profile_memory=True`,
+  `export_memory_timeline`); not the Python heap nor memory the allocator keeps cached. The naive PAR baseline's
+  peak is taken over its first two passes (every pass has the same shape).
+- **FLOPs and MFU**: analytic count of the matrix products only, 2 FLOPs per multiply-add, 3x the forward pass
+  per update: `6 * params * tokens` for every linear layer on the rows it is applied to, plus attention
+  `12 * T_q * T_k * d` per layer over the full score matrix, plus output layers on the rows they predict
+  (`palm_plugin/cli/bench_flops.py`; tests check it equals `torch.utils.flop_counter` on real updates). MFU =
+  FLOPs per update / median update time / the machine limit: the best median fp32 `torch.mm` throughput measured
+  in the same run (a square GEMM and a 512x768x3072 feed-forward GEMM).
+- **Naive per-step PAR** (a baseline of this benchmark, not of the plugin): for UniLMv2's factorization steps
+  M_1..M_K of the same batch, pass i feeds the text with steps < i restored and steps >= i corrupted, predicts M_i
+  (pass 1 also predicts every masked token, the AE loss), backward after each pass, one update: K passes where
+  PMLM needs one. It runs at lengths up to `naive_max_length`.
+- **Decoding**: fairseq's `SequenceGenerator` (beam search) with `--min-len T --max-len-a 0 --max-len-b T`, so
+  every hypothesis has exactly T tokens; random sources of `source_tokens` tokens. UniLM's *full recomputation*
+  baseline is the same model and generator with the generator's incremental path switched off: the decoder then
+  re-runs `[source | decoded tokens | placeholder]` every step (tests check both decode the same hypotheses).
+"""
+
+
+def finish(result: Dict):
+    """Speed ratios to each row's baseline (measured in the same run) and the targets."""
+    for rows, speed, same in ((result["training"], "tokens_per_s", "length"),
+                              (result["decoding"], "sentences_per_s", "target_tokens")):  # fmt: skip
+        for row in rows:
+            base = _find(rows, row["baseline"], **{same: row[same]}) if row["baseline"] else None
+            row["speed_vs_baseline"] = row[speed] / base[speed] if base else None
+            if base is None:
+                row["baseline"] = None
+    s = result["settings"]
+    result["targets"] = evaluate_targets(result["training"], result["decoding"], s["reference_length"],
+                                         max(s["target_tokens"]))  # fmt: skip
+
+
 def _fmt(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -75,7 +123,8 @@ def _fmt(value, digits=2):
 def markdown(result: Dict) -> str:
     """The results as markdown tables."""
     s, m = result["settings"], result["machine"]
-    lines = [f"Command: `{result['command']}` ({result['date']}, {result['elapsed_s'] / 60:.1f} min)", "",
+    cut_short = "" if result.get("complete", True) else ", **cut short: the rows measured before it stopped**"
+    lines = [f"Command: `{result['command']}` ({result['date']}, {result['elapsed_s'] / 60:.1f} min{cut_short})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, fairseq {m['fairseq']}, "
              f"Python {m['python']}", "",
              f"Machine limit: fp32 matmul {result['gemm']['peak_gflops']:.1f} GFLOP/s ("

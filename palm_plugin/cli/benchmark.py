@@ -21,6 +21,7 @@ are built in-process through fairseq's APIs on synthetic data of the measured sh
 import argparse
 import datetime
 import gc
+import json
 import logging
 import os
 import platform
@@ -78,6 +79,8 @@ def parse_args(argv=None):
     parser.add_argument("--no-decoding", action="store_true", help="skip the decoding measurements")
     parser.add_argument("--output-dir", default="bench-results", help="where benchmark.{json,png,md} are written")
     parser.add_argument("--name", default="benchmark", help="file name stem of the outputs")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="measure nothing: render the table and chart of a saved record (a run cut short too)")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -99,10 +102,11 @@ def _short_error(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def measure_training(args, corpus, missing):
+def measure_training(args, corpus, result, checkpoint):
     """Per group (configurations compared with each other), per length: a profiled warm-up update (peak memory),
-    then ``repeats`` timed updates with the group's configurations interleaved."""
-    rows = []
+    then ``repeats`` timed updates with the group's configurations interleaved. Appends to ``result["training"]``
+    and calls ``checkpoint()`` after each length."""
+    rows, missing = result["training"], result["missing"]
     groups = list(dict.fromkeys(spec.group for spec in TRAIN_SPECS))
     longest = max(args.lengths)
     for group in groups:
@@ -154,16 +158,14 @@ def measure_training(args, corpus, missing):
                 })  # fmt: skip
             del steps
             gc.collect()
+            checkpoint()
         del models
         gc.collect()
-    for row in rows:
-        base = bench_report._find(rows, row["baseline"], length=row["length"]) if row["baseline"] else None
-        row["speed_vs_baseline"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
-    return rows
 
 
-def measure_decoding(args, corpus, missing):
-    rows = []
+def measure_decoding(args, corpus, result, checkpoint):
+    """Each decoder at each ``--target-tokens``; appends to ``result["decoding"]``, ``checkpoint()`` per decoder."""
+    rows, missing = result["decoding"], result["missing"]
     total = args.source_tokens + max(args.target_tokens) + 2
     for spec in DECODE_SPECS:
         if not _wanted(args, spec.key) and not (spec.key == "transformer" and args.only):
@@ -188,12 +190,7 @@ def measure_decoding(args, corpus, missing):
             })  # fmt: skip
         del built
         gc.collect()
-    for row in rows:
-        base = bench_report._find(rows, row["baseline"], target_tokens=row["target_tokens"]) if row["baseline"] else None
-        row["speed_vs_baseline"] = row["sentences_per_s"] / base["sentences_per_s"] if base else None
-        if base is None:
-            row["baseline"] = None
-    return rows
+        checkpoint()
 
 
 def machine() -> dict:
@@ -209,37 +206,54 @@ def machine() -> dict:
 
 
 def run(argv=None) -> dict:
-    """Measure, print the tables, write the outputs; returns the JSON record."""
+    """Measure (or read ``--from-json``), print the tables, write the outputs; returns the JSON record."""
     args = parse_args(argv)
     warnings.filterwarnings("ignore")  # hydra's deprecation notices from fairseq's config conversion
     logging.disable(logging.INFO)  # fairseq's and the tasks' per-dataset info lines
+    os.makedirs(args.output_dir, exist_ok=True)
+    stem = os.path.join(args.output_dir, args.name)
+    if args.from_json:
+        with open(args.from_json) as f:
+            result = json.load(f)
+    else:
+        result = measure(args, argv, stem + ".json")
+    bench_report.finish(result)
+    table = bench_report.markdown(result)
+    print(table)
+    bench_report.write_json(result, stem + ".json")
+    bench_report.plot(result, stem + ".png")
+    with open(stem + ".md", "w") as f:
+        f.write(table + "\n" + bench_report.METHOD)
+    log(f"wrote {stem}.json, {stem}.png and {stem}.md")
+    return result
+
+
+def measure(args, argv, json_path) -> dict:
+    """All measurements; the record so far is saved to ``json_path`` after each step of the run (a run cut short
+    leaves its measurements there, ``--from-json`` renders them)."""
     started = datetime.datetime.now(datetime.timezone.utc)
     log(f"matmul throughput ({args.gemm_size}^3 and feed-forward shapes)")
     gemm = measure_matmul(args.gemm_size)
     args.peak_gflops = gemm["peak_gflops"]
-    missing = []
-    with tempfile.TemporaryDirectory() as root:
-        corpus = SyntheticCorpus(root, args.vocab_size)
-        training = [] if args.no_training else measure_training(args, corpus, missing)
-        decoding = [] if args.no_decoding else measure_decoding(args, corpus, missing)
-    settings = {key: getattr(args, key) for key in list(FULL) + ["beam", "reference_length"]}
     result = {
         "command": "palm-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "elapsed_s": (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(),
-        "machine": machine(), "settings": settings, "gemm": gemm, "training": training, "decoding": decoding,
-        "targets": bench_report.evaluate_targets(training, decoding, args.reference_length, max(args.target_tokens)),
-        "missing": missing,
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": 0.0, "complete": False, "machine": machine(),
+        "settings": {key: getattr(args, key) for key in list(FULL) + ["beam", "reference_length"]}, "gemm": gemm,
+        "training": [], "decoding": [], "missing": [],
     }  # fmt: skip
-    table = bench_report.markdown(result)
-    print(table)
-    os.makedirs(args.output_dir, exist_ok=True)
-    stem = os.path.join(args.output_dir, args.name)
-    bench_report.write_json(result, stem + ".json")
-    bench_report.plot(result, stem + ".png")
-    with open(stem + ".md", "w") as f:
-        f.write(table)
-    log(f"wrote {stem}.json, {stem}.png and {stem}.md in {result['elapsed_s']:.0f} s")
+
+    def checkpoint():
+        result["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
+        bench_report.write_json(result, json_path)
+
+    with tempfile.TemporaryDirectory() as root:
+        corpus = SyntheticCorpus(root, args.vocab_size)
+        if not args.no_training:
+            measure_training(args, corpus, result, checkpoint)
+        if not args.no_decoding:
+            measure_decoding(args, corpus, result, checkpoint)
+    result["complete"] = True
+    checkpoint()
     return result
 
 
