@@ -23,7 +23,8 @@ TRAIN = 3  # forward + backward (2x forward) for every matrix product
 @dataclass(frozen=True)
 class Dims:
     """Sizes of a model: ``layers`` (encoder, or the shared stack), ``decoder_layers``, model dim ``d``, feed-forward
-    dim ``f``, output vocabulary ``vocab``, copy attention dim ``copy`` (0: no copy layer)."""
+    dim ``f``, output vocabulary ``vocab``, copy attention dim ``copy`` (0: no copy layer), ``pointer_generator``
+    (PALM's output layer, with its ``W_v`` projection even without copying)."""
 
     layers: int
     d: int
@@ -31,6 +32,7 @@ class Dims:
     vocab: int
     decoder_layers: int = 0
     copy: int = 0
+    pointer_generator: bool = False
 
 
 def encoder_stack(dims: Dims, rows: int, width: int) -> float:
@@ -65,8 +67,9 @@ def decoder_output(dims: Dims, rows: int, target: int, source: int) -> float:
     additive scores, the context ``alpha H`` and the gate)."""
     d, a = dims.d, dims.copy
     flops = 2 * rows * target * d * dims.vocab
-    if a:
+    if dims.pointer_generator:
         flops += 2 * rows * target * d * d  # W_v
+    if a:
         flops += 2 * rows * (source * d * a + target * d * a + target * source * a + target * source * d)
         flops += 2 * rows * target * 2 * d  # gate
     return flops

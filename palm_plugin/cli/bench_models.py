@@ -104,6 +104,7 @@ class Built:
             vocab=len(self.task.source_dictionary),
             decoder_layers=getattr(a, "decoder_layers", 0) if not a.arch.startswith(("unilm", "roberta")) else 0,
             copy=copy,
+            pointer_generator=a.arch.startswith("palm"),
         )
 
 
@@ -219,6 +220,11 @@ TRAIN_SPECS = [
     TrainSpec(
         "palm", "palm, translation (fine-tuning, copy layer)", "seq2seq", "parallel",
         lambda size, length: palm_arch(size, length) + translation_task(length) + LABEL_SMOOTHED,
+        _seq2seq_tokens, _seq2seq_flops, baseline="transformer",
+    ),
+    TrainSpec(
+        "palm_nocopy", "palm --no-copy, translation (ablation: no pointer-generator)", "seq2seq", "parallel",
+        lambda size, length: palm_arch(size, length) + ["--no-copy"] + translation_task(length) + LABEL_SMOOTHED,
         _seq2seq_tokens, _seq2seq_flops, baseline="transformer",
     ),
     TrainSpec(
