@@ -228,7 +228,7 @@ TRAIN_SPECS = [
         _seq2seq_tokens, _seq2seq_flops, baseline="transformer",
     ),
     TrainSpec(
-        "palm_pretrain", "palm, continuation_pair + palm_mlm_lm (pre-training)", "seq2seq", "continuation",
+        "palm_pretrain", "palm, continuation_pair + palm_mlm_lm (pre-training)", "palm_pretrain", "continuation",
         _continuation_args, _seq2seq_tokens, _seq2seq_flops, baseline="transformer",
     ),
     TrainSpec(

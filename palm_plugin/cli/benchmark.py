@@ -103,8 +103,9 @@ def _short_error(error: Exception) -> str:
 
 
 def measure_training(args, corpus, result, checkpoint):
-    """Per group (configurations compared with each other), per length: a profiled warm-up update (peak memory),
-    then ``repeats`` timed updates with the group's configurations interleaved. Appends to ``result["training"]``
+    """Per group (configurations compared with each other; a group's models stay in memory together), per length:
+    a profiled warm-up update (peak memory), then ``repeats`` timed updates with the group's configurations
+    interleaved. Appends to ``result["training"]``
     and calls ``checkpoint()`` after each length."""
     rows, missing = result["training"], result["missing"]
     groups = list(dict.fromkeys(spec.group for spec in TRAIN_SPECS))
@@ -149,7 +150,7 @@ def measure_training(args, corpus, result, checkpoint):
                 seconds = bench_report.median(records[key]["times"])
                 rows.append({
                     "key": key, "label": step.spec.label, "group": group, "plugin": step.spec.plugin,
-                    "baseline": step.spec.baseline if step.spec.baseline in steps else None, "length": length,
+                    "baseline": step.spec.baseline, "length": length,
                     "batch_sequences": batch_sequences, "text_tokens": step.text_tokens,
                     "times_s": records[key]["times"], "median_s": seconds,
                     "tokens_per_s": step.text_tokens / seconds, "peak_memory_mb": records[key]["peak"] / bench_report.MB,
