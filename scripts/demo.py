@@ -9,7 +9,8 @@
 4. report test perplexity of both (fairseq-validate on the chitchat test split) and print responses from
    fairseq-interactive (beam 5, --no-repeat-ngram-size 3).
 
-Every step is a real fairseq process; their progress lines are echoed. Runs go to demo_runs/palm (rerunning
+Every step is a real fairseq process, one thread each; the baseline trains on the second core while PALM
+pre-trains on the first, and the two models are evaluated side by side. Progress lines are echoed. Runs go to demo_runs/palm (rerunning
 starts them afresh). The sizes below were chosen for the time budget, not for quality: expect a gap between PALM
 and the baseline, not good dialog.
 """
@@ -35,23 +36,62 @@ TRAIN = ["--user-dir", str(REPO / "palm_plugin"), "--cpu", "--optimizer", "adam"
          "--log-format", "simple", "--log-interval", "25", "--seed", "1", "--no-epoch-checkpoints"]
 
 
+def _command(tool, args):
+    return ([str(BIN / tool)] if not tool.endswith(".py") else [sys.executable, tool]) + [str(a) for a in args]
+
+
+# One thread per process: the demo runs two processes at a time on two cores (threads that wait for a busy core
+# make a training step many times slower).
+ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
 def run(title, tool, *args, echo=True):
     """Run a fairseq tool (or script), echo its progress lines, return its stdout + stderr; stop on failure."""
     print(f"\n=== {title}", flush=True)
     started = time.time()
-    command = [str(BIN / tool)] if not tool.endswith(".py") else [sys.executable, tool]
-    process = subprocess.Popen(command + [str(a) for a in args], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    process = subprocess.Popen(_command(tool, args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=ENV)
     lines = []
     for line in process.stdout:
         lines.append(line)
         if echo and (PROGRESS.search(line) or tool.endswith(".py")):
-            print("   ", line.rstrip()[-170:], flush=True)
-    if process.wait() != 0:
-        sys.stdout.write("".join(lines[-40:]))
-        sys.exit(f"demo: {title} failed (exit {process.returncode})")
-    print(f"    ({time.time() - started:.0f} s)", flush=True)
+            print("   ", _short(line), flush=True)
+    _check(title, process.wait(), "".join(lines), started)
     return "".join(lines)
+
+
+def start(title, tool, *args, log):
+    """Start a fairseq tool in the background, its output going to ``log``; :func:`finish` waits for it."""
+    print(f"\n=== started in parallel: {title} (log: {log})", flush=True)
+    with open(log, "w") as output:
+        process = subprocess.Popen(_command(tool, args), cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
+                                   text=True, env=ENV)
+    return title, process, log, time.time()
+
+
+def finish(job):
+    title, process, log, started = job
+    print(f"\n=== waiting for: {title}", flush=True)
+    returncode = process.wait()
+    text = Path(log).read_text()
+    for line in text.splitlines():
+        if PROGRESS.search(line):
+            print("   ", _short(line))
+    _check(title, returncode, text, started)
+    return text
+
+
+def _short(line):
+    """A log line from its tag on (fairseq's timestamp and logger name dropped), at most 160 characters."""
+    match = PROGRESS.search(line)
+    return line[match.start() + 2 if match else 0:].rstrip()[:160]
+
+
+def _check(title, returncode, output, started):
+    if returncode != 0:
+        sys.stdout.write(output[-6000:])
+        sys.exit(f"demo: {title} failed (exit {returncode})")
+    print(f"    ({time.time() - started:.0f} s)", flush=True)
 
 
 def last_value(log, key, where="valid"):
@@ -98,6 +138,14 @@ def main(argv=None):
     run("data: scripts/prepare_data.py --out data", str(REPO / "scripts" / "prepare_data.py"), "--out", data)
     chitchat = sample_eval_data(data, args.out, args.eval_pairs)
 
+    finetune = [chitchat, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1, "--max-tokens", 2048,
+                "--lr", "5e-4", "--max-update", args.finetune_updates, "--validate-interval", 1000,
+                "--required-batch-size-multiple", 1, *MODEL, *TRAIN]  # validated once, at the last update
+    # The baseline needs no pre-training: it trains on the second core while PALM pre-trains on the first.
+    baseline = start(f"baseline: same model, no pre-training, fine-tuned {args.finetune_updates} updates",
+                     "fairseq-train", *finetune, "--save-dir", args.out / "scratch", log=args.out / "scratch.log")
+
     pretrain = [data / "bin" / "sotu", "--task", "continuation_pair", "--criterion", "palm_mlm_lm",
                 "--max-source-tokens", 64, "--max-target-tokens", 24, "--max-tokens", 2048, "--lr", "1e-3",
                 "--max-valid-steps", 10, *MODEL, *TRAIN]
@@ -109,33 +157,29 @@ def main(argv=None):
                     "--validate-interval-updates", args.joint_updates,
                     "--finetune-from-model", args.out / "ae" / "checkpoint_last.pt", "--save-dir", args.out / "joint")
 
-    finetune = [chitchat, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1, "--max-tokens", 2048,
-                "--lr", "5e-4", "--max-update", args.finetune_updates, "--validate-interval-updates", 100,
-                "--required-batch-size-multiple", 1, *MODEL, *TRAIN]
     run(f"fine-tune PALM on chitchat10k, {args.finetune_updates} updates", "fairseq-train", *finetune,
         "--finetune-from-model", args.out / "joint" / "checkpoint_last.pt", "--save-dir", args.out / "palm")
-    run(f"baseline: same model, no pre-training, {args.finetune_updates} updates", "fairseq-train", *finetune,
-        "--save-dir", args.out / "scratch")
-
-    perplexity = {}
-    for name in ("palm", "scratch"):
-        log = run(f"test perplexity: {name}", "fairseq-validate", chitchat, "--user-dir", REPO / "palm_plugin",
-                  "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-                  "--path", args.out / name / "checkpoint_best.pt", "--valid-subset", "test", "--max-tokens", 4096,
-                  "--cpu", "--num-workers", 0)
-        perplexity[name] = last_value(log, "ppl", where="valid on 'test' subset")
+    finish(baseline)
 
     contexts = (data / "raw" / "chitchat.test.src").read_text().splitlines()[: args.responses]
     references = (data / "raw" / "chitchat.test.tgt").read_text().splitlines()[: args.responses]
     (args.out / "contexts.txt").write_text("\n".join(contexts) + "\n")
-    responses = {}
+    perplexity, responses = {}, {}
     for name in ("palm", "scratch"):
-        log = run(f"responses: {name} (fairseq-interactive, beam 5)", "fairseq-interactive", chitchat,
+        jobs = [
+            start(f"test perplexity: {name}", "fairseq-validate", chitchat, "--user-dir", REPO / "palm_plugin",
+                  "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+                  "--path", args.out / name / "checkpoint_best.pt", "--valid-subset", "test", "--max-tokens", 4096,
+                  "--cpu", "--num-workers", 0, log=args.out / f"{name}.test.log"),
+            start(f"responses: {name} (fairseq-interactive, beam 5)", "fairseq-interactive", chitchat,
                   "--user-dir", REPO / "palm_plugin", "--task", "translation", "--source-lang", "src",
-                  "--target-lang", "tgt", "--path", args.out / name / "checkpoint_best.pt", "--bpe", "sentencepiece",
-                  "--sentencepiece-model", data / "spm" / "spm.model", "--beam", 5, "--lenpen", 1.0,
-                  "--no-repeat-ngram-size", 3, "--cpu", "--input", args.out / "contexts.txt", echo=False)
+                  "--target-lang", "tgt", "--path", args.out / name / "checkpoint_best.pt", "--bpe",
+                  "sentencepiece", "--sentencepiece-model", data / "spm" / "spm.model", "--beam", 5, "--lenpen", 1.0,
+                  "--no-repeat-ngram-size", 3, "--cpu", "--input", args.out / "contexts.txt",
+                  log=args.out / f"{name}.responses.log"),
+        ]
+        perplexity[name] = last_value(finish(jobs[0]), "ppl", where="valid on 'test' subset")
+        log = finish(jobs[1])
         responses[name] = dict((int(i), text) for i, text in re.findall(r"^D-(\d+)\t\S+\t(.*)$", log, flags=re.M))
 
     print("\n=== responses (chitchat test contexts)")
