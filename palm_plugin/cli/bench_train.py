@@ -127,7 +127,9 @@ def timed(step) -> float:
 
 
 def peak_tensor_bytes(step) -> int:
-    """Run ``step`` once under the profiler; the peak of live CPU tensor bytes over its memory timeline."""
+    """Run ``step`` once under the profiler; the peak of live CPU tensor bytes over its memory timeline. Tensors
+    that exist before (parameters, optimizer state, batch) count as live; free gradients first (the profiler does
+    not see a tensor allocated before it started being freed)."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         step()
     with tempfile.TemporaryDirectory() as directory:

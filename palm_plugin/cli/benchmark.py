@@ -139,6 +139,9 @@ def measure_training(args, corpus, result, checkpoint):
             for key, step in steps.items():
                 log(f"train {key} length {length}: warm-up update (memory profile)")
                 warmup = NaivePARStep(step.spec, step.built, step.batch, max_passes=2) if key == "naive_par" else step
+                # Gradients of an earlier update are freed before profiling: the profiler does not see frees of
+                # tensors allocated before it started, and would count them as live.
+                step.built.optimizer.zero_grad()
                 records[key] = {"times": [], "peak": peak_tensor_bytes(warmup)}
             for repeat in range(args.repeats):
                 for key, step in steps.items():
