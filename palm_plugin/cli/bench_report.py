@@ -127,7 +127,8 @@ def markdown(result: Dict) -> str:
     cut_short = "" if result.get("complete", True) else ", **cut short: the rows measured before it stopped**"
     lines = [f"Command: `{result['command']}` ({result['date']}, {result['elapsed_s'] / 60:.1f} min{cut_short})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, fairseq {m['fairseq']}, "
-             f"Python {m['python']}", "",
+             f"Python {m['python']}; 1-minute load average {m.get('load_average_start', 0):.1f} at the start, "
+             f"{m.get('load_average_end', 0):.1f} at the end (other processes share the cores)", "",
              f"Machine limit: fp32 matmul {result['gemm']['peak_gflops']:.1f} GFLOP/s ("
              + ", ".join(f"{g['m']}x{g['k']}x{g['n']}: {g['gflops']:.1f}" for g in result["gemm"]["shapes"])
              + f"), {result['machine']['threads']} threads.", ""]  # fmt: skip

@@ -206,7 +206,8 @@ def machine() -> dict:
     import fairseq
 
     return {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "fairseq": fairseq.__version__, "python": platform.python_version()}  # fmt: skip
+            "fairseq": fairseq.__version__, "python": platform.python_version(),
+            "load_average_start": os.getloadavg()[0]}  # fmt: skip
 
 
 def run(argv=None) -> dict:
@@ -248,6 +249,7 @@ def measure(args, argv, json_path) -> dict:
 
     def checkpoint():
         result["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
+        result["machine"]["load_average_end"] = os.getloadavg()[0]
         bench_report.write_json(result, json_path)
 
     with tempfile.TemporaryDirectory() as root:
