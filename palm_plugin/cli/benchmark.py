@@ -30,6 +30,7 @@ import sys
 import tempfile
 import warnings
 
+import fairseq
 import torch
 
 from palm_plugin.cli import bench_report
@@ -105,8 +106,7 @@ def _short_error(error: Exception) -> str:
 def measure_training(args, corpus, result, checkpoint):
     """Per group (configurations compared with each other; a group's models stay in memory together), per length:
     a profiled warm-up update (peak memory), then ``repeats`` timed updates with the group's configurations
-    interleaved. Appends to ``result["training"]``
-    and calls ``checkpoint()`` after each length."""
+    interleaved. Appends to ``result["training"]`` and calls ``checkpoint()`` after each length."""
     rows, missing = result["training"], result["missing"]
     groups = list(dict.fromkeys(spec.group for spec in TRAIN_SPECS))
     longest = max(args.lengths)
@@ -203,8 +203,6 @@ def machine() -> dict:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         model = names[0] if names else model
-    import fairseq
-
     return {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "fairseq": fairseq.__version__, "python": platform.python_version(),
             "load_average_start": os.getloadavg()[0]}  # fmt: skip
