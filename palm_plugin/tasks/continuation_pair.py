@@ -5,6 +5,7 @@ Reads fairseq binarized monolingual data (one sentence a line, a blank line betw
 ``palm`` model and the ``palm_mlm_lm`` criterion; fine-tune the resulting checkpoint with fairseq's ``translation``
 task on data binarized with the same dictionary.
 """
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from fairseq import utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
-from omegaconf import II, MISSING, open_dict
+from omegaconf import II, MISSING, OmegaConf, open_dict
 
 from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
 from palm_plugin.data.token_masking import TokenMaskingPolicy
@@ -113,7 +114,7 @@ class ContinuationPairTask(FairseqTask):
     def build_model(self, cfg, from_checkpoint=False):
         # The RoBERTa weights only matter for a new model; a saved PALM checkpoint already holds them.
         if from_checkpoint and getattr(cfg, "roberta_path", None):
-            with open_dict(cfg):
+            with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext():
                 cfg.roberta_path = None
         return super().build_model(cfg, from_checkpoint)
 
