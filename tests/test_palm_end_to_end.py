@@ -171,3 +171,4 @@ def test_pretrain_finetune_generate(corpus, roberta_checkpoint, monkeypatch):
     monkeypatch.setattr("palm_plugin.models.palm.load_roberta_encoder", refuse)
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task([str(corpus / "ae" / "checkpoint_best.pt")])
     assert isinstance(model, PalmModel) and model.mlm_head is not None and task.cfg.split_mode == "sentence"
+

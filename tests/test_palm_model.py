@@ -1,6 +1,7 @@
 """The palm model in process: incremental decoding, decoder causality, learning to copy, state-dict upgrades."""
 import argparse
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,3 +175,21 @@ def test_source_position_markers_share_the_unk_embedding_and_can_be_copied():
     assert probs.shape[-1] == len(dictionary)
     torch.testing.assert_close(probs.sum(-1), torch.ones(1, 2), atol=1e-5, rtol=0)
     assert (probs[0, :, marker] > 0).all() and (probs[0, :, dictionary.index("<unk-0>")] < 1e-30).all()
+
+
+def test_option_help_documents_the_table_6_ablations():
+    """The help fairseq builds for the palm model, continuation_pair task and palm_mlm_lm criterion (fairseq-train
+    --help prints before a plugin's options are added, so the parser is built as fairseq-train builds it)."""
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    options.parse_args_and_arch(parser, ["data", "--user-dir", str(Path(__file__).resolve().parents[1] / "palm_plugin"),
+                                         "--task", "continuation_pair", "--arch", "palm_tiny",
+                                         "--criterion", "palm_mlm_lm"])
+    text = " ".join(parser.format_help().split())
+    for option, ablation in (("--no-copy", "- pointer-generator"), ("--roberta-path", "- autoencoding"),
+                             ("--stage", "- autoregression"), ("--finetune-from-model", "- pre-training")):
+        assert option in text and ablation in text, (option, ablation)
+    for option in ("--split-mode", "--max-source-tokens", "--max-target-tokens", "--source-position-markers",
+                   "--mlm-weight", "--lm-weight", "--copy-attention-dim"):
+        assert option in text, option

@@ -83,7 +83,8 @@ class PalmConfig(FairseqDataclass):
         metadata={
             "help": "fairseq RoBERTa / masked_lm checkpoint (model.pt) with the same dictionary: initialises the "
             "encoder, the shared embeddings and the MLM head. Leave out for the ablation '- autoencoding' "
-            "(random encoder). Not read when a saved PALM checkpoint is loaded for inference"
+            "(random encoder); fine-tuning palm with the translation task and no --finetune-from-model is the "
+            "ablation '- pre-training' (PALM Table 6). Not read when a saved PALM checkpoint is loaded for inference"
         },
     )
 
