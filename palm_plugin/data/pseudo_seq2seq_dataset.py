@@ -12,7 +12,7 @@ target tokens are predicted in one pass, each exactly as the decoder predicts it
 position (the model's cached decoder with ``decoding_placeholder = <pseudo>``). Loss on the pseudo rows only.
 
 Noise on the target tokens (the history the pseudo rows condition on): the task's masking policy picks
-``ceil(mask_prob * n)`` of the target tokens and corrupts them 80/10/10 ([MASK] / random / unchanged), so the
+``ceil(target_mask_prob * n)`` of the target tokens and corrupts them 80/10/10 ([MASK] / random / unchanged), so the
 model learns to tolerate errors in what it decoded before; the pseudo tokens are always [P] (as in pre-training
 and decoding) and the labels are the clean tokens. ``--mask-token-prob 0 --random-token-prob 0`` gives a clean
 target. (Microsoft's s2s-ft puts [MASK] 80% / a random token 10% / the true token 10% in the pseudo slots

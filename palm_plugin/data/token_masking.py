@@ -50,7 +50,8 @@ class TokenMaskingPolicy:
         selected = np.zeros(len(maskable), dtype=bool)
         if len(candidates) == 0:
             return selected
-        budget = max(1, int(np.ceil(self.mask_prob * len(candidates))))
+        # The epsilon absorbs float error: 0.15 * 100 is 15.000000000000002, whose ceil would be 16.
+        budget = max(1, int(np.ceil(self.mask_prob * len(candidates) - 1e-9)))
         if len(self.span_length_probs) == 1:
             selected[rng.choice(candidates, size=budget, replace=False)] = True
             return selected

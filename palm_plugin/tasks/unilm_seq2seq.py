@@ -58,6 +58,14 @@ class UniLMSeq2SeqConfig(FairseqDataclass):
     pseudo_masks: bool = field(
         default=False, metadata={"help": "UniLMv2 fine-tuning layout [source | target | pseudo target]"}
     )
+    target_mask_prob: float = field(
+        default=0.5,
+        metadata={
+            "help": "with --pseudo-masks: fraction of the target history corrupted (by --mask-token-prob / "
+            "--random-token-prob) so the model tolerates its own decoding errors; every target token is predicted "
+            "from its pseudo token whatever this is (--mask-prob applies to the UniLM v1 layout only)"
+        },
+    )
     seed: int = II("common.seed")
 
 
@@ -70,7 +78,9 @@ class UniLMSeq2SeqTask(FairseqTask):
         if cfg.pseudo_masks:
             dictionary.add_symbol(PSEUDO_SYMBOL)
         self.policy = TokenMaskingPolicy(
-            mask_prob=cfg.mask_prob, mask_token_prob=cfg.mask_token_prob, random_token_prob=cfg.random_token_prob
+            mask_prob=cfg.target_mask_prob if cfg.pseudo_masks else cfg.mask_prob,
+            mask_token_prob=cfg.mask_token_prob,
+            random_token_prob=cfg.random_token_prob,
         )
 
     @classmethod
