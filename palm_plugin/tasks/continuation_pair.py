@@ -7,15 +7,14 @@ task on data binarized with the same dictionary.
 """
 import contextlib
 import logging
-import os
 from dataclasses import dataclass, field
 
-from fairseq import utils
-from fairseq.data import Dictionary, data_utils
+from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
+from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 
@@ -74,28 +73,16 @@ class ContinuationPairTask(FairseqTask):
 
     @classmethod
     def setup_task(cls, cfg: ContinuationPairConfig, **kwargs):
-        paths = utils.split_paths(cfg.data)
-        if not paths:
-            raise ValueError("continuation_pair: give the data directory (fairseq-train DATA ...)")
-        dictionary_path = os.path.join(paths[0], "dict.txt")
-        if not os.path.exists(dictionary_path):
-            raise FileNotFoundError(f"{dictionary_path}: no dictionary; binarize the corpus with fairseq-preprocess --only-source")
-        dictionary = Dictionary.load(dictionary_path)
-        logger.info(f"dictionary: {len(dictionary)} types")
-        return cls(cfg, dictionary)
+        return cls(cfg, load_dictionary(cfg.data))
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        paths = utils.split_paths(self.cfg.data)
-        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
-        sentences = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
-        if sentences is None:
-            raise FileNotFoundError(f"{split_path}.bin/.idx: split {split!r} not found (run fairseq-preprocess)")
+        sentences = load_sentences(self.cfg.data, split, epoch, self.dictionary, combine)
         pairs = build_pair_index(
             sentences.sizes, self.cfg.max_source_tokens, self.cfg.max_target_tokens, self.cfg.split_mode
         )
         if len(pairs) == 0:
             raise ValueError(
-                f"{split_path}: no pairs: every document has a single sentence. Put one sentence per line and a "
+                f"{split_prefix(self.cfg.data, split, epoch)}: no pairs: every document has a single sentence. Put one sentence per line and a "
                 "blank line between documents (or use --split-mode fraction)"
             )
         if pairs.truncated_sources or pairs.truncated_targets:

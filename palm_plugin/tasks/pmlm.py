@@ -22,17 +22,16 @@ ae_ar      L_AE + L_PAR with single-token steps                    single tokens
 =========  ======================================================  =====================
 """
 import logging
-import os
 from dataclasses import dataclass, field
 
-from fairseq import utils
-from fairseq.data import Dictionary, PrependTokenDataset, TokenBlockDataset, TruncateDataset, data_utils
+from fairseq.data import Dictionary, PrependTokenDataset, TokenBlockDataset, TruncateDataset
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from omegaconf import II, MISSING
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
+from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL, PseudoMaskedLMDataset
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 
@@ -107,27 +106,10 @@ class PseudoMaskedLMTask(FairseqTask):
 
     @classmethod
     def setup_task(cls, cfg: PseudoMaskedLMConfig, **kwargs):
-        paths = utils.split_paths(cfg.data)
-        if not paths:
-            raise ValueError("--data is empty: give the directory written by fairseq-preprocess --only-source")
-        dict_path = os.path.join(paths[0], "dict.txt")
-        if not os.path.exists(dict_path):
-            raise FileNotFoundError(
-                f"{dict_path} does not exist: --data must be a fairseq-preprocess output directory (with dict.txt)"
-            )
-        dictionary = Dictionary.load(dict_path)
-        logger.info(f"dictionary: {len(dictionary)} types")
-        return cls(cfg, dictionary)
+        return cls(cfg, load_dictionary(cfg.data))
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        paths = utils.split_paths(self.cfg.data)
-        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
-        dataset = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
-        if dataset is None:
-            raise FileNotFoundError(
-                f"no binarized split {split!r} at {split_path}.{{bin,idx}}: run fairseq-preprocess --only-source "
-                f"with --trainpref / --validpref, --destdir {os.path.dirname(split_path)}"
-            )
+        dataset = load_sentences(self.cfg.data, split, epoch, self.dictionary, combine)
         block_size = self.cfg.tokens_per_sample - 1  # one less for [BOS]
         too_long = int((dataset.sizes > block_size).sum())
         if too_long and self.cfg.sample_break_mode != "none":
@@ -146,7 +128,7 @@ class PseudoMaskedLMTask(FairseqTask):
             eos=self.dictionary.eos(),
             break_mode=self.cfg.sample_break_mode,
         )
-        logger.info(f"loaded {len(blocks)} blocks from {split_path}")
+        logger.info(f"loaded {len(blocks)} blocks from {split_prefix(self.cfg.data, split, epoch)}")
         self.datasets[split] = PseudoMaskedLMDataset(
             PrependTokenDataset(blocks, self.dictionary.bos()),
             self.dictionary,

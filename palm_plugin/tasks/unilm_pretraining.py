@@ -5,16 +5,14 @@ documents (``{data}/dict.txt``, ``{data}/{split}.bin/.idx``); see :mod:`palm_plu
 for the sampling. Train with ``--criterion unilm_cloze`` and a ``unilm_*`` arch (six segment types).
 """
 import logging
-import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from fairseq import utils
-from fairseq.data import Dictionary, data_utils
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II, MISSING
 
+from palm_plugin.data.monolingual import load_dictionary, load_sentences
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.data.unilm_pretraining_dataset import NUM_OBJECTIVE_SEGMENTS, UniLMPretrainingDataset
 
@@ -69,19 +67,10 @@ class UniLMPretrainingTask(FairseqTask):
 
     @classmethod
     def setup_task(cls, cfg: UniLMPretrainingConfig, **kwargs):
-        path = os.path.join(utils.split_paths(cfg.data)[0], "dict.txt")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: no dictionary; run fairseq-preprocess --only-source first")
-        dictionary = Dictionary.load(path)
-        logger.info(f"dictionary: {len(dictionary)} types")
-        return cls(cfg, dictionary)
+        return cls(cfg, load_dictionary(cfg.data))
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        paths = utils.split_paths(self.cfg.data)
-        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
-        sentences = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
-        if sentences is None:
-            raise FileNotFoundError(f"{split_path}.bin/.idx: dataset not found (fairseq-preprocess --only-source)")
+        sentences = load_sentences(self.cfg.data, split, epoch, self.dictionary, combine)
         self.datasets[split] = UniLMPretrainingDataset(
             sentences,
             self.dictionary,

@@ -1,0 +1,46 @@
+"""Reading fairseq-preprocess'd monolingual data (``--only-source``): shared by the pre-training tasks
+(``continuation_pair``, ``unilm_pretraining``, ``pmlm``).
+
+``DATA`` may list several directories separated by ``:``; epoch ``e`` reads directory ``(e - 1) % n``, as
+fairseq's own masked_lm task does, so a corpus can be sharded across epochs.
+"""
+import logging
+import os
+
+from fairseq import utils
+from fairseq.data import Dictionary, data_utils
+
+logger = logging.getLogger(__name__)
+
+
+def load_dictionary(data: str) -> Dictionary:
+    """The ``dict.txt`` of the first directory of ``data``; a clear error when there is none."""
+    paths = utils.split_paths(data)
+    if not paths:
+        raise ValueError("give the data directory written by fairseq-preprocess --only-source (fairseq-train DATA ...)")
+    path = os.path.join(paths[0], "dict.txt")
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path}: no dictionary; DATA must be a directory written by fairseq-preprocess --only-source"
+        )
+    dictionary = Dictionary.load(path)
+    logger.info(f"dictionary: {len(dictionary)} types")
+    return dictionary
+
+
+def split_prefix(data: str, split: str, epoch: int) -> str:
+    """The path of ``split`` for ``epoch``, without ``.bin`` / ``.idx``."""
+    paths = utils.split_paths(data)
+    return os.path.join(paths[(epoch - 1) % len(paths)], split)
+
+
+def load_sentences(data: str, split: str, epoch: int, dictionary: Dictionary, combine: bool = False):
+    """The indexed dataset of ``split`` for ``epoch`` (one item per line; a blank line is an EOS-only item)."""
+    split_path = split_prefix(data, split, epoch)
+    sentences = data_utils.load_indexed_dataset(split_path, dictionary, combine=combine)
+    if sentences is None:
+        raise FileNotFoundError(
+            f"no binarized split {split!r} at {split_path}.{{bin,idx}}: run fairseq-preprocess --only-source "
+            f"with --trainpref / --validpref, --destdir {os.path.dirname(split_path)}"
+        )
+    return sentences
