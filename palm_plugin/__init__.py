@@ -1,20 +1,24 @@
 """palm_plugin: PALM, UniLM and UniLMv2 for fairseq.
 
 Importing this package (directly, through ``--user-dir palm_plugin``, or through the path printed by
-``python -c "import palm_plugin, os; print(os.path.dirname(palm_plugin.__file__))"``) does two things:
+``python -c "import palm_plugin, os; print(os.path.dirname(palm_plugin.__file__))"``) does three things:
 
 1. allow-lists, for torch's weights-only unpickler, exactly the types fairseq stores in checkpoints, so that
    fairseq-train / fairseq-generate load checkpoints safely under torch >= 2.6 (see :mod:`palm_plugin.safe_loading`);
-2. makes fairseq's torchrun support work without GPUs (see :mod:`palm_plugin.distributed`);
+2. fixes three fairseq behaviours: torchrun without GPUs (see :mod:`palm_plugin.distributed`), the CPU n-gram
+   blocker that blocks nothing (see :mod:`palm_plugin.modules.ngram_repeat_block`), and non-atomic copies of
+   checkpoint_last.pt / checkpoint_best.pt atomic, so a killed run always leaves a loadable checkpoint
+   (see :mod:`palm_plugin.checkpoint_copy`);
 3. imports every module of ``criterions/``, ``models/`` and ``tasks/``, whose decorators register the plugin's
    names with fairseq's registries.
 """
 import importlib
 import os
 
-from palm_plugin import distributed, safe_loading
+from palm_plugin import checkpoint_copy, distributed, safe_loading
 
 safe_loading.install()
+checkpoint_copy.install()
 
 
 def _fix_cpu_ngram_blocking() -> None:
