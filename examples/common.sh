@@ -13,6 +13,13 @@
 #   unilm   `unilm_seq2seq`, `unilm_large`, WordPiece: UNILM_DIR = output of scripts/convert_checkpoint.py bert
 #           --num-segments 6 (model.pt, dict.txt, vocab.txt) on the released UniLM v1 checkpoint
 #   unilm2  `unilm_seq2seq --pseudo-masks`, `unilm2_base`, WordPiece (uncased): UNILM_DIR as above for UniLMv2
+# VOCAB (how text becomes subwords; default gpt2 for palm, wordpiece for unilm/unilm2):
+#   gpt2 | wordpiece    as above (the released checkpoints' vocabularies)
+#   sentencepiece       SPM_MODEL (a sentencepiece model) and DICT (the fairseq dictionary the model was trained
+#                       with), e.g. those of scripts/prepare_data.py for models pre-trained here
+# FROM_SCRATCH=1 trains without a pre-trained checkpoint (PALM Table 6's "- pre-training" ablation).
+# Hyper-parameters: each recipe sets the papers' values; any of $HYPERPARAMETERS (below) set in the environment
+# wins, e.g. `LR=5e-4 EPOCHS=2 bash examples/chitchat/run.sh`.
 # SMOKE=1 runs every stage on small files in the benchmark's raw format (examples/smoke_data.py, real text from
 # the embedded corpora), with a sentencepiece vocabulary trained on them, the family's tiny architecture trained
 # from scratch for a few updates, and a short beam search: it checks the plumbing, not the scores.
@@ -46,6 +53,16 @@ ROBERTA_CHECKPOINT="${ROBERTA_CHECKPOINT:-}"
 UNILM_DIR="${UNILM_DIR:-}"
 BATCH_SIZE="${BATCH_SIZE:-8}"  # sentences per GPU per step; --update-freq makes up the papers' total batch
 CHECKPOINT="${CHECKPOINT:-checkpoint_best.pt}"
+VOCAB="${VOCAB:-$([[ "$MODEL" == palm ]] && echo gpt2 || echo wordpiece)}"
+SPM_MODEL="${SPM_MODEL:-}"
+DICT="${DICT:-}"
+FROM_SCRATCH="${FROM_SCRATCH:-0}"
+
+# The recipes' hyper-parameters; the values set in the environment are kept here and applied (in main) after the
+# recipe and SMOKE=1 set theirs.
+HYPERPARAMETERS="LR TOTAL_BATCH EPOCHS MAX_UPDATE WARMUP_RATIO MASK_PROB LABEL_SMOOTHING WEIGHT_DECAY MAX_SOURCE
+  MAX_TARGET BEAM LENPEN MIN_LEN MAX_LEN_B NO_REPEAT_NGRAM"
+FROM_ENVIRONMENT="$(for v in $HYPERPARAMETERS; do [[ -n "${!v:-}" ]] && printf '%s=%q; ' "$v" "${!v}"; done || true)"
 
 log() { echo "[$BENCHMARK/$MODEL] $*" >&2; }
 die() { echo "[$BENCHMARK/$MODEL] error: $*" >&2; exit 1; }
@@ -62,7 +79,9 @@ fetch() {  # fetch URL FILE: download once
 # its own
 smoke_overrides() {
   EPOCHS=1; MAX_UPDATE=4; TOTAL_BATCH=4; BATCH_SIZE=4; WARMUP_RATIO=0; BEAM=2; MAX_LEN_B=16; MIN_LEN=1
-  MAX_SOURCE=128; MAX_TARGET=96; NGPUS=0
+  MAX_SOURCE=128; MAX_TARGET=96; NGPUS=0; FROM_SCRATCH=1; VOCAB=sentencepiece
+  # a small vocabulary trained on the smoke files (tokenize), unless the recipe brings its own
+  [[ -n "$SPM_MODEL" ]] || { SPM_MODEL="$WORK/tok/spm.model"; TRAIN_SPM=1; }
   case "$MODEL" in
     palm) ARCH=palm_tiny ;;
     unilm) ARCH=unilm_tiny ;;
@@ -76,48 +95,48 @@ tokenize() {
   for split in train valid test; do
     for side in src tgt; do files+=("$WORK/raw/$split.$side"); outputs+=("$tok/$split.$side"); done
   done
-  if [[ "$SMOKE" == 1 ]]; then
-    mkdir -p "$tok"
-    "$PYTHON" - "$WORK/raw/train.src" "$WORK/raw/train.tgt" "$tok/spm" <<'EOF'
+  mkdir -p "$tok"
+  case "$VOCAB" in
+    sentencepiece)
+      if [[ "${TRAIN_SPM:-0}" == 1 ]]; then
+        "$PYTHON" - "$WORK/raw/train.src" "$WORK/raw/train.tgt" "${SPM_MODEL%.model}" <<'EOF'
 import sys, sentencepiece as spm
 spm.SentencePieceTrainer.train(input=sys.argv[1:3], model_prefix=sys.argv[3], vocab_size=300, minloglevel=2,
                                character_coverage=1.0, hard_vocab_limit=False)
 EOF
-    "$BIN/palm-prepare" encode --bpe sentencepiece --model "$tok/spm.model" --inputs "${files[@]}" \
-      --outputs "${outputs[@]}"
-    return
-  fi
-  case "$MODEL" in
-    palm)
+      fi
+      need_file "$SPM_MODEL" "set SPM_MODEL to the sentencepiece model the checkpoint was trained with"
+      "$BIN/palm-prepare" encode --bpe sentencepiece --model "$SPM_MODEL" --workers "$WORKERS" \
+        --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
+    gpt2)
       fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json "$GPT2_DIR/encoder.json"
       fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/vocab.bpe "$GPT2_DIR/vocab.bpe"
       fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/dict.txt "$GPT2_DIR/dict.txt"
       "$BIN/palm-prepare" encode --bpe gpt2 --model "$GPT2_DIR/encoder.json" --vocab-bpe "$GPT2_DIR/vocab.bpe" \
         --workers "$WORKERS" --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
-    unilm | unilm2)
+    wordpiece)
       need_file "$UNILM_DIR/vocab.txt" "set UNILM_DIR to the output of scripts/convert_checkpoint.py bert"
       local uncased=()
       [[ "$MODEL" == unilm2 ]] && uncased=(--uncased)
       "$BIN/palm-prepare" encode --bpe wordpiece --model "$UNILM_DIR/vocab.txt" "${uncased[@]}" \
         --workers "$WORKERS" --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
-    *) die "MODEL must be palm, unilm or unilm2" ;;
+    *) die "VOCAB must be gpt2, wordpiece or sentencepiece" ;;
   esac
 }
 
-dictionary() {
-  if [[ "$SMOKE" == 1 ]]; then echo ""; return; fi
-  case "$MODEL" in
-    palm) echo "$GPT2_DIR/dict.txt" ;;
-    *) echo "$UNILM_DIR/dict.txt" ;;
+dictionary() {  # the model's fixed dictionary; empty: fairseq-preprocess builds one from the training split
+  case "$VOCAB" in
+    gpt2) echo "$GPT2_DIR/dict.txt" ;;
+    wordpiece) echo "$UNILM_DIR/dict.txt" ;;
+    sentencepiece) echo "$DICT" ;;
   esac
 }
 
 bpe_args() {  # how fairseq-generate turns subwords back into text
-  if [[ "$SMOKE" == 1 ]]; then echo "--bpe sentencepiece --sentencepiece-model $WORK/tok/spm.model"; return; fi
-  case "$MODEL" in
-    palm) echo "--bpe gpt2 --gpt2-encoder-json $GPT2_DIR/encoder.json --gpt2-vocab-bpe $GPT2_DIR/vocab.bpe" ;;
-    unilm) echo "--bpe bert --bpe-vocab-file $UNILM_DIR/vocab.txt --bpe-cased" ;;
-    unilm2) echo "--bpe bert --bpe-vocab-file $UNILM_DIR/vocab.txt" ;;
+  case "$VOCAB" in
+    sentencepiece) echo "--bpe sentencepiece --sentencepiece-model $SPM_MODEL" ;;
+    gpt2) echo "--bpe gpt2 --gpt2-encoder-json $GPT2_DIR/encoder.json --gpt2-vocab-bpe $GPT2_DIR/vocab.bpe" ;;
+    wordpiece) echo "--bpe bert --bpe-vocab-file $UNILM_DIR/vocab.txt$([[ "$MODEL" == unilm ]] && echo " --bpe-cased")" ;;
   esac
 }
 
@@ -161,16 +180,22 @@ train() {
     palm)
       model=(--arch "$ARCH" --criterion label_smoothed_cross_entropy --label-smoothing "$LABEL_SMOOTHING"
              --skip-invalid-size-inputs-valid-test)
-      if [[ "$SMOKE" != 1 ]]; then
+      if [[ "$FROM_SCRATCH" != 1 ]]; then
         if [[ -n "$PALM_CHECKPOINT" ]]; then init=(--finetune-from-model "$PALM_CHECKPOINT")
-        else need_file "$ROBERTA_CHECKPOINT" "set PALM_CHECKPOINT or ROBERTA_CHECKPOINT"
+        else need_file "$ROBERTA_CHECKPOINT" "set PALM_CHECKPOINT or ROBERTA_CHECKPOINT (or FROM_SCRATCH=1)"
              init=(--roberta-path "$ROBERTA_CHECKPOINT"); fi
       fi ;;
     unilm | unilm2)
-      model=(--arch "$ARCH" --criterion unilm_cloze --label-smoothing "$LABEL_SMOOTHING" --mask-prob "$MASK_PROB")
-      [[ "$SMOKE" != 1 ]] && init=(--finetune-from-model "$UNILM_DIR/model.pt") ;;
+      model=(--arch "$ARCH" --criterion unilm_cloze --label-smoothing "$LABEL_SMOOTHING")
+      # UniLM v1 predicts MASK_PROB of the target; UniLMv2's layout (--pseudo-masks) predicts every target token
+      [[ "$MODEL" == unilm ]] && model+=(--mask-prob "$MASK_PROB")
+      if [[ "$FROM_SCRATCH" != 1 ]]; then
+        need_file "$UNILM_DIR/model.pt" "set UNILM_DIR to a converted checkpoint (or FROM_SCRATCH=1)"
+        init=(--finetune-from-model "$UNILM_DIR/model.pt")
+      fi ;;
   esac
-  log "training: $examples examples, $total updates ($EPOCHS epochs of $steps_per_epoch), warmup $warmup"
+  log "training: $examples examples, $total updates ($EPOCHS epochs of $steps_per_epoch), warmup $warmup, lr $LR," \
+    "$TOTAL_BATCH pairs per update, from ${init[*]:-scratch}"
   # shellcheck disable=SC2046
   "$BIN/fairseq-train" "$WORK/bin" --user-dir "$USER_DIR" $(task_args) "${model[@]}" "${init[@]}" "${device[@]}" \
     --optimizer adam --adam-betas "(0.9, 0.999)" --adam-eps 1e-8 --weight-decay "$WEIGHT_DECAY" --clip-norm 1.0 \
@@ -212,6 +237,7 @@ score() {
 
 main() {
   [[ "$SMOKE" == 1 ]] && smoke_overrides
+  eval "$FROM_ENVIRONMENT"
   mkdir -p "$WORK"
   local stage
   for stage in $STAGES; do

@@ -1,5 +1,5 @@
 """The benchmark recipes (examples/<benchmark>/run.sh) in SMOKE=1 mode: small files in each benchmark's raw format,
-converted by the recipe's own stage, and for two recipes every stage through a real tiny fairseq model."""
+through every stage of the recipe with a real tiny fairseq model, the three model families spread over them."""
 import json
 import os
 import subprocess
@@ -10,9 +10,19 @@ import pytest
 
 from tests.conftest import REPO
 
-BENCHMARKS = ["cnndm", "xsum", "gigaword", "squad_qg", "msmarco", "coqa", "cornell", "chitchat"]
-END_TO_END = [("gigaword", "unilm", "rouge"), ("cornell", "palm", "ppl")]
-CONVERTED = ["cnndm", "xsum", "squad_qg"]
+# benchmark, model, the variant suffix of its work folder, the metrics it writes
+RECIPES = [
+    ("cnndm", "palm", "", ["rouge"]),
+    ("xsum", "unilm2", "", ["rouge"]),
+    ("gigaword", "unilm", "-full", ["rouge"]),
+    ("squad_qg", "unilm2", "-du", ["bleu", "meteor", "rougel"]),
+    ("msmarco", "palm", "-nlg", ["rougel", "bleu"]),
+    ("coqa", "unilm", "", ["f1"]),
+    ("cornell", "palm", "-full", ["ppl"]),
+    ("chitchat", "unilm", "-full", ["ppl"]),
+]
+BENCHMARKS = [recipe[0] for recipe in RECIPES]
+SCORE_KEYS = {"rouge": "rouge-1", "bleu": "bleu", "meteor": "meteor", "rougel": "rouge-l", "f1": "f1"}
 
 
 def run_recipe(benchmark, tmp_path, stages, model="palm", **extra):
@@ -30,41 +40,44 @@ def line_count(path):
 
 
 def test_recipes_are_valid_bash():
-    for script in [REPO / "examples" / "common.sh"] + [REPO / "examples" / b / "run.sh" for b in BENCHMARKS]:
+    scripts = [REPO / "examples" / "common.sh", REPO / "examples" / "dialog.sh"]
+    for script in scripts + [REPO / "examples" / b / "run.sh" for b in BENCHMARKS]:
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, f"{script}: {result.stderr}"
 
 
 @pytest.mark.slow
-def test_smoke_data_converts(tmp_path):
-    """The download (SMOKE: examples/smoke_data.py) and convert stages give parallel, non-empty splits, for the
-    recipes whose conversion maps file or split names (each palm-prepare start imports fairseq, a few seconds, so
-    the other recipes are only parsed; their readers are tested in tests/test_readers.py)."""
-    for benchmark in CONVERTED:
-        result = run_recipe(benchmark, tmp_path, "download convert")
-        variant = "-du" if benchmark == "squad_qg" else ""
-        raw = tmp_path / benchmark / f"palm{variant}" / "raw"
-        for split in ("train", "valid", "test"):
-            sources, targets = line_count(raw / f"{split}.src"), line_count(raw / f"{split}.tgt")
-            assert sources == targets > 0, (benchmark, split, sources, targets)
-        assert f"read {line_count(raw / 'test.src')}, kept" in result.stdout, result.stdout
+@pytest.mark.parametrize("benchmark,model,variant,metrics", RECIPES)
+def test_smoke_recipe_end_to_end(tmp_path, benchmark, model, variant, metrics):
+    """Every stage: download (examples/smoke_data.py), convert (palm-prepare, counts printed), sentencepiece,
+    fairseq-preprocess, fairseq-train (tiny arch, 4 updates), fairseq-generate (beam search, or --score-reference
+    for perplexity) and palm-score, whose score files hold one score over all test examples."""
+    run_recipe(benchmark, tmp_path, "download convert tokenize binarize train decode score", model=model)
+    work = tmp_path / benchmark / f"{model}{variant}"
+    raw = work / "raw"
+    for split in ("train", "valid", "test"):
+        sources, targets = line_count(raw / f"{split}.src"), line_count(raw / f"{split}.tgt")
+        assert sources == targets > 0, (split, sources, targets)
+    assert (work / "checkpoints" / "checkpoint_best.pt").is_file()
+    tests = line_count(raw / "test.src")
+    for metric in metrics:
+        scores = json.loads((work / f"scores.{metric}.json").read_text())
+        if metric == "ppl":
+            assert scores["sentences"] == tests and scores["tokens"] > tests and scores["ppl"] > 1
+        else:
+            value = scores[SCORE_KEYS[metric]]
+            value = value["f"] if isinstance(value, dict) else value
+            assert scores["examples"] == tests and 0 <= value <= 100, scores
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("benchmark,model,metric", END_TO_END)
-def test_smoke_recipe_end_to_end(tmp_path, benchmark, model, metric):
-    """Every stage: convert, sentencepiece, fairseq-preprocess, fairseq-train (tiny arch, 4 updates),
-    fairseq-generate (beam search, or --score-reference for perplexity) and palm-score."""
-    run_recipe(benchmark, tmp_path, "download convert tokenize binarize train decode score", model=model)
-    variant = "-full" if benchmark == "cornell" else ""
-    work = tmp_path / benchmark / f"{model}{variant}"
-    assert (work / "checkpoints" / "checkpoint_best.pt").is_file()
-    scores = json.loads((work / f"scores.{metric}.json").read_text())
-    tests = line_count(work / "raw" / "test.src")
-    if metric == "ppl":
-        assert scores["sentences"] == tests and scores["ppl"] > 1
-    else:
-        assert scores["examples"] == tests and 0 <= scores["rouge-1"]["f"] <= 100
+def test_hyperparameters_from_the_environment_win(tmp_path):
+    """LR / MAX_UPDATE set by the user override the recipe's (and SMOKE's) values in the fairseq-train call."""
+    run_recipe("gigaword", tmp_path, "download convert tokenize binarize", model="palm")
+    result = run_recipe("gigaword", tmp_path, "train", model="palm", LR="0.00123", MAX_UPDATE="2")
+    assert "2 updates" in result.stderr and "lr 0.00123" in result.stderr, result.stderr[-2000:]
+    log = result.stdout + result.stderr  # fairseq's own echo of its configuration
+    assert "'lr': [0.00123]" in log and "'max_update': 2" in log
 
 
 def load_smoke_data():

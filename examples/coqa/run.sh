@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# CoQA generative question answering (UniLM section 3.3): history + question + passage -> free-form answer. The
+# CoQA generative question answering (UniLM section 3.2): history + question + passage -> free-form answer. The
 # test set is hidden: we report on the dev set (which is also the validation set).
 #   MODEL=palm|unilm|unilm2 [SMOKE=1] [STAGES="..."] bash examples/coqa/run.sh
 BENCHMARK=coqa
 METRICS="f1"  # CoQA's official measure: word-overlap F1 of normalised answers (UniLM Table 7)
 source "$(dirname "$0")/../common.sh"
 
-# UniLM section 3.3: 10 epochs, batch 32, mask 0.5, maximum length 512 (question and passage 470), label smoothing
+# UniLM section 3.2: 10 epochs, batch 32, mask 0.5, maximum length 512 (question and passage 470), label smoothing
 # 0.1, beam 3. PALM: its generative QA settings (section 3.3).
 LABEL_SMOOTHING=0.1; WEIGHT_DECAY=0.01; MIN_LEN=1; NO_REPEAT_NGRAM=0
 case "$MODEL" in
@@ -14,7 +14,7 @@ case "$MODEL" in
           MAX_SOURCE=512; MAX_TARGET=42; BEAM=5; LENPEN=1.0; MAX_LEN_B=42 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1; MASK_PROB=0.5
           MAX_SOURCE=470; MAX_TARGET=42; BEAM=3; LENPEN=1.0; MAX_LEN_B=42 ;;
-  unilm2) ARCH=${ARCH:-unilm2_base}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1; MASK_PROB=0.5
+  unilm2) ARCH=${ARCH:-unilm2_base}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1
           MAX_SOURCE=470; MAX_TARGET=42; BEAM=3; LENPEN=1.0; MAX_LEN_B=42 ;;
 esac
 

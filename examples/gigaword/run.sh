@@ -6,16 +6,19 @@ METRICS="rouge"
 ROUGE_ARGS="--sentence-split none"  # one-sentence headlines
 TRAIN_SET="${TRAIN_SET:-full}"
 source "$(dirname "$0")/../common.sh"
+WORK="$WORK-$TRAIN_SET"
 
-# PALM section 3.4 (its generative QA settings); UniLM section 3.1 (30 epochs, batch 64, mask 0.7, label
-# smoothing 0.1, maximum length 256 with the source cut to 192, beam 5, trigram blocking).
+# UniLM section 3.1 (30 epochs, batch 64, mask 0.7, label smoothing 0.1, maximum length 256 with the source cut to
+# 192, beam 5, trigram blocking). PALM section 3.4: its generative QA settings (section 3.3) with UniLM's lengths
+# (Gigaword sources are one sentence). UniLMv2 did not report Gigaword: its CNN/DM optimiser settings (Table 10)
+# with UniLM's lengths.
 LABEL_SMOOTHING=0.1; WEIGHT_DECAY=0.01; MIN_LEN=1; NO_REPEAT_NGRAM=3
 case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
           MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=1.0; MAX_LEN_B=32 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=64; EPOCHS=30; WARMUP_RATIO=0.02; MASK_PROB=0.7
           MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=1.0; MAX_LEN_B=32 ;;
-  unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02; MASK_PROB=0.7
+  unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02
           MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=1.0; MAX_LEN_B=32 ;;
 esac
 

@@ -7,19 +7,19 @@ BENCHMARK=msmarco
 METRICS="rougel bleu"
 ROUGEL_ARGS="--lowercase"  # MS MARCO's evaluation lower-cases; ROUGE-L with beta 1.2 (coco-caption)
 BLEU_ARGS="--lowercase"
-TASK="${TASK:-qa}"
+TASK="${TASK:-nlg}"  # PALM Table 2 reports the NLG task
 source "$(dirname "$0")/../common.sh"
 WORK="$WORK-$TASK"
 
 # PALM section 3.3: 10 epochs, batch 64, lr 1e-5, input 512, beam 5. UniLM / UniLMv2 did not report MS MARCO:
-# their generative QA settings (UniLM CoQA: 10 epochs, batch 32, mask 0.5, beam 3).
+# their generative QA settings (UniLM CoQA, section 3.2: 10 epochs, batch 32, mask 0.5, lr 3e-5, beam 3).
 LABEL_SMOOTHING=0.1; WEIGHT_DECAY=0.01; MIN_LEN=1; NO_REPEAT_NGRAM=0
 case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
           MAX_SOURCE=512; MAX_TARGET=128; BEAM=5; LENPEN=1.0; MAX_LEN_B=128 ;;
-  unilm)  ARCH=${ARCH:-unilm_large}; LR=2e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1; MASK_PROB=0.5
+  unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1; MASK_PROB=0.5
           MAX_SOURCE=470; MAX_TARGET=128; BEAM=3; LENPEN=1.0; MAX_LEN_B=128 ;;
-  unilm2) ARCH=${ARCH:-unilm2_base}; LR=2e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1; MASK_PROB=0.5
+  unilm2) ARCH=${ARCH:-unilm2_base}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1
           MAX_SOURCE=470; MAX_TARGET=128; BEAM=3; LENPEN=1.0; MAX_LEN_B=128 ;;
 esac
 

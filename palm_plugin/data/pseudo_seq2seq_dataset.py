@@ -19,6 +19,8 @@ target. (Microsoft's s2s-ft puts [MASK] 80% / a random token 10% / the true toke
 instead; the paper only says that a [P] is appended for each target token.)
 
 The generation view (``net_input``, ``target``) is the parent class's: the decoder needs the source only.
+The packing (:func:`pack_pseudo_seq2seq`) also serves ``fairseq-generate --score-reference``, with the reference
+as history (:mod:`palm_plugin.reference_scorer`).
 """
 import torch
 from fairseq.data import data_utils
@@ -47,31 +49,48 @@ class PseudoSeq2SeqDataset(UniLMSeq2SeqDataset):
         self.sizes = self.source_sizes + 2 * self.target_sizes  # the pseudo block doubles the target
 
     def cloze_view(self, samples):
-        pad = self.dictionary.pad()
-        source_lengths = torch.tensor([len(s["source"]) for s in samples])
-        target_lengths = torch.tensor([len(s["target"]) for s in samples])
-        packed, positions, segments, labels = [], [], [], []
-        for s, source_length, target_length in zip(samples, source_lengths.tolist(), target_lengths.tolist()):
-            target_positions = torch.arange(source_length, source_length + target_length)
-            packed.append(torch.cat([s["source"], s["noised_target"], torch.full_like(s["target"], self.pseudo_index)]))
-            positions.append(torch.cat([torch.arange(source_length), target_positions, target_positions]))
-            segments.append(
-                torch.cat(
-                    [
-                        torch.full((source_length,), self.source_segment),
-                        torch.full((2 * target_length,), self.target_segment),
-                    ]
-                )
-            )
-            labels.append(torch.cat([torch.full((source_length + target_length,), pad), s["target"]]))
-        tokens = data_utils.collate_tokens(packed, pad)
-        return {
-            "ntokens": int((source_lengths + 2 * target_lengths).sum()),
-            "cloze_input": {
-                "src_tokens": tokens,
-                "segment_ids": data_utils.collate_tokens(segments, self.source_segment),
-                "position_ids": data_utils.collate_tokens(positions, 0),
-                "attention_mask": pseudo_seq2seq_mask(source_lengths, target_lengths, tokens.eq(pad)),
-            },
-            "cloze_target": data_utils.collate_tokens(labels, pad),
-        }
+        cloze_input, labels = pack_pseudo_seq2seq(
+            [s["source"] for s in samples],
+            [s["noised_target"] for s in samples],
+            [s["target"] for s in samples],
+            self.pseudo_index,
+            self.dictionary.pad(),
+            self.source_segment,
+            self.target_segment,
+        )
+        ntokens = sum(len(s["source"]) + 2 * len(s["target"]) for s in samples)
+        return {"ntokens": ntokens, "cloze_input": cloze_input, "cloze_target": labels}
+
+
+def pack_pseudo_seq2seq(sources, histories, targets, placeholder, pad, source_segment, target_segment):
+    """Pack pairs into rows ``[source | history | placeholder x n]`` (module docstring), right-padded.
+
+    Args:
+        sources: 1-D tensors ``[SOS] S1 [EOS]``.
+        histories: 1-D tensors, one token per target token: what pseudo row i sees of target tokens < i (the
+            noised target in training, the reference itself when scoring it).
+        targets: 1-D tensors ``y_0 .. y_{n-1}``, the labels of the pseudo rows.
+        placeholder: the token of the pseudo rows (``<pseudo>``, or the model's decoding placeholder).
+    Returns:
+        ``cloze_input`` (model keyword arguments: ``src_tokens``, ``segment_ids``, ``position_ids`` ``(B, L)`` and
+        the boolean ``attention_mask`` ``(B, L, L)``) and the labels ``(B, L)`` (``y_i`` at pseudo row i, ``pad``
+        elsewhere).
+    """
+    source_lengths = torch.tensor([len(s) for s in sources])
+    target_lengths = torch.tensor([len(t) for t in targets])
+    packed, positions, segments, labels = [], [], [], []
+    for source, history, target in zip(sources, histories, targets):
+        s, n = len(source), len(target)
+        target_positions = torch.arange(s, s + n)
+        packed.append(torch.cat([source, history, torch.full_like(target, placeholder)]))
+        positions.append(torch.cat([torch.arange(s), target_positions, target_positions]))
+        segments.append(torch.cat([torch.full((s,), source_segment), torch.full((2 * n,), target_segment)]))
+        labels.append(torch.cat([torch.full((s + n,), pad), target]))
+    tokens = data_utils.collate_tokens(packed, pad)
+    cloze_input = {
+        "src_tokens": tokens,
+        "segment_ids": data_utils.collate_tokens(segments, source_segment),
+        "position_ids": data_utils.collate_tokens(positions, 0),
+        "attention_mask": pseudo_seq2seq_mask(source_lengths, target_lengths, tokens.eq(pad)),
+    }
+    return cloze_input, data_utils.collate_tokens(labels, pad)

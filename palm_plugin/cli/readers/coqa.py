@@ -1,4 +1,4 @@
-"""CoQA generative question answering (UniLM section 3.3): the source is the conversation history (earlier
+"""CoQA generative question answering (UniLM section 3.2): the source is the conversation history (earlier
 questions and their free-form answers), the current question and the passage; the target is the free-form
 answer (``input_text``)."""
 import json

@@ -1,0 +1,81 @@
+"""fairseq-generate --score-reference for unilm: the one-pass reference scorer against the incremental decoder
+forced along the reference, token by token (the probabilities beam search would compute)."""
+import pytest
+import torch
+
+from palm_plugin.data.pmlm_dataset import PSEUDO_SYMBOL
+from palm_plugin.reference_scorer import UniLMReferenceScorer
+from tests.test_unilm_decoding import ARCHS, net_input, sources, tiny_dictionary, tiny_model
+
+
+def forced_decoding_log_probs(model, arch, src_tokens, references, pad):
+    """log P(y_t | x, y_<t) for every reference token, one cached decoder step per token, one sentence at a time."""
+    scores = []
+    with torch.no_grad():
+        for row, reference in enumerate(references):
+            source = src_tokens[row : row + 1]
+            source = source[:, : int(source.ne(pad).sum())]
+            encoder_out = model.encoder(**net_input(arch, source))
+            state, prev, row_scores = {}, torch.full((1, 1), model.decoder.dictionary.eos()), []
+            for token in reference.tolist():
+                logits, _ = model.decoder(prev, encoder_out, incremental_state=state)
+                row_scores.append(torch.log_softmax(logits[0, -1].float(), -1)[token])
+                prev = torch.cat([prev, torch.tensor([[token]])], dim=1)
+            scores.append(torch.stack(row_scores))
+    return scores
+
+
+def references(dictionary, lengths, seed=3):
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.cat([torch.randint(dictionary.nspecial, len(dictionary) - 2, (n - 1,), generator=generator),
+                   torch.tensor([dictionary.eos()])])
+        for n in lengths
+    ]
+
+
+@pytest.mark.parametrize("arch,placeholder", [("unilm_tiny", "<mask>"), ("unilm2_tiny", PSEUDO_SYMBOL)])
+def test_scores_equal_forced_incremental_decoding(arch, placeholder):
+    dictionary = tiny_dictionary()
+    dictionary.add_symbol(PSEUDO_SYMBOL)
+    model = tiny_model(arch, dictionary)
+    model.decoder.placeholder = dictionary.index(placeholder)
+    pad = dictionary.pad()
+    src_tokens = sources(dictionary, [7, 4, 9])
+    refs = references(dictionary, [5, 8, 3])
+    sample = {"net_input": net_input(arch, src_tokens),
+              "target": torch.nn.utils.rnn.pad_sequence(refs, batch_first=True, padding_value=pad)}
+    _, source_segment, target_segment = ARCHS[arch]
+
+    hypos = UniLMReferenceScorer(dictionary, source_segment, target_segment).generate([model], sample)
+
+    expected = forced_decoding_log_probs(model, arch, src_tokens, refs, pad)
+    for hypo, reference, want in zip(hypos, refs, expected):
+        (best,) = hypo
+        assert torch.equal(best["tokens"], reference)
+        torch.testing.assert_close(best["positional_scores"], want, atol=2e-5, rtol=0)
+        torch.testing.assert_close(best["score"], want.mean(), atol=2e-5, rtol=0)
+
+
+def test_ensemble_averages_probabilities():
+    dictionary = tiny_dictionary()
+    first, second = tiny_model("unilm_tiny", dictionary, seed=0), tiny_model("unilm_tiny", dictionary, seed=1)
+    src_tokens = sources(dictionary, [6, 5])
+    refs = references(dictionary, [4, 4])
+    sample = {"net_input": net_input("unilm_tiny", src_tokens), "target": torch.stack(refs)}
+    scorer = UniLMReferenceScorer(dictionary, 4, 5)
+
+    alone = [[h[0]["positional_scores"] for h in scorer.generate([m], sample)] for m in (first, second)]
+    together = [h[0]["positional_scores"] for h in scorer.generate([first, second], sample)]
+
+    for a, b, both in zip(*alone, together):
+        torch.testing.assert_close(both, ((a.exp() + b.exp()) / 2).log(), atol=1e-6, rtol=0)
+
+
+def test_pair_longer_than_the_positions_is_refused():
+    dictionary = tiny_dictionary()
+    model = tiny_model("unilm_tiny", dictionary)
+    src_tokens = sources(dictionary, [model.max_positions() - 2])
+    sample = {"net_input": net_input("unilm_tiny", src_tokens), "target": references(dictionary, [5])[0][None]}
+    with pytest.raises(ValueError, match="exceed the model's .* positions"):
+        UniLMReferenceScorer(dictionary, 4, 5).generate([model], sample)
