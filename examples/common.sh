@@ -41,7 +41,9 @@ MODEL="${MODEL:-palm}"
 SMOKE="${SMOKE:-0}"
 # work/<benchmark>/download (the raw release) and work/<benchmark>/<model> (everything made from it); SMOKE=1 uses
 # work/smoke/<benchmark>
-ROOT="${ROOT:-$REPO/work$([[ "$SMOKE" == 1 ]] && echo /smoke)/$BENCHMARK}"
+SMOKE_FOLDER=""
+[[ "$SMOKE" == 1 ]] && SMOKE_FOLDER=/smoke
+ROOT="${ROOT:-$REPO/work$SMOKE_FOLDER/$BENCHMARK}"
 DOWNLOAD="${DOWNLOAD:-$ROOT/download}"
 WORK="${WORK:-$ROOT/$MODEL}"
 STAGES="${STAGES:-download convert tokenize binarize train decode score}"

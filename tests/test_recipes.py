@@ -46,6 +46,20 @@ def test_recipes_are_valid_bash():
         assert result.returncode == 0, f"{script}: {result.stderr}"
 
 
+def test_real_run_stops_with_what_to_do(tmp_path):
+    """Without SMOKE and with the default ROOT, a recipe gets through its set-up and a release that needs a manual
+    step stops the download stage with the recipe's message (a failing test in the set-up would end the script
+    with status 1 and no word, under `set -e`)."""
+    env = dict(os.environ, MODEL="unilm", STAGES="download", WORK=str(tmp_path / "work"),
+               DOWNLOAD=str(tmp_path / "download"), BIN=str(Path(sys.executable).parent), PYTHON=sys.executable)
+    env.pop("ROOT", None)
+    env.pop("SMOKE", None)
+    result = subprocess.run(["bash", str(REPO / "examples" / "gigaword" / "run.sh")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1 and "[gigaword/unilm] stage download" in result.stderr, result.stderr[-2000:]
+    assert f"unpack summary.tar.gz (https://github.com/harvardnlp/sent-summary) into {tmp_path}/download" in result.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("benchmark,model,variant,metrics", RECIPES)
 def test_smoke_recipe_end_to_end(tmp_path, benchmark, model, variant, metrics):
