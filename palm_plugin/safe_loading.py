@@ -10,14 +10,20 @@ code, for example) into an error that names the file.
 The allow-list was read off real checkpoints with ``torch.serialization.get_unsafe_globals_in_checkpoint``:
 ``fairseq-train`` checkpoints need ``argparse.Namespace``; configs pickled as ``DictConfig``/``ListConfig`` need
 omegaconf's container, node and metadata classes plus the plain types they record as ``ref_type``/``key_type``.
+
+fairseq's model loader is wrapped too, to name the checkpoint and the data's dictionary when the model finds that
+the checkpoint was trained with another dictionary (:mod:`palm_plugin.models.dictionary_check`).
 """
 import argparse
 import collections
 import functools
+import os
 import pickle
 import typing
 
 import torch
+
+from palm_plugin.models.dictionary_check import DictionaryMismatchError
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -72,13 +78,56 @@ def _explain_refusal(load_checkpoint_to_cpu):
     return load
 
 
+def _dictionary_files(task_cfg):
+    """The dictionaries a fairseq task reads: ``dict.{source,target}.txt`` for pairs, ``dict.txt`` otherwise."""
+    from fairseq import utils
+    from fairseq.data import data_utils
+
+    data = utils.split_paths(task_cfg.data)[0]
+    languages = [utils.safe_getattr(task_cfg, side, None) for side in ("source_lang", "target_lang")]
+    if hasattr(task_cfg, "source_lang") and None in languages:
+        languages = data_utils.infer_language_pair(data)  # as fairseq's translation task does when -s/-t are not given
+    names = [f"dict.{language}.txt" for language in dict.fromkeys(languages) if language] or ["dict.txt"]
+    return " and ".join(os.path.join(data, name) for name in names)
+
+
+def _name_dictionary_mismatch(load_model_ensemble_and_task):
+    """Wrap fairseq's model loader (``fairseq-generate``, ``fairseq-interactive``, ``fairseq-validate``, hub
+    loading) so that a checkpoint trained with another dictionary than the data's names the checkpoint, the data's
+    dictionary and the dictionary the checkpoint was trained with."""
+
+    @functools.wraps(load_model_ensemble_and_task)
+    def load(filenames, arg_overrides=None, task=None, *args, **kwargs):
+        try:
+            return load_model_ensemble_and_task(filenames, arg_overrides, task, *args, **kwargs)
+        except DictionaryMismatchError as error:
+            from fairseq.checkpoint_utils import load_checkpoint_to_cpu
+
+            # The models of an ensemble share one dictionary, so the first checkpoint's training data tells which.
+            trained = load_checkpoint_to_cpu(filenames[0])["cfg"].task
+            # Without a task, fairseq set one up from the checkpoint's own configuration (with the overrides).
+            data = task.cfg if task is not None else load_checkpoint_to_cpu(filenames[0], arg_overrides)["cfg"].task
+            raise DictionaryMismatchError(
+                f"{', '.join(map(str, filenames))}: does not fit the dictionary {_dictionary_files(data)}: {error}. "
+                f"This checkpoint was trained with {_dictionary_files(trained)}"
+            ) from error
+
+    load.__wrapped_by_palm_plugin__ = True
+    return load
+
+
 def install():
-    """Allow-list fairseq's checkpoint types and make fairseq's loader report refusals clearly (idempotent)."""
+    """Allow-list fairseq's checkpoint types and make fairseq's loaders report refusals, unreadable files and
+    dictionary mismatches clearly (idempotent)."""
     torch.serialization.add_safe_globals(allowed_globals())
     from fairseq import checkpoint_utils
 
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "__wrapped_by_palm_plugin__", False):
         checkpoint_utils.load_checkpoint_to_cpu = _explain_refusal(checkpoint_utils.load_checkpoint_to_cpu)
+    if not getattr(checkpoint_utils.load_model_ensemble_and_task, "__wrapped_by_palm_plugin__", False):
+        checkpoint_utils.load_model_ensemble_and_task = _name_dictionary_mismatch(
+            checkpoint_utils.load_model_ensemble_and_task
+        )
 
 
 def load_state(path):

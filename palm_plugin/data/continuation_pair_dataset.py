@@ -11,8 +11,9 @@ The corpus is fairseq binarized monolingual data, one sentence per item, documen
   ``max_source_tokens + max_target_tokens`` (at least one) is cut in the ratio of the two limits (80% / 20% with
   400 / 100): source = its beginning, target = the rest.
 
-A single sentence longer than its limit is truncated to the limit; :func:`build_pair_index` counts those pairs and
-the task logs the counts. Pairs live only as index arrays (token offsets into the corpus read as one stream, and
+A single sentence longer than its limit is truncated to the limit; :func:`build_pair_index` counts those pairs, and
+the documents too short for any pair (one sentence in ``sentence`` mode, one token in ``fraction`` mode), and the
+task logs the counts. Pairs live only as index arrays (token offsets into the corpus read as one stream, and
 lengths), computed once with numpy; tokens are read from the memory-mapped corpus when an item is requested.
 
 Items: the source (BERT-masked: ``mask_prob`` of its tokens selected, 80/10/10, seeded by ``(seed, epoch, index)``)
@@ -41,6 +42,8 @@ class PairIndex:
     target_length: np.ndarray  # int32 (P,)
     truncated_sources: int
     truncated_targets: int
+    documents: int  # documents with text (blank lines in a row make no document)
+    documents_without_pairs: int  # of those, the ones too short for a pair, whose text is not used
 
     def __len__(self):
         return len(self.source_start)
@@ -97,6 +100,8 @@ def build_pair_index(item_sizes, max_source_tokens: int, max_target_tokens: int,
         truncated_targets = int((fragment_tokens > budget).sum())
     else:
         raise ValueError(f"unknown split mode {split_mode!r}: expected 'sentence' or 'fraction'")
+    # A document is identified by its end; the pairs' first sentences say which documents are used.
+    documents = len(np.unique(document_end))
     return PairIndex(
         source_start=offsets[first].astype(np.int64),
         source_length=source_length.astype(np.int32),
@@ -104,6 +109,8 @@ def build_pair_index(item_sizes, max_source_tokens: int, max_target_tokens: int,
         target_length=target_length.astype(np.int32),
         truncated_sources=truncated_sources,
         truncated_targets=truncated_targets,
+        documents=documents,
+        documents_without_pairs=documents - len(np.unique(document_end[first])),
     )
 
 

@@ -35,12 +35,21 @@ def split_prefix(data: str, split: str, epoch: int) -> str:
 
 
 def load_sentences(data: str, split: str, epoch: int, dictionary: Dictionary, combine: bool = False):
-    """The indexed dataset of ``split`` for ``epoch`` (one item per line; a blank line is an EOS-only item)."""
+    """The indexed dataset of ``split`` for ``epoch`` (one item per line; a blank line is an EOS-only item).
+
+    Blank lines separate documents, so any number of them in a row, at the start or at the end is allowed; a split
+    with no text at all is an error naming the file (no task can make an example of it).
+    """
     split_path = split_prefix(data, split, epoch)
     sentences = data_utils.load_indexed_dataset(split_path, dictionary, combine=combine)
     if sentences is None:
         raise FileNotFoundError(
             f"no binarized split {split!r} at {split_path}.{{bin,idx}}: run fairseq-preprocess --only-source "
             f"with --trainpref / --validpref, --destdir {os.path.dirname(split_path)}"
+        )
+    if not (sentences.sizes > 1).any():
+        raise ValueError(
+            f"{split_path}.bin: no text: its {len(sentences)} lines are all blank. Binarize a text file with one "
+            "sentence a line and a blank line between documents (fairseq-preprocess --only-source)"
         )
     return sentences

@@ -93,8 +93,8 @@ class UniLMPretrainingDataset(FairseqDataset):
         self.objective_probs = np.asarray(objective_probs, dtype=np.float64)
         self.epoch = 1
         self.starts, self.ends, self.lengths, self.documents = sentence_chunks(sentences.sizes, self.budget)
-        if len(self.starts) == 0:
-            raise ValueError("no usable text: every document is empty or has a single token")
+        # Chunks hold only text lines; a line in none of them is a one-token sentence that formed a chunk alone.
+        self.dropped_sentences = int((np.asarray(sentences.sizes) > 1).sum() - (self.ends - self.starts).sum())
         self.sizes = self.lengths + 3
 
     @property

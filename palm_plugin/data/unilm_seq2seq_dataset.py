@@ -68,6 +68,9 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         self.target_sizes = np.minimum(np.asarray(target.sizes), max_target_positions)
         self.truncated_sources = int((np.asarray(source.sizes) + 1 > max_source_positions).sum())
         self.truncated_targets = int((np.asarray(target.sizes) > max_target_positions).sum())
+        # Empty lines are kept (an empty source still has [SOS] [EOS], an empty target its [EOS]); counted for the log.
+        self.empty_sources = int((np.asarray(source.sizes) <= 1).sum())
+        self.empty_targets = int((np.asarray(target.sizes) <= 1).sum())
         self.sizes = self.source_sizes + self.target_sizes
 
     @property
@@ -160,6 +163,15 @@ class UniLMSeq2SeqDataset(FairseqDataset):
 
     def size(self, index):
         return int(self.source_sizes[index]), int(self.target_sizes[index])
+
+    def filter_indices_by_size(self, indices, max_sizes):
+        """Keep the pairs whose packed ``[SOS] S1 [EOS] S2 [EOS]`` (truncated) fits in ``max_sizes`` positions (the
+        task's and the model's, resolved by fairseq); returns the kept indices and the list of the others.
+
+        The pseudo target of UniLMv2's layout reuses the target's positions, so this holds for both layouts.
+        """
+        positions = self.source_sizes[indices] + self.target_sizes[indices]
+        return indices[positions <= max_sizes], indices[positions > max_sizes].tolist()
 
     def ordered_indices(self):
         order = np.random.permutation(len(self))

@@ -28,6 +28,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
+from palm_plugin.models.dictionary_check import check_embedding_rows
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
@@ -170,17 +171,16 @@ class PalmModel(FairseqEncoderDecoderModel):
     def upgrade_state_dict_named(self, state_dict, name):
         """Adapt a checkpoint to this model: drop the MLM head when there is none (fine-tuning) and, as fairseq's
         BART does, drop the last embedding row (``<mask>``, appended by the pre-training task) when this
-        dictionary has no ``<mask>``."""
+        dictionary has no ``<mask>``; then check that the embedding fits this dictionary."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if self.mlm_head is None:
             for key in [k for k in state_dict if k.startswith(prefix + "mlm_head.")]:
                 del state_dict[key]
         embed_key = prefix + "encoder.embed_tokens.weight"
-        if embed_key not in state_dict:
-            return
         rows = self.encoder.embed_tokens.num_embeddings
-        if state_dict[embed_key].size(0) == rows + 1 and "<mask>" not in self.encoder.dictionary:
+        one_row_more = embed_key in state_dict and state_dict[embed_key].size(0) == rows + 1
+        if one_row_more and "<mask>" not in self.encoder.dictionary:
             for suffix in (
                 "encoder.embed_tokens.weight",
                 "decoder.embed_tokens.weight",
@@ -191,6 +191,7 @@ class PalmModel(FairseqEncoderDecoderModel):
             ):
                 if prefix + suffix in state_dict:
                     state_dict[prefix + suffix] = state_dict[prefix + suffix][:-1]
+        check_embedding_rows(state_dict, embed_key, self.encoder.embed_tokens, self.encoder.dictionary)
 
 
 class PalmEncoder(TransformerEncoderBase):

@@ -9,6 +9,7 @@ error that names the file, never a partial load.
 import logging
 
 from palm_plugin import safe_loading
+from palm_plugin.models.dictionary_check import DictionaryMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,9 @@ def load_roberta_encoder(model, path: str) -> None:
     """Copy the RoBERTa weights in ``path`` into ``model`` (a :class:`PalmModel`), in place.
 
     The MLM head's output weight is PALM's shared embedding, so only its dense layer, layer norm and bias are taken
-    (when the model has an MLM head). The dictionary size is checked first; a checkpoint whose embedding has one row
-    more than a dictionary without ``<mask>`` loses that row, as in fairseq's BART.
+    (when the model has an MLM head). The dictionary size is checked first
+    (:mod:`palm_plugin.models.dictionary_check`); a checkpoint whose embedding has one row more than a dictionary
+    without ``<mask>`` loses that row, as in fairseq's BART.
     """
     state = safe_loading.load_state(path)
     if not isinstance(state, dict) or "model" not in state:
@@ -46,18 +48,12 @@ def load_roberta_encoder(model, path: str) -> None:
             f"{path}: no RoBERTa encoder in this checkpoint (expected '{_ENCODER}embed_tokens.weight'); "
             "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture"
         )
-    # fairseq's own upgrades (old layer-norm names, fused in_proj attention weights, the <mask> row).
-    model.upgrade_state_dict_named(weights, "")
-
-    dictionary = model.encoder.dictionary
-    expected_rows = model.encoder.embed_tokens.num_embeddings
-    rows = weights["encoder.embed_tokens.weight"].size(0)
-    if rows != expected_rows:
-        raise ValueError(
-            f"{path}: the RoBERTa embedding has {rows} rows but this dictionary has {expected_rows} embedded symbols "
-            f"({len(dictionary)} entries, <mask> {'present' if '<mask>' in dictionary else 'absent'}). PALM must "
-            "use the dictionary RoBERTa was trained with: binarize the data with that dict.txt (--srcdict)."
-        )
+    # fairseq's own upgrades (old layer-norm names, fused in_proj attention weights, the <mask> row), then the
+    # embedding's size against this dictionary: PALM must use the dictionary RoBERTa was trained with.
+    try:
+        model.upgrade_state_dict_named(weights, "")
+    except DictionaryMismatchError as error:
+        raise DictionaryMismatchError(f"{path}: {error}") from error
 
     own = model.state_dict()
     encoder_keys = {k for k in own if k.startswith("encoder.") and not k.endswith(".version")}

@@ -35,6 +35,7 @@ from fairseq.models import (
     register_model_architecture,
 )
 
+from palm_plugin.models.dictionary_check import check_embedding_rows
 from palm_plugin.modules.attention_masks import (
     bidirectional_mask,
     hide_padding,
@@ -192,13 +193,20 @@ class UniLMIncrementalDecoder(FairseqIncrementalDecoder):
             encoder_out: from :class:`UniLMSourceEncoder` (``N`` = its sentences x ``rows_per_source``).
             incremental_state: fairseq's cache dict; None recomputes the whole packed sequence.
         Returns:
-            logits ``(N, 1, V)`` for target token t, and ``{"attn": None}``.
+            logits ``(N, 1, V)`` for target token t, and ``{"attn": None}``. A row whose placeholder sits at the
+            model's last position can only end: every token but [EOS] gets ``-inf``.
         """
         if incremental_state is None:
             features = self._recompute(prev_output_tokens, encoder_out)
         else:
             features = self._step(prev_output_tokens, encoder_out, incremental_state)
-        return self.lm_head(features), {"attn": None}
+        logits = self.lm_head(features)
+        # A long source leaves fewer positions for the output than --max-len-a/b may allow: end the hypothesis at the
+        # last position, as fairseq's generator does at its max_len, instead of failing on the next position id.
+        placeholder_positions = self._source_lengths(encoder_out) + prev_output_tokens.size(1) - 1
+        last = placeholder_positions >= self.max_positions() - 1
+        not_eos = torch.arange(logits.size(-1), device=logits.device) != self.dictionary.eos()
+        return logits.masked_fill(last[:, None, None] & not_eos, float("-inf")), {"attn": None}
 
     def _rows(self, tensor, encoder_out):
         """A per-sentence tensor repeated for each decoder row (used for small tensors only)."""
@@ -404,7 +412,8 @@ class UniLMModel(FairseqEncoderDecoderModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Keep only the checkpoint's classification heads this model has (same shape), add the model's new ones
-        (a pre-trained checkpoint has none when fine-tuning with ``sentence_prediction`` starts)."""
+        (a pre-trained checkpoint has none when fine-tuning with ``sentence_prediction`` starts); check that the
+        token embedding fits this dictionary."""
         prefix = name + "." if name else ""
         head_prefix = prefix + "classification_heads."
         current = self.classification_heads.state_dict()
@@ -416,6 +425,10 @@ class UniLMModel(FairseqEncoderDecoderModel):
         for key, value in current.items():
             state_dict.setdefault(head_prefix + key, value)
         super().upgrade_state_dict_named(state_dict, name)
+        check_embedding_rows(
+            state_dict, prefix + "encoder.stack.embeddings.tokens.weight", self.stack.embeddings.tokens,
+            self.encoder.dictionary,
+        )
 
     def max_positions(self):
         return self.cfg.max_positions

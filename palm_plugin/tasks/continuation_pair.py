@@ -80,10 +80,18 @@ class ContinuationPairTask(FairseqTask):
         pairs = build_pair_index(
             sentences.sizes, self.cfg.max_source_tokens, self.cfg.max_target_tokens, self.cfg.split_mode
         )
+        # What a document needs to give a pair in each mode.
+        shortest = "two sentences" if self.cfg.split_mode == "sentence" else "two tokens"
         if len(pairs) == 0:
             raise ValueError(
-                f"{split_prefix(self.cfg.data, split, epoch)}: no pairs: every document has a single sentence. Put one sentence per line and a "
-                "blank line between documents (or use --split-mode fraction)"
+                f"{split_prefix(self.cfg.data, split, epoch)}: no pairs: none of its {pairs.documents} documents has "
+                f"{shortest}. Put one sentence per line and a blank line between documents"
+                + (" (or use --split-mode fraction)" if self.cfg.split_mode == "sentence" else "")
+            )
+        if pairs.documents_without_pairs:
+            logger.warning(
+                f"{split}: {pairs.documents_without_pairs} of {pairs.documents} documents dropped: shorter than "
+                f"{shortest}, they give no pair ({self.cfg.split_mode} mode)"
             )
         if pairs.truncated_sources or pairs.truncated_targets:
             logger.warning(

@@ -12,7 +12,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II, MISSING
 
-from palm_plugin.data.monolingual import load_dictionary, load_sentences
+from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.data.unilm_pretraining_dataset import NUM_OBJECTIVE_SEGMENTS, UniLMPretrainingDataset
 
@@ -71,7 +71,7 @@ class UniLMPretrainingTask(FairseqTask):
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         sentences = load_sentences(self.cfg.data, split, epoch, self.dictionary, combine)
-        self.datasets[split] = UniLMPretrainingDataset(
+        dataset = UniLMPretrainingDataset(
             sentences,
             self.dictionary,
             self.cfg.tokens_per_sample,
@@ -80,7 +80,19 @@ class UniLMPretrainingTask(FairseqTask):
             self.cfg.seed,
             self.objective_probs,
         )
-        logger.info(f"{split}: {len(sentences)} sentences -> {len(self.datasets[split])} chunks")
+        if len(dataset) == 0:
+            raise ValueError(
+                f"{split_prefix(self.cfg.data, split, epoch)}: no chunk of two text tokens: every document is a "
+                "single one-token sentence. Give documents of several words, one sentence a line"
+            )
+        if dataset.dropped_sentences:
+            logger.warning(
+                f"{split}: {dataset.dropped_sentences} one-token sentences dropped: each would form a chunk alone "
+                "(a one-word document, or a one-word sentence next to one that fills --tokens-per-sample), and a "
+                "chunk needs two text tokens"
+            )
+        logger.info(f"{split}: {len(sentences)} sentences -> {len(dataset)} chunks")
+        self.datasets[split] = dataset
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)

@@ -40,7 +40,11 @@ class UniLMSeq2SeqConfig(FairseqDataclass):
         default=384, metadata={"help": "longest [SOS] S1 [EOS]; longer sources are cut at the end"}
     )
     max_target_positions: int = field(
-        default=128, metadata={"help": "longest S2 [EOS]; longer targets are cut at the end (the [EOS] stays)"}
+        default=128,
+        metadata={
+            "help": "longest S2 [EOS]; longer targets are cut at the end (the [EOS] stays). Pairs that still need "
+            "more than the model's positions (--max-positions) are skipped"
+        },
     )
     mask_prob: float = field(
         default=0.7, metadata={"help": "fraction of S2 [EOS] to predict (paper: 0.7 summaries/QG, 0.5 QA/dialog)"}
@@ -128,11 +132,14 @@ class UniLMSeq2SeqTask(FairseqTask):
             self.cfg.target_segment,
             self.cfg.seed,
         )
-        logger.info(
-            f"{split}: {len(dataset)} pairs; truncated {dataset.truncated_sources} sources to "
-            f"--max-source-positions {self.cfg.max_source_positions} and {dataset.truncated_targets} targets to "
-            f"--max-target-positions {self.cfg.max_target_positions}"
+        counts = (
+            f"{split}: {len(dataset)} pairs; truncated {dataset.truncated_sources} sources to --max-source-positions "
+            f"{self.cfg.max_source_positions} and {dataset.truncated_targets} targets to --max-target-positions "
+            f"{self.cfg.max_target_positions}; kept {dataset.empty_sources} empty sources and {dataset.empty_targets} "
+            "empty targets"
         )
+        changed = dataset.truncated_sources + dataset.truncated_targets + dataset.empty_sources + dataset.empty_targets
+        (logger.warning if changed else logger.info)(counts)
         self.datasets[split] = dataset
 
     def _dataset_class(self):
@@ -159,7 +166,10 @@ class UniLMSeq2SeqTask(FairseqTask):
         return model
 
     def max_positions(self):
-        return self.cfg.max_source_positions, self.cfg.max_target_positions
+        """The most positions a packed pair may take. fairseq resolves it with the model's positions and skips longer
+        pairs (:meth:`UniLMSeq2SeqDataset.filter_indices_by_size`) with a count in training, instead of a position
+        error mid-epoch when --max-source-positions + --max-target-positions exceed the model's."""
+        return self.cfg.max_source_positions + self.cfg.max_target_positions
 
     @property
     def source_dictionary(self):
