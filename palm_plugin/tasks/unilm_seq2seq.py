@@ -6,7 +6,9 @@ shares one vocabulary between source and target, so both dictionaries must be th
 
 Training packs ``[SOS] S1 [EOS] S2 [EOS]`` (``--max-source-positions`` / ``--max-target-positions`` truncation,
 counted and logged), predicts ``--mask-prob`` of ``S2 [EOS]`` (80/10/10) with ``--criterion unilm_cloze``
-(``--label-smoothing 0.1`` in the paper). ``fairseq-generate`` decodes with the model's cached incremental decoder.
+(``--label-smoothing 0.1`` in the paper). ``fairseq-generate`` decodes with the model's cached incremental decoder;
+``fairseq-generate --score-reference`` scores the references (perplexity) with
+:class:`~palm_plugin.reference_scorer.UniLMReferenceScorer`.
 
 ``--pseudo-masks`` switches to UniLMv2's fine-tuning layout ``[source | target | pseudo target]`` (Bao et al.
 2020): the dataset is :class:`palm_plugin.data.pseudo_seq2seq_dataset.PseudoSeq2SeqDataset` (same constructor
@@ -25,8 +27,10 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
 from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+from palm_plugin.reference_scorer import UniLMReferenceScorer
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +148,7 @@ class UniLMSeq2SeqTask(FairseqTask):
 
     def _dataset_class(self):
         """The switch point between UniLM's layout and UniLMv2's (``--pseudo-masks``)."""
-        if self.cfg.pseudo_masks:
-            # Imported here: the UniLMv2 layout is an optional part, maintained in its own module.
-            from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
-
-            return PseudoSeq2SeqDataset
-        return UniLMSeq2SeqDataset
+        return PseudoSeq2SeqDataset if self.cfg.pseudo_masks else UniLMSeq2SeqDataset
 
     def build_model(self, cfg, from_checkpoint=False):
         if self.cfg.pseudo_masks:
@@ -164,6 +163,13 @@ class UniLMSeq2SeqTask(FairseqTask):
                 f"--target-segment 1)"
             )
         return model
+
+    def build_generator(self, models, args, **kwargs):
+        """fairseq's beam search over the models' cached decoder; with ``--score-reference``, the reference scorer
+        (fairseq's own cannot call a UniLM, see :mod:`palm_plugin.reference_scorer`)."""
+        if getattr(args, "score_reference", False):
+            return UniLMReferenceScorer(self.dictionary, self.cfg.source_segment, self.cfg.target_segment)
+        return super().build_generator(models, args, **kwargs)
 
     def max_positions(self):
         """The most positions a packed pair may take. fairseq resolves it with the model's positions and skips longer
