@@ -5,20 +5,22 @@ Importing this package (directly, through ``--user-dir palm_plugin``, or through
 
 1. allow-lists, for torch's weights-only unpickler, exactly the types fairseq stores in checkpoints, so that
    fairseq-train / fairseq-generate load checkpoints safely under torch >= 2.6 (see :mod:`palm_plugin.safe_loading`);
-2. fixes three fairseq behaviours: torchrun without GPUs (see :mod:`palm_plugin.distributed`), the CPU n-gram
-   blocker that blocks nothing (see :mod:`palm_plugin.modules.ngram_repeat_block`), and non-atomic copies of
-   checkpoint_last.pt / checkpoint_best.pt atomic, so a killed run always leaves a loadable checkpoint
-   (see :mod:`palm_plugin.checkpoint_copy`);
+2. fixes four fairseq behaviours: torchrun without GPUs (see :mod:`palm_plugin.distributed`), the CPU n-gram
+   blocker that blocks nothing (see :mod:`palm_plugin.modules.ngram_repeat_block`), non-atomic copies of
+   checkpoint_last.pt / checkpoint_best.pt, so a killed run always leaves a loadable checkpoint
+   (see :mod:`palm_plugin.checkpoint_copy`), and the last batch dropped when its size is not a multiple of
+   ``--required-batch-size-multiple`` (see :mod:`palm_plugin.batch_remainder`);
 3. imports every module of ``criterions/``, ``models/`` and ``tasks/``, whose decorators register the plugin's
    names with fairseq's registries.
 """
 import importlib
 import os
 
-from palm_plugin import checkpoint_copy, distributed, safe_loading
+from palm_plugin import batch_remainder, checkpoint_copy, distributed, safe_loading
 
 safe_loading.install()
 checkpoint_copy.install()
+batch_remainder.install()
 
 
 def _fix_cpu_ngram_blocking() -> None:
