@@ -5,7 +5,8 @@ Importing this package (directly, through ``--user-dir palm_plugin``, or through
 
 1. allow-lists, for torch's weights-only unpickler, exactly the types fairseq stores in checkpoints, so that
    fairseq-train / fairseq-generate load checkpoints safely under torch >= 2.6 (see :mod:`palm_plugin.safe_loading`);
-2. fixes four fairseq behaviours: torchrun without GPUs (see :mod:`palm_plugin.distributed`), the CPU n-gram
+2. fixes five fairseq behaviours: ``--help`` that lists no task, model or criterion options (see
+   :mod:`palm_plugin.option_help`), torchrun without GPUs (see :mod:`palm_plugin.distributed`), the CPU n-gram
    blocker that blocks nothing (see :mod:`palm_plugin.modules.ngram_repeat_block`), non-atomic copies of
    checkpoint_last.pt / checkpoint_best.pt, so a killed run always leaves a loadable checkpoint
    (see :mod:`palm_plugin.checkpoint_copy`), and the last batch dropped when its size is not a multiple of
@@ -16,11 +17,12 @@ Importing this package (directly, through ``--user-dir palm_plugin``, or through
 import importlib
 import os
 
-from palm_plugin import batch_remainder, checkpoint_copy, distributed, safe_loading
+from palm_plugin import batch_remainder, checkpoint_copy, distributed, option_help, safe_loading
 
 safe_loading.install()
 checkpoint_copy.install()
 batch_remainder.install()
+option_help.install()
 
 
 def _fix_cpu_ngram_blocking() -> None:

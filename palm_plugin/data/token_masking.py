@@ -11,15 +11,28 @@ A policy does two separate things, so that each caller can pick its own position
 Randomness comes only from the ``numpy.random.Generator`` passed in; datasets seed it with
 ``(seed, epoch, index)`` so a sample's noise does not depend on worker count or on resuming.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+from fairseq.dataclass import FairseqDataclass
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """The generator a dataset uses for item ``index`` in ``epoch`` (fairseq's seeding convention)."""
     return np.random.default_rng((seed, epoch, index))
+
+
+@dataclass
+class BertReplacementConfig(FairseqDataclass):
+    """A task config's replacement options, named as fairseq's ``masked_lm`` names them."""
+
+    leave_unmasked_prob: float = field(
+        default=0.1, metadata={"help": "of the masked tokens, the fraction left unchanged (BERT: 0.1)"}
+    )
+    random_token_prob: float = field(
+        default=0.1, metadata={"help": "of the masked tokens, the fraction replaced by a random token (BERT: 0.1)"}
+    )
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,15 @@ class TokenMaskingPolicy:
     mask_token_prob: float = 0.8
     random_token_prob: float = 0.1
     span_length_probs: Sequence[float] = (1.0,)
+
+    @classmethod
+    def from_config(cls, mask_prob: float, cfg: BertReplacementConfig) -> "TokenMaskingPolicy":
+        """The policy of ``mask_prob`` and a :class:`BertReplacementConfig` (the rest of the masked tokens: [MASK])."""
+        return cls(
+            mask_prob=mask_prob,
+            mask_token_prob=1.0 - cfg.leave_unmasked_prob - cfg.random_token_prob,
+            random_token_prob=cfg.random_token_prob,
+        )
 
     def __post_init__(self):
         if not 0.0 < self.mask_prob <= 1.0:

@@ -10,19 +10,19 @@ import logging
 from dataclasses import dataclass, field
 
 from fairseq.data import Dictionary
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
-from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ContinuationPairConfig(FairseqDataclass):
+class ContinuationPairConfig(BertReplacementConfig):
     data: str = field(
         default=MISSING,
         metadata={
@@ -45,12 +45,6 @@ class ContinuationPairConfig(FairseqDataclass):
         default=100, metadata={"help": "most target tokens, EOS not counted; longer sentences are truncated"}
     )
     mask_prob: float = field(default=0.15, metadata={"help": "fraction of source tokens the encoder predicts (MLM)"})
-    leave_unmasked_prob: float = field(
-        default=0.1, metadata={"help": "of the predicted tokens, this fraction is left unchanged"}
-    )
-    random_token_prob: float = field(
-        default=0.1, metadata={"help": "of the predicted tokens, this fraction is replaced by a random token"}
-    )
     seed: int = II("common.seed")
 
 
@@ -65,11 +59,7 @@ class ContinuationPairTask(FairseqTask):
         self.dictionary = dictionary
         # Like fairseq's masked_lm: the existing index when dict.txt lists <mask>, else appended.
         self.mask_idx = dictionary.add_symbol("<mask>")
-        self.masking = TokenMaskingPolicy(
-            mask_prob=cfg.mask_prob,
-            mask_token_prob=1.0 - cfg.leave_unmasked_prob - cfg.random_token_prob,
-            random_token_prob=cfg.random_token_prob,
-        )
+        self.masking = TokenMaskingPolicy.from_config(cfg.mask_prob, cfg)
 
     @classmethod
     def setup_task(cls, cfg: ContinuationPairConfig, **kwargs):

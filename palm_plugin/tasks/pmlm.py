@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass, field
 
 from fairseq.data import Dictionary, PrependTokenDataset, TokenBlockDataset, TruncateDataset
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from omegaconf import II, MISSING
@@ -33,7 +33,7 @@ from omegaconf import II, MISSING
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL, PseudoMaskedLMDataset
-from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ OBJECTIVES = {
 
 
 @dataclass
-class PseudoMaskedLMConfig(FairseqDataclass):
+class PseudoMaskedLMConfig(BertReplacementConfig):
     data: str = field(
         default=MISSING,
         metadata={"help": "colon-separated fairseq-preprocess output directories (one per epoch, round-robin)"},
@@ -71,12 +71,6 @@ class PseudoMaskedLMConfig(FairseqDataclass):
     )
     min_block_length: int = field(default=2, metadata={"help": "shortest block (n-gram) length"})
     max_block_length: int = field(default=6, metadata={"help": "longest block (n-gram) length"})
-    leave_unmasked_prob: float = field(
-        default=0.1, metadata={"help": "share of masked tokens left unchanged at their [M] slot (BERT's 10%)"}
-    )
-    random_token_prob: float = field(
-        default=0.1, metadata={"help": "share of masked tokens replaced by a random token at their [M] slot"}
-    )
     seed: int = II("common.seed")
 
 
@@ -98,11 +92,7 @@ class PseudoMaskedLMTask(FairseqTask):
             min_block_length=cfg.min_block_length,
             max_block_length=cfg.max_block_length,
         )
-        self.replacement = TokenMaskingPolicy(
-            mask_prob=cfg.mask_prob,
-            mask_token_prob=1.0 - cfg.leave_unmasked_prob - cfg.random_token_prob,
-            random_token_prob=cfg.random_token_prob,
-        )
+        self.replacement = TokenMaskingPolicy.from_config(cfg.mask_prob, cfg)  # at the [M] slots
 
     @classmethod
     def setup_task(cls, cfg: PseudoMaskedLMConfig, **kwargs):

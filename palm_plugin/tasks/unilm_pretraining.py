@@ -40,7 +40,10 @@ class UniLMPretrainingConfig(FairseqDataclass):
     )
     span_length_probs: str = field(
         default="0.8,0.1,0.1",
-        metadata={"help": "probabilities of masking 1, 2, 3, ... consecutive tokens (UniLM: unigram 80%, bi/trigram 20%)"},
+        metadata={
+            "help": "probabilities of masking 1, 2, 3, ... consecutive tokens (UniLM: 0.8 unigrams, 0.2 bigrams and "
+            "trigrams)"
+        },
     )
     objective_probs: str = field(
         default="1/3,1/3,1/6,1/6",
