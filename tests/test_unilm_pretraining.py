@@ -144,3 +144,23 @@ def test_fairseq_train_unilm_pretraining(tmp_path, cli):
                   "unilm2_tiny", "--criterion", "unilm_cloze", "--optimizer", "adam", "--lr", "1e-3", "--batch-size",
                   "8", "--max-update", "1", "--cpu", "--save-dir", tmp_path / "ckpt2", check=False)
     assert refused.returncode != 0 and "segment ids 0-5" in refused.stderr
+
+
+def test_random_replacement_never_draws_the_pseudo_symbol():
+    """A converted UniLMv2 dictionary holds <pseudo>: random replacement must not put it into the text (here every
+    predicted token is replaced at random, about 27 of the draws would be <pseudo> otherwise)."""
+    d, mask, sentences = corpus()
+    pseudo = d.add_symbol("<pseudo>")
+    d.add_symbol("d_last")  # a regular type after it: the draws span the whole dictionary
+    policy = TokenMaskingPolicy(mask_prob=0.15, mask_token_prob=0.0, random_token_prob=1.0)
+    dataset = UniLMPretrainingDataset(sentences, d, 24, policy, mask, seed=3)
+    drawn = []
+    for epoch in range(1, 41):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            item = dataset[index]
+            selected = item["target"].ne(d.pad())
+            drawn.append(item["tokens"][selected])
+    drawn = torch.cat(drawn)
+    assert len(drawn) > 4000 and d.index("d_last") in drawn.tolist()
+    assert pseudo not in drawn.tolist() and mask not in drawn.tolist()

@@ -35,6 +35,14 @@ MASK_SYMBOL = "<mask>"  # [M], the conventional mask (the dictionary symbol of f
 PSEUDO_SYMBOL = "<pseudo>"  # [P], the pseudo mask; also UniLMv2's decoding placeholder
 
 
+def pseudo_symbol_exclusion(dictionary) -> tuple:
+    """``(index of <pseudo>,)`` when ``dictionary`` holds it (UniLMv2's and converted UniLMv2 dictionaries), else
+    ``()``: the indices a random replacement must never draw besides [MASK] (the pseudo mask only marks a slot to
+    predict, never a token of the text)."""
+    index = dictionary.index(PSEUDO_SYMBOL)
+    return () if index == dictionary.unk() else (index,)
+
+
 def pseudo_masked_example(tokens, steps, noised, pseudo_index, append_pseudo=True, predict_masked_slots=True):
     """Lay out one example (numpy, no Python loop over tokens).
 

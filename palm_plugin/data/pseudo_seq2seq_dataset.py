@@ -45,7 +45,6 @@ class PseudoSeq2SeqDataset(UniLMSeq2SeqDataset):
             raise ValueError(
                 f"the dictionary has no {PSEUDO_SYMBOL} symbol: the unilm_seq2seq task adds it with --pseudo-masks"
             )
-        self.excluded_replacements = (self.pseudo_index,)
         self.sizes = self.source_sizes + 2 * self.target_sizes  # the pseudo block doubles the target
 
     def cloze_view(self, samples):

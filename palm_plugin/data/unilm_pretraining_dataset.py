@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
+from palm_plugin.data.pmlm_dataset import pseudo_symbol_exclusion
 from palm_plugin.data.token_masking import sample_rng
 from palm_plugin.modules.attention_masks import Objective
 
@@ -89,6 +90,7 @@ class UniLMPretrainingDataset(FairseqDataset):
         self.budget = tokens_per_sample - 3
         self.policy = policy
         self.mask_index = mask_index
+        self.excluded_replacements = pseudo_symbol_exclusion(dictionary)
         self.seed = seed
         self.objective_probs = np.asarray(objective_probs, dtype=np.float64)
         self.epoch = 1
@@ -149,7 +151,10 @@ class UniLMPretrainingDataset(FairseqDataset):
         tokens = tokens.astype(np.int64)
         maskable = (tokens != bos) & (tokens != eos)
         selected = self.policy.select(maskable, rng)
-        noised = self.policy.corrupt(tokens, selected, rng, self.mask_index, self.dictionary.nspecial, len(self.dictionary))
+        noised = self.policy.corrupt(
+            tokens, selected, rng, self.mask_index, self.dictionary.nspecial, len(self.dictionary),
+            excluded=self.excluded_replacements,
+        )
         return {
             "id": index,
             "tokens": torch.from_numpy(noised),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
+from palm_plugin.data.pmlm_dataset import pseudo_symbol_exclusion
 from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
 from palm_plugin.modules.attention_masks import Objective
 
@@ -61,8 +62,7 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         self.source_segment, self.target_segment = source_segment, target_segment
         self.seed = seed
         self.epoch = 1
-        # Symbols a random replacement must never produce besides [MASK] (UniLMv2's subclass adds its pseudo symbol).
-        self.excluded_replacements = ()
+        self.excluded_replacements = pseudo_symbol_exclusion(dictionary)
         # Binarized items end with [EOS]; the packed source adds [SOS].
         self.source_sizes = np.minimum(np.asarray(source.sizes) + 1, max_source_positions)
         self.target_sizes = np.minimum(np.asarray(target.sizes), max_target_positions)
