@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from palm_plugin.modules import copy_generator
 from palm_plugin.modules.copy_generator import PointerGenerator
 
 DIM, VOCAB, MARKERS, PAD = 8, 12, 3, 1
@@ -155,9 +156,15 @@ def dense_probs(generator, states, encoder_out):
     return lam * p_vocab + (1 - lam) * p_copy
 
 
-def test_gradients_equal_dense_reference():
+# Equation (3) is computed in blocks of (sentence, target step) rows and recomputed in the backward pass. S x A is
+# 6 x 5 here: 2**18 elements hold the whole batch (the default), 1 gives one row at a time, 90 three of a
+# sentence's four rows and then the last, 150 one sentence at a time.
+@pytest.mark.parametrize("block_elements", [2**18, 1, 90, 150])
+def test_gradients_equal_dense_reference(monkeypatch, block_elements):
     """Token 5 is held twice by sentence 0: its copy mass, and its gradient, must be counted once per type."""
+    monkeypatch.setitem(copy_generator.BLOCK_ELEMENTS, "cpu", block_elements)
     states, encoder_out = make_inputs()
+    states.requires_grad_(True)
     targets = torch.tensor([[5, 7, VOCAB + 1, 0], [9, 3, 8, 2]])
     losses = []
     for implementation in ("module", "dense"):
@@ -167,8 +174,11 @@ def test_gradients_equal_dense_reference():
         else:
             target_log_probs = dense_probs(generator, states, encoder_out).gather(-1, targets.unsqueeze(-1)).log()
         loss = -target_log_probs.sum()
+        states.grad = None
         loss.backward()
-        losses.append((loss.detach(), {name: p.grad.double() for name, p in generator.named_parameters()}))
+        grads = {name: p.grad.double() for name, p in generator.named_parameters()}
+        grads["states"] = states.grad.double()
+        losses.append((loss.detach(), grads))
     (module_loss, module_grads), (dense_loss, dense_grads) = losses
     torch.testing.assert_close(module_loss, dense_loss, atol=1e-4, rtol=1e-5)
     for name, grad in dense_grads.items():

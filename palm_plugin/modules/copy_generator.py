@@ -16,6 +16,10 @@ for a type that no source position holds, (7) is ``log lambda + log P_v`` with `
 the (at most ``S``) types in the source it is ``logaddexp(log lambda + log P_v, log(1 - lambda) + log P_c)`` with
 ``log(1 - lambda) = logsigmoid(-g)``. A saturated gate or a sharp softmax therefore stays finite.
 
+The additive attention (3) is elementwise work over ``B x T x S x A`` values (batch, target, source, attention
+size): :class:`AdditiveAttentionScores` computes it in cache-sized blocks and recomputes them in the backward pass
+rather than storing that tensor.
+
 Position markers of the extended vocabulary have no ``P_v`` entry; :data:`LOG_ZERO` (the log of float32's smallest
 normal number) stands in for ``log 0`` there, so that fairseq's label smoothing, which sums log-probabilities over
 the whole vocabulary, stays finite.
@@ -30,6 +34,12 @@ from torch import Tensor
 
 TINY = torch.finfo(torch.float32).tiny
 LOG_ZERO = float(torch.log(torch.tensor(TINY)))
+
+# Elements of one block of equation (3)'s activations (rows of S x A values): on a CPU, 1 MiB of float32, the size of
+# a core's L2 cache here (blocks of 1-4 MiB measured alike, 16 MiB slower); on an accelerator, blocks large enough to
+# keep the number of kernel launches low while bounding the memory.
+BLOCK_ELEMENTS = {"cpu": 2**18}
+ACCELERATOR_BLOCK_ELEMENTS = 2**26
 
 
 @with_incremental_state
@@ -65,7 +75,7 @@ class PointerGenerator(nn.Module):
             attention_dim = attention_dim or decoder_dim
             self.memory_projection = nn.Linear(encoder_dim, attention_dim, bias=False)  # W_m
             self.query_projection = nn.Linear(decoder_dim, attention_dim)  # W_s, b_c
-            self.attention_vector = nn.Linear(attention_dim, 1, bias=False)  # w_c
+            self.attention_vector = nn.Linear(attention_dim, 1, bias=False)  # w_c (its weight; see copy_attention)
             self.gate = nn.Linear(encoder_dim + decoder_dim, 1)  # [w_z; w_s], b_m
 
     def vocabulary_log_probs(self, states: Tensor) -> Tensor:
@@ -89,7 +99,7 @@ class PointerGenerator(nn.Module):
         """
         memory = self._projected_memory(encoder_states, incremental_state)  # (B, S, A)
         query = self.query_projection(states)  # (B, T, A)
-        scores = self.attention_vector(torch.tanh(memory.unsqueeze(1) + query.unsqueeze(2))).squeeze(-1).float()
+        scores = AdditiveAttentionScores.apply(memory, query, self.attention_vector.weight)  # (3): (B, T, S) float32
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         alpha = F.softmax(scores, dim=-1)
@@ -120,16 +130,19 @@ class PointerGenerator(nn.Module):
         alpha, context = self.copy_attention(states, encoder_states, padding_mask, incremental_state)
 
         gate = self.gate(torch.cat((context, states), dim=-1)).float()  # (8), before the sigmoid: (B, T, 1)
-        # (7) for a type no source position holds is log(lambda P_v); only the <= S source types need the mixture.
-        log_probs = F.logsigmoid(gate) + log_p_vocab
+        log_lambda = F.logsigmoid(gate)
         index = src_tokens.unsqueeze(1).expand_as(alpha)
         same_type = src_tokens.unsqueeze(2) == src_tokens.unsqueeze(1)  # (B, S, S): x_l' == x_l
         p_copy = torch.bmm(alpha, same_type.to(alpha.dtype))  # (6) for the type at each position l: (B, T, S)
-        mixed = torch.logaddexp(log_probs.gather(2, index), F.logsigmoid(-gate) + torch.log(p_copy.clamp_min(TINY)))
+        mixed = torch.logaddexp(
+            log_lambda + log_p_vocab.gather(2, index), F.logsigmoid(-gate) + torch.log(p_copy.clamp_min(TINY))
+        )
         # A type held at several positions is written once per position with equal values; only its first position
         # passes the gradient on, so that the scatter below counts it once.
         mixed = torch.where(_first_occurrence(same_type).unsqueeze(1), mixed, mixed.detach())
-        return log_probs.scatter(2, index, mixed)
+        # (7) for a type no source position holds is log(lambda P_v); only the <= S source types need the mixture,
+        # written in place: the sum is a fresh (B, T, V) tensor that autograd does not keep.
+        return (log_lambda + log_p_vocab).scatter_(2, index, mixed)
 
     def _projected_memory(self, encoder_states: Tensor, incremental_state) -> Tensor:
         """``W_m h_l`` ``(B, S, A)``: computed once per sentence when decoding incrementally."""
@@ -149,6 +162,90 @@ class PointerGenerator(nn.Module):
             self.set_incremental_state(
                 incremental_state, "copy_memory", {"memory": cached["memory"].index_select(0, new_order)}
             )
+
+
+class AdditiveAttentionScores(torch.autograd.Function):
+    """Equation (3), ``e[b, t, l] = w_c^T tanh(m[b, l] + q[b, t])``, without storing the ``(B, T, S, A)`` activations.
+
+    ``apply(memory, query, weight)``: ``memory`` ``(B, S, A)`` (``W_m h_l``), ``query`` ``(B, T, A)``
+    (``W_s s_t + b_c``), ``weight`` ``(1, A)`` (``w_c``); returns the scores ``(B, T, S)`` in float32, whatever the
+    inputs' dtype (the activations are computed in float32 too).
+
+    The activations of a block of rows ``(b, t)`` (:data:`BLOCK_ELEMENTS`) are computed, reduced and dropped while they
+    are in cache; the backward pass recomputes them block by block. Storing them, as autograd would, costs more than
+    computing them twice: writing and reading back a tensor of B x T x S x A floats (151 MB per copy for palm_base at
+    length 512), several such copies in the backward pass, and page faults on each fresh allocation.
+
+    ``tanh(x) = 2 sigmoid(2x) - 1`` (exactly; in float32 within 2e-7 of tanh), so with ``y = sigmoid(2m + 2q)``:
+    ``e = 2 w_c^T y - sum(w_c)`` and ``tanh'(x) = 1 - tanh(x)^2 = 4 y (1 - y)``. torch's CPU ``sigmoid`` is about ten
+    times faster than its ``tanh``.
+
+    The matrix products are those of autograd's linear layer ``A -> 1``: ``y w`` in the forward pass, ``g^T y`` (for
+    ``w_c``) and, per row, ``g y'`` over the source (for the query) in the backward pass, so FLOP counts agree.
+    """
+
+    @staticmethod
+    def forward(ctx, memory: Tensor, query: Tensor, weight: Tensor) -> Tensor:
+        memory2, query2, w = memory.float() * 2, query.float() * 2, weight.float().view(-1)
+        (batch, sources, dim), steps = memory.shape, query.size(1)
+        scores = memory2.new_empty(batch, steps, sources)
+        blocks, workspace = _blocks(memory2, steps)
+        for b, t in blocks:
+            y = _activations(memory2, query2, b, t, workspace)
+            torch.mm(y.view(-1, dim), w.view(dim, 1), out=scores[b, t].view(-1, 1))
+        ctx.save_for_backward(memory2, query2, w)
+        ctx.dtypes = memory.dtype, query.dtype, weight.dtype
+        return scores.mul_(2).sub_(w.sum())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        memory2, query2, w = ctx.saved_tensors
+        grad = grad.float()
+        (batch, sources, dim), steps = memory2.shape, query2.size(1)
+        grad_memory = torch.zeros_like(memory2)  # sum over t of g * y (1 - y), then times 4 w_c
+        grad_query = torch.empty_like(query2)  # sum over l of g * y (1 - y), then times 4 w_c
+        grad_weight = w.new_zeros(1, dim)  # sum of g * y, then 2 * that - sum(g)
+        blocks, workspace = _blocks(memory2, steps)
+        for b, t in blocks:
+            y = _activations(memory2, query2, b, t, workspace)
+            g = grad[b, t]  # (rows of b, rows of t, S)
+            grad_weight += torch.mm(g.reshape(1, -1), y.view(-1, dim))  # not addmm_: FLOP counters skip it
+            y.addcmul_(y, y, value=-1)  # y (1 - y), in place
+            torch.bmm(g.reshape(-1, 1, sources), y.view(-1, sources, dim), out=grad_query[b, t].view(-1, 1, dim))
+            for row in range(y.size(1)):
+                grad_memory[b].addcmul_(y[:, row], g[:, row].unsqueeze(-1))
+        memory_dtype, query_dtype, weight_dtype = ctx.dtypes
+        return (
+            grad_memory.mul_(4 * w).to(memory_dtype),
+            grad_query.mul_(4 * w).to(query_dtype),
+            grad_weight.mul_(2).sub_(grad.sum()).to(weight_dtype),
+        )
+
+
+def _blocks(memory: Tensor, steps: int):
+    """The blocks of rows of the ``(B, T, S, A)`` activations, and a workspace to compute one in.
+
+    Returns ``[(batch slice, target slice)]`` covering ``B x T``, and a float32 tensor ``(b rows, t rows, S, A)``
+    (the largest block): rows of one sentence at a time, or whole sentences at a time when a sentence's rows fit.
+    """
+    batch, sources, dim = memory.shape
+    budget = BLOCK_ELEMENTS.get(memory.device.type, ACCELERATOR_BLOCK_ELEMENTS)
+    rows = max(1, budget // (sources * dim))
+    batch_rows, target_rows = (max(1, rows // steps), steps) if rows >= steps else (1, rows)
+    blocks = [
+        (slice(b, b + batch_rows), slice(t, t + target_rows))
+        for b in range(0, batch, batch_rows)
+        for t in range(0, steps, target_rows)
+    ]
+    return blocks, memory.new_empty(min(batch_rows, batch), target_rows, sources, dim)
+
+
+def _activations(memory2: Tensor, query2: Tensor, b: slice, t: slice, workspace: Tensor) -> Tensor:
+    """``sigmoid(2 m + 2 q)`` for the rows ``(b, t)``, written into (a contiguous leading part of) ``workspace``."""
+    query_rows = query2[b, t]  # (rows of b, rows of t, A)
+    y = workspace[: query_rows.size(0), : query_rows.size(1)]
+    torch.add(memory2[b].unsqueeze(1), query_rows.unsqueeze(2), out=y)
+    return y.sigmoid_()
 
 
 def _first_occurrence(same_type: Tensor) -> Tensor:
