@@ -11,6 +11,7 @@ import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+from palm_plugin.cli import bench_report, benchmark
 from palm_plugin.cli.bench_data import SyntheticCorpus
 from palm_plugin.cli.bench_decode import DECODE_SPECS, generate, generator_for, source_batch
 from palm_plugin.cli.bench_models import TRAIN_SPECS, build, load_batch
@@ -144,3 +145,47 @@ def test_peak_memory_is_the_same_on_a_later_update(corpus):
     later = peak_tensor_bytes(step)
     parameters = sum(p.numel() * p.element_size() for p in step.built.model.parameters())
     assert abs(later - first) < parameters
+
+
+def _record(command, tokens_per_s, **settings):
+    """A saved palm-bench record with training rows only: ``tokens_per_s`` ``{(key, length): tokens/s}``."""
+    specs = {spec.key: spec for spec in TRAIN_SPECS}
+    rows = [
+        {"key": key, "label": specs[key].label, "group": specs[key].group, "plugin": specs[key].plugin,
+         "baseline": specs[key].baseline, "length": length, "batch_sequences": 1, "tokens_per_s": speed,
+         "peak_memory_mb": 1.0, "flops_per_update": 1e9, "mfu": speed / 200}
+        for (key, length), speed in tokens_per_s.items()
+    ]  # fmt: skip
+    return {
+        "command": command, "date": "2026-01-01 00:00 UTC", "elapsed_s": 60.0, "complete": True,
+        "machine": {"cpu": "cpu", "cores": 2, "threads": 1, "torch": "torch", "fairseq": "fairseq", "python": "3"},
+        "settings": dict(benchmark.FULL, beam=5, reference_length=512, **settings),
+        "gemm": {"shapes": [{"m": 8, "k": 8, "n": 8, "gflops": 100.0}], "peak_gflops": 100.0},
+        "training": rows, "decoding": [], "missing": [],
+    }  # fmt: skip
+
+
+def test_merge_replaces_rows_and_takes_ratios_within_one_run():
+    """palm-bench --merge-into: a later run's rows replace those of the same configuration and length; a speed ratio
+    is only taken between rows of one run, and the table and targets name the run of re-measured rows."""
+    first = _record("palm-bench", {("transformer", 512): 100.0, ("palm", 512): 80.0, ("palm_nocopy", 512): 98.0,
+                                   ("palm", 768): 60.0})  # fmt: skip
+    later = _record("palm-bench --only transformer palm --repeats 5", {("transformer", 512): 90.0, ("palm", 512): 88.0},
+                    repeats=5)
+    merged = bench_report.merge(first, later)
+    bench_report.finish(merged)
+    rows = {(row["key"], row["length"]): row for row in merged["training"]}
+    assert len(rows) == 4 and len(merged["reruns"]) == 1 and first["training"][1]["tokens_per_s"] == 80.0
+    assert rows["palm", 512]["run"] == 2 and rows["palm", 512]["speed_vs_baseline"] == pytest.approx(88 / 90)
+    assert rows["palm_nocopy", 512]["speed_vs_baseline"] is None  # its transformer row is now run 2's
+    assert "run" not in rows["palm", 768]
+    targets = {t["target"]: t for t in merged["targets"]}
+    palm_cost = targets["PALM (copy layer) step cost <= 1.15x fairseq transformer"]
+    assert palm_cost["value"] == pytest.approx(90 / 88) and palm_cost["note"].endswith("(run 2)")
+    assert targets["palm training >= 50% of measured matmul throughput"]["value"] == pytest.approx(88 / 200)
+    table = bench_report.markdown(merged)
+    assert "**Run 2**" in table and "`palm-bench --only transformer palm --repeats 5`" in table
+    assert "median of 2 (run 2: 5) updates" in table
+    assert "palm, translation (fine-tuning, copy layer) [run 2]" in table
+    with pytest.raises(ValueError, match="vocab_size"):
+        bench_report.merge(first, _record("palm-bench --vocab-size 50", {}, vocab_size=50))

@@ -1,4 +1,9 @@
-"""``palm-bench`` results: the targets of issue #7, the markdown table, the JSON record and the PNG chart."""
+"""``palm-bench`` results: the targets of issue #7, the markdown table, the JSON record and the PNG chart.
+
+A record is one run; ``palm-bench --merge-into`` replaces some of its rows by those of a later run (run 2, 3, ...:
+``record["reruns"]``, each row's ``run``). Ratios are only taken between rows of the same run.
+"""
+import copy
 import json
 import statistics
 from typing import Dict, List, Optional
@@ -17,7 +22,10 @@ def _find(rows, key, **where) -> Optional[dict]:
     return None
 
 
-def _target(name, value, threshold, higher_is_better, note):
+def _target(name, value, threshold, higher_is_better, note, *rows):
+    """A target's verdict; ``rows``: the rows it is read from, whose run is named when it is a later one."""
+    runs = sorted({row["run"] for row in rows if row is not None and row.get("run")})
+    note += "".join(f" (run {run})" for run in runs)
     if value is None:
         return {"target": name, "value": None, "threshold": threshold, "status": "NOT MEASURED", "note": note}
     passed = value >= threshold if higher_is_better else value <= threshold
@@ -25,7 +33,7 @@ def _target(name, value, threshold, higher_is_better, note):
 
 
 def _ratio(numerator, denominator, field):
-    if numerator is None or denominator is None:
+    if numerator is None or denominator is None or numerator.get("run") != denominator.get("run"):
         return None
     return numerator[field] / denominator[field]
 
@@ -41,31 +49,36 @@ def evaluate_targets(training: List[dict], decoding: List[dict], length: int, ta
     at = f"training, length {length}"
     naive_lengths = [r["length"] for r in training if r["key"] == "naive_par" and r["length"] <= length]
     naive_length = max(naive_lengths) if naive_lengths else length
+
+    def ratio_target(name, numerator, denominator, field, threshold, higher_is_better, note):
+        return _target(name, _ratio(numerator, denominator, field), threshold, higher_is_better, note, numerator,
+                       denominator)
+
     targets = [
-        _target("PALM (copy layer) step cost <= 1.15x fairseq transformer",
-                _ratio(train("transformer"), train("palm"), "tokens_per_s"), 1.15, False,
-                f"{at}: transformer tokens/s / palm tokens/s (both fine-tuning, translation task; the palm --no-copy "
-                "row separates the copy layer from the rest of PALM)"),
-        _target("PMLM AE+PAR <= 1.5x plain MLM", _ratio(train("pmlm_mlm"), train("pmlm_ae_par"), "tokens_per_s"),
-                1.5, False, f"{at}: MLM tokens/s / AE+PAR tokens/s (same unilm2 model and text)"),
-        _target("PMLM AE+PAR >= 3x faster than naive per-step PAR",
-                _ratio(_find(training, "pmlm_ae_par", length=naive_length), _find(training, "naive_par", length=naive_length),
-                       "tokens_per_s"), 3.0, True,
-                f"training, length {naive_length} (the longest the naive baseline ran): AE+PAR tokens/s / naive "
-                "tokens/s"),
+        ratio_target("PALM (copy layer) step cost <= 1.15x fairseq transformer", train("transformer"), train("palm"),
+                     "tokens_per_s", 1.15, False,
+                     f"{at}: transformer tokens/s / palm tokens/s (both fine-tuning, translation task; the palm "
+                     "--no-copy row separates the copy layer from the rest of PALM)"),
+        ratio_target("PMLM AE+PAR <= 1.5x plain MLM", train("pmlm_mlm"), train("pmlm_ae_par"), "tokens_per_s",
+                     1.5, False, f"{at}: MLM tokens/s / AE+PAR tokens/s (same unilm2 model and text)"),
+        ratio_target("PMLM AE+PAR >= 3x faster than naive per-step PAR",
+                     _find(training, "pmlm_ae_par", length=naive_length),
+                     _find(training, "naive_par", length=naive_length), "tokens_per_s", 3.0, True,
+                     f"training, length {naive_length} (the longest the naive baseline ran): AE+PAR tokens/s / naive "
+                     "tokens/s"),
     ]
     for version in ("unilm", "unilm2"):
         at = f"decoding, beam 5, {target_tokens} target tokens"
-        targets.append(_target(f"cached {version} decoding >= 3x faster than recomputation",
-                               _ratio(decode(version), decode(f"{version}_recompute"), "sentences_per_s"), 3.0, True,
-                               f"{at}: cached sentences/s / recomputation sentences/s"))
-        targets.append(_target(f"cached {version} decoding within 1.3x of fairseq transformer",
-                               _ratio(decode("transformer"), decode(version), "sentences_per_s"), 1.3, False,
-                               f"{at}: transformer sentences/s / {version} sentences/s"))
+        targets.append(ratio_target(f"cached {version} decoding >= 3x faster than recomputation", decode(version),
+                                    decode(f"{version}_recompute"), "sentences_per_s", 3.0, True,
+                                    f"{at}: cached sentences/s / recomputation sentences/s"))
+        targets.append(ratio_target(f"cached {version} decoding within 1.3x of fairseq transformer",
+                                    decode("transformer"), decode(version), "sentences_per_s", 1.3, False,
+                                    f"{at}: transformer sentences/s / {version} sentences/s"))
     for row in training:
         if row["length"] == length and row["plugin"] and row["key"] != "palm_nocopy":
             targets.append(_target(f"{row['key']} training >= 50% of measured matmul throughput", row["mfu"], 0.5,
-                                   True, f"training, length {length}: model FLOPs utilisation"))
+                                   True, f"training, length {length}: model FLOPs utilisation", row))
     return targets  # fmt: skip
 
 
@@ -103,12 +116,49 @@ METHOD = """### How it is measured
 """
 
 
+# Settings a later run must share with the record it is merged into, so that its rows are comparable with the
+# record's (the number of timed repeats may differ: the headings give each run's).
+COMPARABLE_SETTINGS = ("size", "batch_sequences", "vocab_size", "beam", "source_tokens", "sentences")
+
+
+def check_comparable(settings: Dict, later: Dict):
+    """Raise ValueError unless a run with the settings ``later`` can be merged into a record with ``settings``."""
+    differing = [key for key in COMPARABLE_SETTINGS if settings.get(key) != later.get(key)]
+    if differing:
+        raise ValueError(f"cannot merge runs with different settings: {', '.join(differing)}")
+
+
+def merge(record: Dict, rerun: Dict) -> Dict:
+    """``record`` with the rows of ``rerun`` (a later run of some configurations and lengths) in place of its rows
+    of the same configuration and length (or target tokens); the rerun's command, date, machine and matmul limit
+    are kept in ``reruns`` and its rows are marked with their run number (the record's own run is run 1)."""
+    check_comparable(record["settings"], rerun["settings"])
+    merged = copy.deepcopy(record)
+    merged.setdefault("reruns", []).append(
+        {key: rerun[key] for key in ("command", "date", "elapsed_s", "complete", "machine", "settings", "gemm")}
+    )
+    run = len(merged["reruns"]) + 1
+    for section, same in (("training", "length"), ("decoding", "target_tokens")):
+        rows = merged[section]
+        for row in rerun[section]:
+            old = _find(rows, row["key"], **{same: row[same]})
+            new = dict(row, run=run)
+            if old is None:
+                rows.append(new)
+            else:
+                rows[rows.index(old)] = new
+    measured = {row["key"] for row in rerun["training"] + rerun["decoding"]}
+    merged["missing"] = [m for m in merged["missing"] if m["key"] not in measured] + rerun["missing"]
+    return merged
+
+
 def finish(result: Dict):
     """Speed ratios to each row's baseline (measured in the same run) and the targets."""
     for rows, speed, same in ((result["training"], "tokens_per_s", "length"),
                               (result["decoding"], "sentences_per_s", "target_tokens")):  # fmt: skip
         for row in rows:
-            base = _find(rows, row["baseline"], **{same: row[same]}) if row["baseline"] else None
+            where = {same: row[same], "run": row.get("run")}
+            base = _find(rows, row["baseline"], **where) if row["baseline"] else None
             row["speed_vs_baseline"] = row[speed] / base[speed] if base else None
             if base is None:
                 row["baseline"] = None
@@ -121,33 +171,54 @@ def _fmt(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _run_header(run: Dict) -> List[str]:
+    """Command, machine and matmul limit of one run."""
+    m = run["machine"]
+    cut_short = "" if run.get("complete", True) else ", **cut short: the rows measured before it stopped**"
+    return [f"Command: `{run['command']}` ({run['date']}, {run['elapsed_s'] / 60:.1f} min{cut_short})", "",
+            f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, fairseq {m['fairseq']}, "
+            f"Python {m['python']}; 1-minute load average {m.get('load_average_start', 0):.1f} at the start, "
+            f"{m.get('load_average_end', 0):.1f} at the end (other processes share the cores)", "",
+            f"Machine limit: fp32 matmul {run['gemm']['peak_gflops']:.1f} GFLOP/s ("
+            + ", ".join(f"{g['m']}x{g['k']}x{g['n']}: {g['gflops']:.1f}" for g in run["gemm"]["shapes"])
+            + f"), {m['threads']} threads.", ""]  # fmt: skip
+
+
+def _repeats(result: Dict, key: str) -> str:
+    """The record's setting ``key`` (a number of timed repeats), and that of each later run where it differs."""
+    value = result["settings"][key]
+    later = [f"run {run}: {rerun['settings'][key]}" for run, rerun in enumerate(result.get("reruns", []), start=2)
+             if rerun["settings"][key] != value]  # fmt: skip
+    return f"{value} ({', '.join(later)})" if later else str(value)
+
+
+def _label(row: Dict) -> str:
+    return f"{row['label']} [run {row['run']}]" if row.get("run") else row["label"]
+
+
 def markdown(result: Dict) -> str:
     """The results as markdown tables."""
-    s, m = result["settings"], result["machine"]
-    cut_short = "" if result.get("complete", True) else ", **cut short: the rows measured before it stopped**"
-    lines = [f"Command: `{result['command']}` ({result['date']}, {result['elapsed_s'] / 60:.1f} min{cut_short})", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, fairseq {m['fairseq']}, "
-             f"Python {m['python']}; 1-minute load average {m.get('load_average_start', 0):.1f} at the start, "
-             f"{m.get('load_average_end', 0):.1f} at the end (other processes share the cores)", "",
-             f"Machine limit: fp32 matmul {result['gemm']['peak_gflops']:.1f} GFLOP/s ("
-             + ", ".join(f"{g['m']}x{g['k']}x{g['n']}: {g['gflops']:.1f}" for g in result["gemm"]["shapes"])
-             + f"), {result['machine']['threads']} threads.", ""]  # fmt: skip
-    lines += [f"### Training: tokens/s, median of {s['repeats']} updates (size {s['size']}, "
+    s = result["settings"]
+    lines = _run_header(result)
+    for run, rerun in enumerate(result.get("reruns", []), start=2):
+        lines += [f"**Run {run}**: the rows marked [run {run}] were measured again later, their MFU against that "
+                  "run's matmul limit and their ratios against rows of the same run:", ""] + _run_header(rerun)
+    lines += [f"### Training: tokens/s, median of {_repeats(result, 'repeats')} updates (size {s['size']}, "
               f"{s['batch_sequences']} sequence(s) per update)", "",
               "| length | configuration | batch | tokens/s | vs baseline | peak MB | GFLOP/update | MFU |",
               "|---:|---|---:|---:|---|---:|---:|---:|"]  # fmt: skip
     for row in result["training"]:
         versus = "-" if row["baseline"] is None else f"{_fmt(row['speed_vs_baseline'])}x speed of {row['baseline']}"
         lines.append(
-            f"| {row['length']} | {row['label']} | {row['batch_sequences']} | {row['tokens_per_s']:.1f} | {versus} "
+            f"| {row['length']} | {_label(row)} | {row['batch_sequences']} | {row['tokens_per_s']:.1f} | {versus} "
             f"| {row['peak_memory_mb']:.0f} | {row['flops_per_update'] / 1e9:.1f} | {100 * row['mfu']:.1f}% |"
         )
     lines += ["", f"### Decoding: sentences/s, beam {s['beam']}, {s['sentences']} sentences of "
-              f"{s['source_tokens']} source tokens, median of {s['decode_repeats']}", "",
+              f"{s['source_tokens']} source tokens, median of {_repeats(result, 'decode_repeats')}", "",
               "| target tokens | configuration | sentences/s | s/sentence | vs baseline |", "|---:|---|---:|---:|---|"]
     for row in result["decoding"]:
         versus = "-" if row["baseline"] is None else f"{_fmt(row['speed_vs_baseline'])}x speed of {row['baseline']}"
-        lines.append(f"| {row['target_tokens']} | {row['label']} | {row['sentences_per_s']:.3f} "
+        lines.append(f"| {row['target_tokens']} | {_label(row)} | {row['sentences_per_s']:.3f} "
                      f"| {1 / row['sentences_per_s']:.2f} | {versus} |")
     lines += ["", "### Targets", "", "| target | measured | threshold | result | how |", "|---|---:|---:|---|---|"]
     for t in result["targets"]:

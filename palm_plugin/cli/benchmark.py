@@ -16,7 +16,8 @@ are built in-process through fairseq's APIs on synthetic data of the measured sh
 (:mod:`palm_plugin.cli.bench_data`); see :mod:`~palm_plugin.cli.bench_flops` for how FLOPs are counted and
 :mod:`~palm_plugin.cli.bench_train` for how memory is measured.
 
-``palm-bench --quick`` runs the tiny archs in well under a minute (the test suite runs it).
+``palm-bench --quick`` runs the tiny archs in well under a minute (the test suite runs it). ``--merge-into`` re-measures
+some configurations (``--only``, ``--lengths``) and replaces their rows in a saved record, keeping the rest.
 """
 import argparse
 import datetime
@@ -82,6 +83,11 @@ def parse_args(argv=None):
     parser.add_argument("--name", default="benchmark", help="file name stem of the outputs")
     parser.add_argument("--from-json", metavar="PATH",
                         help="measure nothing: render the table and chart of a saved record (a run cut short too)")
+    parser.add_argument("--merge-into", metavar="PATH",
+                        help="measure what is selected (--only, --lengths, --no-training, --no-decoding) and replace "
+                        "the rows of the same configurations and lengths in the saved record PATH; the outputs "
+                        "render the merged record, re-measured rows marked with their run. Re-measure a row's "
+                        "baseline with it: ratios are only taken between rows of one run")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -219,7 +225,14 @@ def run(argv=None) -> dict:
         with open(args.from_json) as f:
             result = json.load(f)
     else:
-        result = measure(args, argv, stem + ".json")
+        record = None
+        if args.merge_into:
+            with open(args.merge_into) as f:
+                record = json.load(f)
+            bench_report.check_comparable(record["settings"], settings(args))  # before measuring, not after
+        result = measure(args, argv, stem + ".json", record)
+        if record is not None:
+            result = bench_report.merge(record, result)
     bench_report.finish(result)
     table = bench_report.markdown(result)
     print(table)
@@ -231,9 +244,15 @@ def run(argv=None) -> dict:
     return result
 
 
-def measure(args, argv, json_path) -> dict:
-    """All measurements; the record so far is saved to ``json_path`` after each step of the run (a run cut short
-    leaves its measurements there, ``--from-json`` renders them)."""
+def settings(args) -> dict:
+    """The run's settings, as its record keeps them."""
+    return {key: getattr(args, key) for key in list(FULL) + ["beam", "reference_length"]}
+
+
+def measure(args, argv, json_path, record=None) -> dict:
+    """All measurements; the record so far (merged into ``record`` if given) is saved to ``json_path`` after each
+    step of the run (a run cut short leaves its measurements there, ``--from-json`` renders them). Returns this
+    run's record."""
     started = datetime.datetime.now(datetime.timezone.utc)
     log(f"matmul throughput ({args.gemm_size}^3 and feed-forward shapes)")
     gemm = measure_matmul(args.gemm_size)
@@ -241,14 +260,14 @@ def measure(args, argv, json_path) -> dict:
     result = {
         "command": "palm-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": 0.0, "complete": False, "machine": machine(),
-        "settings": {key: getattr(args, key) for key in list(FULL) + ["beam", "reference_length"]}, "gemm": gemm,
+        "settings": settings(args), "gemm": gemm,
         "training": [], "decoding": [], "missing": [],
     }  # fmt: skip
 
     def checkpoint():
         result["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
         result["machine"]["load_average_end"] = os.getloadavg()[0]
-        bench_report.write_json(result, json_path)
+        bench_report.write_json(result if record is None else bench_report.merge(record, result), json_path)
 
     with tempfile.TemporaryDirectory() as root:
         corpus = SyntheticCorpus(root, args.vocab_size)
