@@ -33,7 +33,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -47,6 +46,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from palm_plugin import safe_loading  # noqa: E402
+from palm_plugin.atomic_files import atomic_path  # noqa: E402
 from palm_plugin.models.unilm import UniLMModel  # noqa: E402
 
 BERT_SPECIALS = {"<s>": "[CLS]", "<pad>": "[PAD]", "</s>": "[SEP]", "<unk>": "[UNK]"}
@@ -347,24 +347,14 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
           f"{model_cfg['relative_position_buckets']}) and {output / 'dict.txt'}")
 
 
-def _atomic(path, write):
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-
-
 def atomic_save(path, state):
-    _atomic(path, lambda temporary: checkpoint_utils.torch_persistent_save(state, temporary))
+    with atomic_path(path) as temporary:
+        checkpoint_utils.torch_persistent_save(state, temporary)
 
 
 def atomic_write_bytes(path, data):
-    _atomic(path, lambda temporary: Path(temporary).write_bytes(data))
+    with atomic_path(path) as temporary:
+        Path(temporary).write_bytes(data)
 
 
 def main(argv=None):

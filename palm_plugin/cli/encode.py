@@ -4,9 +4,9 @@ exactly what was encoded: GPT-2 byte-level BPE (PALM and RoBERTa; ``encoder.json
 Used as ``palm-prepare encode``."""
 import multiprocessing
 import os
-import tempfile
 from argparse import Namespace
 
+from palm_plugin.atomic_files import atomic_open
 from palm_plugin.cli.readers.common import ReaderError
 
 _encoder = None
@@ -52,23 +52,16 @@ def encode_files(config, inputs, outputs, workers=1):
     _init_worker(config)
     with multiprocessing.Pool(workers, _init_worker, (config,)) if workers > 1 else _Serial() as pool:
         for source, target in zip(inputs, outputs):
-            directory = os.path.dirname(os.path.abspath(target))
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.")
             try:
-                with open(source, encoding="utf-8") as f, os.fdopen(fd, "w", encoding="utf-8") as out:
+                with open(source, encoding="utf-8") as f, atomic_open(target) as out:
                     lines = 0
                     for encoded in pool.imap(_encode_line, f, chunksize=256):
                         out.write(encoded + "\n")
                         lines += 1
-                os.replace(tmp, target)
             except OSError as e:
                 raise ReaderError(f"cannot encode {source}: {e.strerror}") from e
             except UnicodeDecodeError as e:
                 raise ReaderError(f"{source} is not UTF-8 text ({e.reason} at byte {e.start})") from e
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
             counts.append(lines)
     return counts
 

@@ -35,6 +35,8 @@ import string
 import sys
 import tempfile
 
+from palm_plugin.atomic_files import atomic_open
+
 
 class ScoreError(Exception):
     """Bad input for a metric: the message names the file and what is wrong."""
@@ -350,13 +352,9 @@ def perplexity_from_log(path, subset="valid"):
 
 def write_json(path, result):
     """Write ``result`` as JSON through a temporary file renamed into place."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".score-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
+    with atomic_open(path) as f:
         json.dump(result, f, indent=2, sort_keys=True)
         f.write("\n")
-    os.replace(tmp, path)
 
 
 def _add_text_inputs(parser):

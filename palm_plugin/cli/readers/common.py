@@ -1,7 +1,7 @@
 """What all readers share: the error type, example counts, one-line text, and writing the pair files atomically."""
 import collections
-import os
-import tempfile
+
+from palm_plugin.atomic_files import atomic_open
 
 
 class ReaderError(Exception):
@@ -48,27 +48,12 @@ def write_pairs(prefix, pairs, counts, suffixes=("src", "tgt")):
     """Write ``pairs`` to ``<prefix>.src`` and ``<prefix>.tgt`` (one example a line), counting kept pairs in
     ``counts``. A pair with an empty side is dropped and counted. Both files are written to temporary files in the
     same directory and renamed into place only when all pairs were read, so an error leaves no partial output."""
-    directory = os.path.dirname(os.path.abspath(prefix))
-    os.makedirs(directory, exist_ok=True)
-    temporaries = []
-    try:
-        handles = []
-        for suffix in suffixes:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(prefix)}.{suffix}.")
-            temporaries.append(tmp)
-            handles.append(os.fdopen(fd, "w", encoding="utf-8"))
-        with handles[0] as source_file, handles[1] as target_file:
-            for source, target in pairs:
-                source, target = one_line(source), one_line(target)
-                if not source or not target:
-                    counts.drop("empty source" if not source else "empty target")
-                    continue
-                source_file.write(source + "\n")
-                target_file.write(target + "\n")
-                counts.kept += 1
-        for tmp, suffix in zip(temporaries, suffixes):
-            os.replace(tmp, f"{prefix}.{suffix}")
-    finally:
-        for tmp in temporaries:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+    with atomic_open(f"{prefix}.{suffixes[0]}") as source_file, atomic_open(f"{prefix}.{suffixes[1]}") as target_file:
+        for source, target in pairs:
+            source, target = one_line(source), one_line(target)
+            if not source or not target:
+                counts.drop("empty source" if not source else "empty target")
+                continue
+            source_file.write(source + "\n")
+            target_file.write(target + "\n")
+            counts.kept += 1
