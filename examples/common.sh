@@ -173,7 +173,8 @@ train() {
   examples=$(wc -l < "$WORK/raw/train.src")
   steps_per_epoch=$(( (examples + TOTAL_BATCH - 1) / TOTAL_BATCH ))
   total=$(( steps_per_epoch * EPOCHS ))
-  [[ -n "${MAX_UPDATE:-}" ]] && total=$MAX_UPDATE
+  local stop=(--max-epoch "$EPOCHS")  # fairseq skips over-long pairs, so the updates may fall short of the count
+  if [[ -n "${MAX_UPDATE:-}" ]]; then total=$MAX_UPDATE; stop=(); fi
   warmup=$(awk -v r="$WARMUP_RATIO" -v t="$total" 'BEGIN { printf "%d", r * t }')
   local init=() model=() device=()
   [[ "$NGPUS" == 0 ]] && device=(--cpu)
@@ -202,7 +203,7 @@ train() {
   "$BIN/fairseq-train" "$WORK/bin" --user-dir "$USER_DIR" $(task_args) "${model[@]}" "${init[@]}" "${device[@]}" \
     --optimizer adam --adam-betas "(0.9, 0.999)" --adam-eps 1e-8 --weight-decay "$WEIGHT_DECAY" --clip-norm 1.0 \
     --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$warmup" --total-num-update "$total" \
-    --max-update "$total" --batch-size "$BATCH_SIZE" --update-freq "$update_freq" --dropout 0.1 \
+    --max-update "$total" "${stop[@]}" --batch-size "$BATCH_SIZE" --update-freq "$update_freq" --dropout 0.1 \
     --attention-dropout 0.1 --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --log-format simple \
     --log-interval 100 --seed 1 --num-workers 0 ${TRAIN_EXTRA:-}
 }
