@@ -34,10 +34,10 @@ $(STAMP): setup.py requirements.txt Makefile
 	touch $@
 
 data: $(STAMP)
-	$(PY) scripts/prepare_data.py --out data
+	$(VENV)/bin/palm-data --out data
 
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	$(VENV)/bin/palm-demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

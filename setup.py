@@ -4,15 +4,18 @@ setup(
     name="palm_plugin",
     version="0.1.0",
     description="fairseq plugin for PALM, UniLM and UniLMv2 pre-training, fine-tuning and decoding",
-    packages=find_packages(include=["palm_plugin", "palm_plugin.*"]),
-    package_data={"palm_plugin.cli": ["data/*.txt"]},
+    packages=find_packages(include=["palm_plugin", "palm_plugin.*", "palm_tools", "palm_tools.*"]),
+    package_data={"palm_tools": ["data/*.txt"]},
     python_requires=">=3.9",
     install_requires=["fairseq-fixed", "torch>=2.0", "sentencepiece", "rouge-score", "sacrebleu"],
     entry_points={
         "console_scripts": [
-            "palm-score=palm_plugin.cli.score:main",
-            "palm-prepare=palm_plugin.cli.prepare:main",
-            "palm-bench=palm_plugin.cli.benchmark:main",
+            "palm-score=palm_tools.score:main",
+            "palm-prepare=palm_tools.prepare:main",
+            "palm-bench=palm_tools.benchmark:main",
+            "palm-convert=palm_tools.convert_checkpoint:main",
+            "palm-data=palm_tools.prepare_data:main",
+            "palm-demo=palm_tools.demo:main",
         ],
     },
 )

@@ -10,13 +10,13 @@
 #   palm    fairseq `translation` task, `palm_base`/`palm_large`, GPT-2 BPE: GPT2_DIR (encoder.json, vocab.bpe,
 #           dict.txt), PALM_CHECKPOINT (a PALM pre-trained checkpoint; fine-tuning starts from it) or, without
 #           one, ROBERTA_CHECKPOINT (the encoder is initialised from RoBERTa, as PALM does before pre-training)
-#   unilm   `unilm_seq2seq`, `unilm_large`, WordPiece: UNILM_DIR = output of scripts/convert_checkpoint.py bert
+#   unilm   `unilm_seq2seq`, `unilm_large`, WordPiece: UNILM_DIR = output of palm-convert bert
 #           --num-segments 6 (model.pt, dict.txt, vocab.txt) on the released UniLM v1 checkpoint
 #   unilm2  `unilm_seq2seq --pseudo-masks`, `unilm2_base`, WordPiece (uncased): UNILM_DIR as above for UniLMv2
 # VOCAB (how text becomes subwords; default gpt2 for palm, wordpiece for unilm/unilm2):
 #   gpt2 | wordpiece    as above (the released checkpoints' vocabularies)
 #   sentencepiece       SPM_MODEL (a sentencepiece model) and DICT (the fairseq dictionary the model was trained
-#                       with), e.g. those of scripts/prepare_data.py for models pre-trained here
+#                       with), e.g. those of palm-data for models pre-trained here
 # FROM_SCRATCH=1 trains without a pre-trained checkpoint (PALM Table 6's "- pre-training" ablation).
 # Hyper-parameters: each recipe sets the papers' values; any of $HYPERPARAMETERS (below) set in the environment
 # wins, e.g. `LR=5e-4 EPOCHS=2 bash examples/chitchat/run.sh`.
@@ -117,7 +117,7 @@ EOF
       "$BIN/palm-prepare" encode --bpe gpt2 --model "$GPT2_DIR/encoder.json" --vocab-bpe "$GPT2_DIR/vocab.bpe" \
         --workers "$WORKERS" --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
     wordpiece)
-      need_file "$UNILM_DIR/vocab.txt" "set UNILM_DIR to the output of scripts/convert_checkpoint.py bert"
+      need_file "$UNILM_DIR/vocab.txt" "set UNILM_DIR to the output of palm-convert bert"
       local uncased=()
       [[ "$MODEL" == unilm2 ]] && uncased=(--uncased)
       "$BIN/palm-prepare" encode --bpe wordpiece --model "$UNILM_DIR/vocab.txt" "${uncased[@]}" \

@@ -1,10 +1,10 @@
-"""palm_plugin.atomic_files: outputs appear whole, with the permissions of a plain open(), or not at all."""
+"""palm_tools.atomic_files: outputs appear whole, with the permissions of a plain open(), or not at all."""
 import os
 import stat
 
 import pytest
 
-from palm_plugin.atomic_files import atomic_open
+from palm_tools.atomic_files import atomic_open
 
 
 def test_file_appears_with_the_permissions_of_open(tmp_path):

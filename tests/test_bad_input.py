@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from palm_plugin.models.dictionary_check import DictionaryMismatchError
+from palm_plugin.modules.dictionary_check import DictionaryMismatchError
 from tests.conftest import PRETRAINING, USER_DIR, run_cli
 from tests.test_determinism import OURS, build_dataset
 

@@ -11,11 +11,11 @@ import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from palm_plugin.cli import bench_report, benchmark
-from palm_plugin.cli.bench_data import SyntheticCorpus
-from palm_plugin.cli.bench_decode import DECODE_SPECS, generate, generator_for, source_batch
-from palm_plugin.cli.bench_models import TRAIN_SPECS, build, load_batch
-from palm_plugin.cli.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes
+from palm_tools import bench_report, benchmark
+from palm_tools.bench_data import SyntheticCorpus
+from palm_tools.bench_decode import DECODE_SPECS, generate, generator_for, source_batch
+from palm_tools.bench_models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes
 
 LENGTH = 32
 SPECS = {spec.key: spec for spec in TRAIN_SPECS}

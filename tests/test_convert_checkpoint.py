@@ -1,7 +1,6 @@
-"""scripts/convert_checkpoint.py: BERT / UniLM v1 / UniLMv2 / RoBERTa checkpoints -> unilm, checked numerically
+"""palm-convert (palm_tools/convert_checkpoint.py): BERT / UniLM v1 / UniLMv2 / RoBERTa checkpoints -> unilm, checked numerically
 against the reference implementations (transformers' BERT, fairseq's RoBERTa, an independent UniLMv2 forward)."""
 import argparse
-import importlib.util
 import json
 import math
 
@@ -11,22 +10,12 @@ import transformers
 from fairseq.data import Dictionary
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from palm_plugin import safe_loading
+from palm_plugin.fixes import safe_loading
 from palm_plugin.models.unilm import UniLMModel
 from tests.conftest import REPO
 
-SCRIPT = REPO / "scripts" / "convert_checkpoint.py"
 VOCAB = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(30)] + ["##s", "the"]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("convert_checkpoint", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-convert = load_script()
+from palm_tools import convert_checkpoint as convert
 
 
 def tiny_bert_config(**overrides):
@@ -279,7 +268,7 @@ def test_converted_bert_fine_tunes_and_decodes_with_fairseq_and_wordpiece(tmp_pa
     config = tiny_bert_config()
     source = write_bert_dir(tmp_path / "bert", randomize(transformers.BertForMaskedLM(config)), config)
     out = tmp_path / "converted"
-    cli(SCRIPT, "bert", "--input", source, "--output", out, "--num-segments", "6")
+    cli("palm-convert", "bert", "--input", source, "--output", out, "--num-segments", "6")
     tokenizer = transformers.BertTokenizer(str(out / "vocab.txt"), do_lower_case=True)
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py: layout, determinism, idempotence and clear errors on bad input (real subprocesses)."""
+"""palm-data (palm_tools/prepare_data.py): layout, determinism, idempotence and clear errors on bad input (real subprocesses)."""
 import hashlib
 import json
 import subprocess
@@ -8,13 +8,12 @@ import pytest
 
 from tests.conftest import REPO
 
-SCRIPT = REPO / "scripts" / "prepare_data.py"
 SMALL = ["--vocab-size", "300", "--spm-sentences", "5000", "--small-train-pairs", "50", "--workers", "1"]
 
 
 def run(*args, preamble=""):
-    code = f"{preamble}import runpy, sys; sys.argv = ['prepare_data.py'] + {list(map(str, args))!r}; " \
-           f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    code = f"{preamble}import runpy, sys; sys.argv = ['palm-data'] + {list(map(str, args))!r}; " \
+           f"runpy.run_module('palm_tools.prepare_data', run_name='__main__')"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import palm_plugin  # noqa: F401  (installs the allow-list)
-from palm_plugin.safe_loading import CorruptCheckpointError, UnsafeCheckpointError, load_state
+from palm_plugin.fixes.safe_loading import CorruptCheckpointError, UnsafeCheckpointError, load_state
 from tests.conftest import USER_DIR
 
 

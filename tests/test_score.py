@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from palm_plugin.cli import score
+from palm_tools import score
 from tests.conftest import REPO, USER_DIR, run_cli
 
 
@@ -220,7 +220,7 @@ def test_perplexity_from_generate_equals_fairseq_validate(tmp_path):
     write(tmp_path / "validate.log", (validate.stdout + validate.stderr).splitlines())
 
     out = tmp_path / "ppl.json"
-    shim = run_cli(REPO / "scripts" / "score.py", "ppl", "--generate", tmp_path / "gen.out", "--out", out)
+    shim = run_cli("palm-score", "ppl", "--generate", tmp_path / "gen.out", "--out", out)
     assert shim.stdout.splitlines()[-1].startswith("PPL ")
     from_generate = json.loads(out.read_text())
     from_log = score.perplexity_from_log(str(tmp_path / "validate.log"))

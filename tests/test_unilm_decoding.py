@@ -181,7 +181,7 @@ def test_no_repeat_ngram_blocking_sees_the_generated_prefix():
     the plugin installs one that reads the generated prefix."""
     from fairseq.ngram_repeat_block import NGramRepeatBlock
 
-    from palm_plugin.modules.ngram_repeat_block import PrefixNGramRepeatBlock
+    from palm_plugin.fixes.ngram_repeat_block import PrefixNGramRepeatBlock
 
     a, b, pad = 4, 5, 1
     buffer = torch.tensor([[2, a, b, a] + [pad] * 4])  # generated: a b a; step 3 chooses the 5th token

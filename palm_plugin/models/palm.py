@@ -28,11 +28,10 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
-from palm_plugin.models.dictionary_check import check_embedding_rows
+from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
-from palm_plugin.precision import keep_bf16_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +280,6 @@ def palm_base(args):
     args.decoder_layers = safe_getattr(args, "decoder_layers", 12)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
     args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
-    keep_bf16_on_cpu(args)
 
 
 @register_model_architecture("palm", "palm_large")

@@ -8,8 +8,8 @@ error that names the file, never a partial load.
 """
 import logging
 
-from palm_plugin import safe_loading
-from palm_plugin.models.dictionary_check import DictionaryMismatchError
+from palm_plugin.fixes import safe_loading
+from palm_plugin.modules.dictionary_check import DictionaryMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def load_roberta_encoder(model, path: str) -> None:
 
     The MLM head's output weight is PALM's shared embedding, so only its dense layer, layer norm and bias are taken
     (when the model has an MLM head). The dictionary size is checked first
-    (:mod:`palm_plugin.models.dictionary_check`); a checkpoint whose embedding has one row more than a dictionary
+    (:mod:`palm_plugin.modules.dictionary_check`); a checkpoint whose embedding has one row more than a dictionary
     without ``<mask>`` loses that row, as in fairseq's BART.
     """
     state = safe_loading.load_state(path)

@@ -35,7 +35,7 @@ from fairseq.models import (
     register_model_architecture,
 )
 
-from palm_plugin.models.dictionary_check import check_embedding_rows
+from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.modules.attention_masks import (
     bidirectional_mask,
     hide_padding,
@@ -44,7 +44,6 @@ from palm_plugin.modules.attention_masks import (
     unilm_mask,
 )
 from palm_plugin.modules.unilm_encoder import UniLMEncoder
-from palm_plugin.precision import keep_bf16_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -444,7 +443,6 @@ def _architecture(args, layers, dim, ffn, heads, num_segments, relative_position
     args.encoder_attention_heads = getattr(args, "encoder_attention_heads", heads)
     args.num_segments = getattr(args, "num_segments", num_segments)
     args.relative_position_buckets = getattr(args, "relative_position_buckets", relative_position_buckets)
-    keep_bf16_on_cpu(args)
 
 
 @register_model_architecture("unilm", "unilm_base")

@@ -13,8 +13,8 @@ noisy machine. It measures
 
 then prints a markdown table with PASS/MISS for the targets of issue #7, and writes JSON and a PNG chart. Models
 are built in-process through fairseq's APIs on synthetic data of the measured shapes
-(:mod:`palm_plugin.cli.bench_data`); see :mod:`~palm_plugin.cli.bench_flops` for how FLOPs are counted and
-:mod:`~palm_plugin.cli.bench_train` for how memory is measured.
+(:mod:`palm_tools.bench_data`); see :mod:`~palm_tools.bench_flops` for how FLOPs are counted and
+:mod:`~palm_tools.bench_train` for how memory is measured.
 
 ``palm-bench --quick`` runs the tiny archs in well under a minute (the test suite runs it). ``--merge-into`` re-measures
 some configurations (``--only``, ``--lengths``) and replaces their rows in a saved record, keeping the rest.
@@ -34,12 +34,12 @@ import warnings
 import fairseq
 import torch
 
-from palm_plugin.cli import bench_report
-from palm_plugin.cli.bench_data import SyntheticCorpus, target_split
-from palm_plugin.cli.bench_decode import DECODE_SPECS, time_decoding
-from palm_plugin.cli.bench_flops import measure_matmul
-from palm_plugin.cli.bench_models import TRAIN_SPECS, build, load_batch
-from palm_plugin.cli.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes, timed
+from palm_tools import bench_report
+from palm_tools.bench_data import SyntheticCorpus, target_split
+from palm_tools.bench_decode import DECODE_SPECS, time_decoding
+from palm_tools.bench_flops import measure_matmul
+from palm_tools.bench_models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes, timed
 
 # The full run fits in about 12 minutes on 2 CPU cores: one sequence per update, the naive PAR baseline (one pass
 # per factorization step) up to length 256, the recomputation baselines only at the longest target.

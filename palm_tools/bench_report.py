@@ -102,7 +102,7 @@ METHOD = """### How it is measured
 - **FLOPs and MFU**: analytic count of the matrix products only, 2 FLOPs per multiply-add, 3x the forward pass
   per update: `6 * params * tokens` for every linear layer on the rows it is applied to, plus attention
   `12 * T_q * T_k * d` per layer over the full score matrix, plus output layers on the rows they predict
-  (`palm_plugin/cli/bench_flops.py`; tests check it equals `torch.utils.flop_counter` on real updates). MFU =
+  (`palm_tools/bench_flops.py`; tests check it equals `torch.utils.flop_counter` on real updates). MFU =
   FLOPs per update / median update time / the machine limit: the best median fp32 `torch.mm` throughput measured
   in the same run (a square GEMM and a 512x768x3072 feed-forward GEMM).
 - **Naive per-step PAR** (a baseline of this benchmark, not of the plugin): for UniLMv2's factorization steps

@@ -26,7 +26,7 @@ LAYOUTS = ("block", "two_sentences", "continuation", "parallel")
 
 
 def build_dictionary(size: int) -> Dictionary:
-    """fairseq's 4 special symbols, ``<mask>`` as a regular entry (as ``scripts/prepare_data.py`` writes it), then
+    """fairseq's 4 special symbols, ``<mask>`` as a regular entry (as ``palm-data`` writes it), then
     words up to ``size`` types."""
     dictionary = Dictionary()
     dictionary.add_symbol(MASK_SYMBOL)

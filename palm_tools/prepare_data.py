@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from palm_plugin.data.sentence_split import split_sentences  # noqa: E402
 
 SPECIAL_SYMBOLS = ["<mask>"]  # appended to the dictionary so every task (and fairseq's translation) sees one size
@@ -361,7 +360,7 @@ def main(argv=None):
         for stage in (stage_raw, stage_spm, stage_tokenize, stage_dictionary, stage_binarize):
             stage(args, args.out)
     except DataError as error:
-        print(f"prepare_data.py: error: {error}", file=sys.stderr)
+        print(f"palm-data: error: {error}", file=sys.stderr)
         return 2
     log(f"done: binarized data in {args.out / 'bin'}")
     return 0

@@ -17,7 +17,7 @@ from typing import Callable, List
 
 import torch
 
-from palm_plugin.cli.bench_models import palm_arch, transformer_arch, translation_task, unilm_arch, unilm_seq2seq_task
+from palm_tools.bench_models import palm_arch, transformer_arch, translation_task, unilm_arch, unilm_seq2seq_task
 
 
 @dataclass

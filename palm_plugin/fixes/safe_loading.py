@@ -12,7 +12,7 @@ The allow-list was read off real checkpoints with ``torch.serialization.get_unsa
 omegaconf's container, node and metadata classes plus the plain types they record as ``ref_type``/``key_type``.
 
 fairseq's model loader is wrapped too, to name the checkpoint and the data's dictionary when the model finds that
-the checkpoint was trained with another dictionary (:mod:`palm_plugin.models.dictionary_check`).
+the checkpoint was trained with another dictionary (:mod:`palm_plugin.modules.dictionary_check`).
 """
 import argparse
 import collections
@@ -23,7 +23,7 @@ import typing
 
 import torch
 
-from palm_plugin.models.dictionary_check import DictionaryMismatchError
+from palm_plugin.modules.dictionary_check import DictionaryMismatchError
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -74,7 +74,7 @@ def _explain_refusal(load_checkpoint_to_cpu):
             load_state(path)  # raises UnsafeCheckpointError / CorruptCheckpointError naming the file, if that is why
             raise
 
-    load.__wrapped_by_palm_plugin__ = True
+    load.__palm_plugin__ = True
     return load
 
 
@@ -112,7 +112,7 @@ def _name_dictionary_mismatch(load_model_ensemble_and_task):
                 f"This checkpoint was trained with {_dictionary_files(trained)}"
             ) from error
 
-    load.__wrapped_by_palm_plugin__ = True
+    load.__palm_plugin__ = True
     return load
 
 
@@ -122,9 +122,9 @@ def install():
     torch.serialization.add_safe_globals(allowed_globals())
     from fairseq import checkpoint_utils
 
-    if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "__wrapped_by_palm_plugin__", False):
+    if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "__palm_plugin__", False):
         checkpoint_utils.load_checkpoint_to_cpu = _explain_refusal(checkpoint_utils.load_checkpoint_to_cpu)
-    if not getattr(checkpoint_utils.load_model_ensemble_and_task, "__wrapped_by_palm_plugin__", False):
+    if not getattr(checkpoint_utils.load_model_ensemble_and_task, "__palm_plugin__", False):
         checkpoint_utils.load_model_ensemble_and_task = _name_dictionary_mismatch(
             checkpoint_utils.load_model_ensemble_and_task
         )

@@ -6,8 +6,8 @@ import multiprocessing
 import os
 from argparse import Namespace
 
-from palm_plugin.atomic_files import atomic_open
-from palm_plugin.cli.readers.common import ReaderError
+from palm_tools.atomic_files import atomic_open
+from palm_tools.readers.common import ReaderError
 
 _encoder = None
 

@@ -1,0 +1,44 @@
+"""Every change the plugin makes to fairseq's behaviour, one module each, installed in this order on import.
+
+Each module fixes one fairseq behaviour, names the fairseq issue (or the torch change) behind it, and has one
+``install()`` that patches fairseq in place and marks what it installed with ``__palm_plugin__``, so a second
+import (fairseq imports a ``--user-dir`` more than once in some commands) changes nothing. A new fix goes in a new
+module here and gets one row in :data:`FIXES`; nothing else in the plugin patches fairseq.
+
+Order matters in one place only: :mod:`.bf16_on_cpu` wraps the architecture functions that are registered when the
+plugin's models are imported, so :func:`install_after_registration` runs it after them.
+"""
+from palm_plugin.fixes import (
+    batch_remainder,
+    bf16_on_cpu,
+    checkpoint_copy,
+    distributed,
+    ngram_repeat_block,
+    option_help,
+    safe_loading,
+)
+
+# (module, what it fixes) — the module docstrings give the details and the fairseq issue.
+FIXES = (
+    (safe_loading, "torch >= 2.6 weights-only loading refuses fairseq checkpoints; allow-list their types"),
+    (checkpoint_copy, "checkpoint_last.pt / checkpoint_best.pt copied non-atomically: a killed run truncates them"),
+    (batch_remainder, "--required-batch-size-multiple drops the last batch (fairseq #5036)"),
+    (option_help, "--help lists no task, model or criterion options"),
+    (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),
+    (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
+)
+FIXES_AFTER_REGISTRATION = (
+    (bf16_on_cpu, "--cpu --bf16 implies --tpu and asks torch_xla for a device"),
+)
+
+
+def install() -> None:
+    """Install the fixes that do not depend on the plugin's registrations (idempotent)."""
+    for module, _ in FIXES:
+        module.install()
+
+
+def install_after_registration() -> None:
+    """Install the fixes that wrap registered architectures (idempotent; call after importing the models)."""
+    for module, _ in FIXES_AFTER_REGISTRATION:
+        module.install()
