@@ -1,6 +1,6 @@
 """The pseudo-masked LM through the real UniLMv2 model: leakage by perturbation, the AE part's independence of
-the appended tokens, and the pmlm_ae_par criterion against an independent computation (the plain MLM for L_AE, the mask written
-out from section 3.2 for L_PAR)."""
+the appended tokens, and the pmlm_ae_par criterion against an independent computation (the plain MLM for L_AE,
+the mask written out from section 3.2 for L_PAR)."""
 import math
 
 import numpy as np
@@ -104,7 +104,9 @@ def forward_one(model, tokens, positions, mask=None):
     """LM logits ``(T, V)`` of one unpadded example; ``mask`` ``(T, T)`` or None (bidirectional). The only place
     the criterion test touches the model's inputs."""
     with torch.no_grad():
-        logits, _ = model(tokens[None], position_ids=positions[None], attention_mask=None if mask is None else mask[None])
+        logits, _ = model(
+            tokens[None], position_ids=positions[None], attention_mask=None if mask is None else mask[None]
+        )
     return logits[0]
 
 
@@ -147,7 +149,8 @@ def test_criterion_equals_an_independent_computation():
         n = len(original)
         kinds, target = sample["kinds"], sample["target"]
         text_logits = forward_one(model, sample["source"][:n], torch.arange(n))
-        full_logits = forward_one(model, sample["source"], sample["positions"], pseudo_masked_visibility(kinds, sample["steps"]))
+        visibility = pseudo_masked_visibility(kinds, sample["steps"])
+        full_logits = forward_one(model, sample["source"], sample["positions"], visibility)
         for t in range(len(target)):
             gold = int(target[t])
             if gold == dictionary.pad():
