@@ -9,6 +9,7 @@ cross-entropy per bidirectional row (section 2.3).
 import argparse
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,11 @@ from fairseq.logging import metrics
 
 from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.modules.attention_masks import Objective
+from tests.test_unilm_leakage import dictionary as small_dictionary
+from tests.test_unilm_leakage import indexed
 from tests.test_unilm_pretraining import build as build_pretraining_dataset
 
 
@@ -63,22 +68,21 @@ def logged(criterion_class, logging_output):
         return aggregator.get_smoothed_values()
 
 
-def reference_losses(model, dataset, indices, eps):
+def reference_losses(model, examples, pad, eps):
     """(cloze bits per predicted token with label smoothing eps, nll bits per predicted token, NSP bits per
-    bidirectional row), from the dataset's items one by one."""
+    bidirectional row or None), from ``examples`` (:func:`pretraining_example`, :func:`seq2seq_example`) one by
+    one."""
     cloze = nll = next_sentence = 0.0
     predicted = bidirectional = 0
-    for index in indices:
-        item = dataset[index]
-        tokens, target = item["tokens"], item["target"]
-        length = len(tokens)
-        mask = mask_of(Objective(item["objective"]), length, item["source_length"])
+    for example in examples:
+        tokens, target = example["tokens"], example["target"]
+        mask = mask_of(example["objective"], len(tokens), example["source_length"])
         with torch.no_grad():
-            logits, next_logits = forward_one(model, tokens, item["segments"], mask)
+            logits, next_logits = forward_one(model, tokens, example["segments"], mask)
         vocabulary = logits.size(-1)
-        for t in range(length):
+        for t in range(len(tokens)):
             gold = int(target[t])
-            if gold == dataset.dictionary.pad():
+            if gold == pad:
                 continue
             smoothed = torch.full((vocabulary,), eps / (vocabulary - 1), dtype=torch.float64)
             smoothed[gold] = 1 - eps
@@ -86,11 +90,29 @@ def reference_losses(model, dataset, indices, eps):
             cloze -= float((smoothed * log_probs).sum())
             nll -= float(log_probs[gold])
             predicted += 1
-        if item["next_sentence"] != -1:
-            next_sentence -= float(F.log_softmax(next_logits.double(), -1)[item["next_sentence"]])
+        if example["next_sentence"] != -1:
+            next_sentence -= float(F.log_softmax(next_logits.double(), -1)[example["next_sentence"]])
             bidirectional += 1
     bits = math.log(2)
-    return cloze / predicted / bits, nll / predicted / bits, next_sentence / bidirectional / bits
+    next_sentence = next_sentence / bidirectional / bits if bidirectional else None
+    return cloze / predicted / bits, nll / predicted / bits, next_sentence
+
+
+def pretraining_example(item):
+    return dict(item, objective=Objective(item["objective"]))
+
+
+def seq2seq_example(item, pad):
+    """``[SOS] S1 [EOS]`` then the corrupted ``S2 [EOS]``, segments 4 / 5, the chosen target tokens to predict."""
+    source, target = item["source"], item["target"]
+    return {
+        "tokens": torch.cat([source, item["noised_target"]]),
+        "segments": torch.cat([torch.full_like(source, 4), torch.full_like(target, 5)]),
+        "objective": Objective.SEQ2SEQ,
+        "source_length": len(source),
+        "target": torch.cat([torch.full_like(source, pad), target.masked_fill(~item["selected"], pad)]),
+        "next_sentence": -1,
+    }
 
 
 class _Task:
@@ -115,7 +137,7 @@ def test_pretraining_loss_equals_an_independent_computation(eps):
         loss, sample_size, logging_output = criterion(model, sample)
     values = logged(UniLMClozeCriterion, logging_output)
 
-    cloze, nll, next_sentence = reference_losses(model, dataset, indices, eps)
+    cloze, nll, next_sentence = reference_losses(model, map(pretraining_example, items), dictionary.pad(), eps)
     assert sample_size == sum(int(item["target"].ne(dictionary.pad()).sum()) for item in items)
     assert values["nll_loss"] == pytest.approx(nll, abs=2e-3)  # logged values are rounded to 3 decimals
     assert values["next_sentence_loss"] == pytest.approx(next_sentence, abs=2e-3)
@@ -126,3 +148,31 @@ def test_pretraining_loss_equals_an_independent_computation(eps):
     assert next_sentence > 0.02
     if eps:
         assert abs(cloze - nll) > 0.02
+
+
+def test_fine_tuning_loss_equals_an_independent_computation():
+    """Seq2seq fine-tuning (section 2.5, label smoothing 0.1): no next sentence term; the source is never predicted."""
+    d = small_dictionary()
+    rng = np.random.default_rng(0)
+    sources = indexed([rng.integers(d.nspecial, len(d) - 1, size=n) for n in (3, 7, 5, 9)], d)
+    targets = indexed([rng.integers(d.nspecial, len(d) - 1, size=n) for n in (6, 2, 8, 4)], d)
+    dataset = UniLMSeq2SeqDataset(
+        sources, targets, d, max_source_positions=16, max_target_positions=16,
+        policy=TokenMaskingPolicy(mask_prob=0.7), mask_index=d.index("<mask>"), source_segment=4, target_segment=5,
+        seed=1,
+    )
+    items = [dataset[i] for i in range(4)]
+    sample = dataset.collater(items)
+    model = peaked_model(d)
+    criterion = UniLMClozeCriterion(_Task(d), label_smoothing=0.1)
+    with torch.no_grad():
+        loss, sample_size, logging_output = criterion(model, sample)
+    values = logged(UniLMClozeCriterion, logging_output)
+
+    cloze, nll, next_sentence = reference_losses(model, [seq2seq_example(i, d.pad()) for i in items], d.pad(), 0.1)
+    assert next_sentence is None and "next_sentence_loss" not in values
+    assert sample_size == sum(int(item["selected"].sum()) for item in items)
+    assert values["nll_loss"] == pytest.approx(nll, abs=2e-3)
+    assert values["loss"] == pytest.approx(cloze, abs=2e-3)
+    assert float(loss) / sample_size / math.log(2) == pytest.approx(cloze, rel=1e-5)
+    assert abs(cloze - nll) > 0.02
