@@ -1,11 +1,13 @@
 """The pseudo-masked LM through the real UniLMv2 model: leakage by perturbation, the AE part's independence of
-the appended tokens, and the pmlm_ae_par criterion against an independent computation."""
+the appended tokens, and the pmlm_ae_par criterion against an independent computation (the plain MLM for L_AE,
+the mask written out from section 3.2 for L_PAR)."""
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from fairseq.logging import metrics
 
 from palm_plugin.criterions.pmlm_ae_par import PseudoMaskedLMCriterion
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
@@ -98,43 +100,79 @@ class _Task:
         self.target_dictionary = dictionary
 
 
+def forward_one(model, tokens, positions, mask=None):
+    """LM logits ``(T, V)`` of one unpadded example; ``mask`` ``(T, T)`` or None (bidirectional). The only place
+    the criterion test touches the model's inputs."""
+    with torch.no_grad():
+        logits, _ = model(
+            tokens[None], position_ids=positions[None], attention_mask=None if mask is None else mask[None]
+        )
+    return logits[0]
+
+
+def pseudo_masked_visibility(kinds, steps):
+    """Section 3.2 written out entry by entry (not :func:`pmlm_mask`): may query q attend to key k?"""
+    kinds, steps = kinds.tolist(), steps.tolist()
+
+    def visible(q, k):
+        if kinds[k] == K.CONTEXT:  # unmasked tokens and [M]: everyone
+            return True
+        if kinds[q] == K.CONTEXT:  # the AE part never sees the appended tokens
+            return False
+        if kinds[k] == K.ORIGINAL:  # originals of earlier steps; an original row also sees its own step
+            return steps[k] < steps[q] or (kinds[q] == K.ORIGINAL and steps[k] == steps[q])
+        return kinds[q] == K.PSEUDO and steps[k] == steps[q]  # the [P] tokens of one's own step
+
+    n = len(kinds)
+    return torch.tensor([[visible(q, k) for k in range(n)] for q in range(n)])
+
+
 def test_criterion_equals_an_independent_computation():
+    """ae_loss, par_loss and loss as fairseq logs them (bits per predicted token) against: the AE predictions of the
+    plain text (no appended part, bidirectional), and the PAR predictions under the mask written from the paper,
+    each example alone and unpadded."""
     dataset, items, dictionary, mask, pseudo = make_dataset()
     model = tiny_unilm2(dictionary)
-    batch = dataset.collater([dataset[i] for i in range(len(items))])
+    with torch.no_grad():  # larger weights than BERT's init, so that contexts give clearly different predictions
+        for parameter in model.parameters():
+            parameter.normal_(0, 1.0)
+    samples = [dataset[i] for i in range(len(items))]
+    batch = dataset.collater(samples)
     criterion = PseudoMaskedLMCriterion(_Task(dictionary))
-    loss, sample_size, log = criterion(model, batch)
+    loss, sample_size, logging_output = criterion(model, batch)
+    with metrics.aggregate() as aggregator:
+        PseudoMaskedLMCriterion.reduce_metrics([logging_output])
+        logged = aggregator.get_smoothed_values()
 
-    net_input = batch["net_input"]
-    logits = logits_of(
-        model,
-        [
-            {
-                "source": net_input["src_tokens"][b].numpy(),
-                "positions": net_input["positions"][b].numpy(),
-                "steps": net_input["steps"][b].numpy(),
-                "kinds": net_input["kinds"][b].numpy(),
-            }
-            for b in range(len(items))
-        ],
-        dictionary.pad(),
-    )
-    log_probs = F.log_softmax(logits.double(), -1)
     ae, par, ae_count, par_count = 0.0, 0.0, 0, 0
-    for b in range(len(items)):
-        for t in range(logits.size(1)):
-            target = int(batch["target"][b, t])
-            if target == dictionary.pad():
+    for sample, original in zip(samples, items):
+        n = len(original)
+        kinds, target = sample["kinds"], sample["target"]
+        text_logits = forward_one(model, sample["source"][:n], torch.arange(n))
+        visibility = pseudo_masked_visibility(kinds, sample["steps"])
+        full_logits = forward_one(model, sample["source"], sample["positions"], visibility)
+        for t in range(len(target)):
+            gold = int(target[t])
+            if gold == dictionary.pad():
                 continue
-            if net_input["kinds"][b, t] == K.PSEUDO:
-                par, par_count = par - float(log_probs[b, t, target]), par_count + 1
+            if kinds[t] == K.PSEUDO:
+                par -= float(F.log_softmax(full_logits[t].double(), -1)[gold])
+                par_count += 1
             else:
-                ae, ae_count = ae - float(log_probs[b, t, target]), ae_count + 1
-    assert ae_count == par_count == sample_size > 0
-    assert float(log["ae_loss"]) == pytest.approx(ae, rel=1e-4)
-    assert float(log["par_loss"]) == pytest.approx(par, rel=1e-4)
-    assert float(loss.detach()) == pytest.approx(ae + par, rel=1e-4)
-    # at initialisation both are near chance over the vocabulary
-    assert ae / ae_count == pytest.approx(math.log(len(dictionary)), rel=0.1)
+                assert t < n and sample["source"][t] != pseudo
+                ae -= float(F.log_softmax(text_logits[t].double(), -1)[gold])
+                ae_count += 1
+    masked = sum(int((s["kinds"] == K.PSEUDO).sum()) for s in samples)
+    assert ae_count == par_count == masked == sample_size > 0
+    bits = math.log(2)
+    assert logged["ae_loss"] == pytest.approx(ae / ae_count / bits, abs=2e-3)  # logged values: 3 decimals
+    assert logged["par_loss"] == pytest.approx(par / par_count / bits, abs=2e-3)
+    assert logged["loss"] == pytest.approx((ae + par) / masked / bits, abs=2e-3)
+    # unrounded sums (nats), as the optimiser sees them
+    assert float(logging_output["ae_loss"]) == pytest.approx(ae, rel=1e-5)
+    assert float(logging_output["par_loss"]) == pytest.approx(par, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(ae + par, rel=1e-5)
+    # the two terms differ by far more than the tolerance, so swapping or merging them shows
+    assert abs(ae / ae_count - par / par_count) / bits > 0.05
     loss.backward()
     assert model.lm_head.bias.grad is not None and model.stack.relative_position.weight.grad.abs().sum() > 0

@@ -1,12 +1,19 @@
 """End to end: fairseq-preprocess -> fairseq-train --task pmlm --criterion pmlm_ae_par --arch unilm2_tiny.
 
-On i.i.d. uniform tokens nothing is predictable, so a model without leakage stays at chance (log2 of the number of
-word types) on held-out data; a leak (a [P] token seeing its own original token, directly or through a chain of
-attentions) would let the loss fall towards 0. On text with repeated structure (a document repeats one random
-sentence) the same training brings both losses well below chance.
+On text with repeated structure (a document repeats one random sentence) training brings both losses well below
+chance (log2 of the number of word types) on held-out data.
+
+No test here claims that held-out loss at chance on i.i.d. tokens shows the absence of leakage: such a test cannot
+tell a leaking mask from a correct one at a test's budget. Measured in-process with this file's model and data
+(64 or 32 tokens a block, Adam, 300-1000 updates): with [P] tokens seeing the original tokens of their own step
+(the leak of section 3.2), held-out losses stayed at chance (5.646 bits after 1000 updates, chance 5.644); even
+with every original token visible to every [M] slot and [P] token, training fell below chance in 1 of 5 runs
+(0.98 bits) and stayed within 0.04 bits of it in the others. Leakage is checked by perturbation instead
+(tests/test_pmlm_model.py, tests/test_unilm2_seq2seq.py) and the mask cell by cell against Figure 5
+(tests/test_unilm2_attention_masks.py).
 
 [M] slots hold the [M] symbol only here (``--leave-unmasked-prob 0 --random-token-prob 0``): with BERT's 10%
-unchanged tokens the [M] slot itself carries the answer now and then, and chance would not be the floor.
+unchanged tokens the [M] slot itself carries the answer now and then.
 """
 import json
 import math
@@ -18,26 +25,22 @@ WORDS = 50
 CHANCE = math.log2(WORDS)
 
 
-def write_corpus(path, documents, document, rnd):
-    with open(path, "w") as f:
-        for _ in range(documents):
-            f.write("\n".join(document(rnd)) + "\n\n")  # a blank line ends a document
-
-
-def iid_document(rnd):
-    return [" ".join(f"w{rnd.randrange(WORDS)}" for _ in range(rnd.randint(10, 20))) for _ in range(4)]
-
-
 def repeated_sentence_document(rnd):
     """Four lines repeating one random five-word sentence: a masked token is the word five positions away."""
     sentence = [f"w{rnd.randrange(WORDS)}" for _ in range(5)]
     return [" ".join(sentence * rnd.randint(2, 4)) for _ in range(4)]
 
 
-def train_and_validate(cli, tmp_path, document):
+def write_corpus(path, documents, rnd):
+    with open(path, "w") as f:
+        for _ in range(documents):
+            f.write("\n".join(repeated_sentence_document(rnd)) + "\n\n")  # a blank line ends a document
+
+
+def train_and_validate(cli, tmp_path):
     rnd = random.Random(0)
-    write_corpus(tmp_path / "train.txt", 5000, document, rnd)
-    write_corpus(tmp_path / "valid.txt", 100, document, rnd)
+    write_corpus(tmp_path / "train.txt", 5000, rnd)
+    write_corpus(tmp_path / "valid.txt", 100, rnd)
     cli(
         "fairseq-preprocess", "--only-source", "--trainpref", tmp_path / "train.txt",
         "--validpref", tmp_path / "valid.txt", "--destdir", tmp_path / "data", "--workers", "1",
@@ -59,15 +62,7 @@ def train_and_validate(cli, tmp_path, document):
 
 
 @pytest.mark.slow
-def test_iid_tokens_stay_at_chance(cli, tmp_path):
-    ae_loss, par_loss = train_and_validate(cli, tmp_path, iid_document)
-    for loss in (ae_loss, par_loss):
-        assert loss > CHANCE - 0.05, f"below chance ({CHANCE:.3f} bits) on unpredictable tokens: leakage"
-        assert loss < CHANCE + 0.2, "the model did not even learn the unigram distribution"
-
-
-@pytest.mark.slow
 def test_structured_text_falls_well_below_chance(cli, tmp_path):
-    ae_loss, par_loss = train_and_validate(cli, tmp_path, repeated_sentence_document)
+    ae_loss, par_loss = train_and_validate(cli, tmp_path)
     assert ae_loss < 0.4 * CHANCE
     assert par_loss < 0.4 * CHANCE

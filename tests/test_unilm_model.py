@@ -8,7 +8,7 @@ import torch
 from fairseq.data import Dictionary
 
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel, unilm2_tiny, unilm_tiny
-from palm_plugin.modules.attention_masks import Objective, left_to_right_mask
+from palm_plugin.modules.attention_masks import Objective, left_to_right_mask, right_to_left_mask
 from tests.conftest import REPO
 
 
@@ -76,11 +76,38 @@ def test_outputs_probabilities_and_explicit_masks():
         explicit, _ = model(tokens, attention_mask=left_to_right_mask(7), features_only=True)
         by_objective, _ = model(tokens, objectives=torch.tensor([1, 1]), source_lengths=torch.zeros(2, dtype=torch.long), features_only=True)
         torch.testing.assert_close(explicit, by_objective)
-        # Padding is invisible: changing padded tokens does not change the real rows.
-        other = tokens.clone()
-        other[1, 5:] = dictionary.index("w3")
-        other_features, _ = model(other.masked_fill(tokens.eq(dictionary.pad()), dictionary.pad()), features_only=True)
-        torch.testing.assert_close(other_features[0], model(tokens, features_only=True)[0][0])
+
+
+def features(model, tokens, how, rows=slice(None)):
+    """Top states ``(B, T, C)`` of ``tokens`` (the batch rows ``rows`` of the test), with the mask given the way
+    ``how`` says. The only place the padding test touches the model's inputs."""
+    with torch.no_grad():
+        if how == "default":
+            return model(tokens, features_only=True)[0]
+        if how == "explicit":
+            return model(tokens, attention_mask=right_to_left_mask(tokens.size(1)), features_only=True)[0]
+        objectives = torch.tensor([Objective.SEQ2SEQ, Objective.RIGHT_TO_LEFT])[rows]
+        return model(tokens, objectives=objectives, source_lengths=torch.tensor([3, 3])[rows], features_only=True)[0]
+
+
+@pytest.mark.parametrize("how", ["default", "explicit", "objectives"])
+@pytest.mark.parametrize("arch", [unilm_tiny, unilm2_tiny])
+def test_padding_keys_are_invisible(arch, how):
+    """Row 1 holds two padding keys. Its real positions must not change when the padding's embedding changes, and
+    must equal the same row run alone without padding."""
+    model, dictionary = build(arch)
+    with torch.no_grad():  # larger weights than BERT's init: a visible key would move the outputs clearly
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    tokens = tokens_with_padding(dictionary)
+    reference = features(model, tokens, how)
+    with torch.no_grad():
+        model.stack.embeddings.tokens.weight[dictionary.pad()].normal_(0, 3.0)
+    perturbed = features(model, tokens, how)
+    alone = features(model, tokens[1:, :5], how, rows=slice(1, 2))
+    torch.testing.assert_close(perturbed[:, :5], reference[:, :5], atol=1e-5, rtol=0)
+    torch.testing.assert_close(perturbed[1, :5], alone[0], atol=1e-5, rtol=0)
+    assert (perturbed[1, 5:] - reference[1, 5:]).abs().max() > 0.1  # the padding itself did change
 
 
 def test_classification_heads_and_checkpoint_upgrade():
