@@ -99,7 +99,7 @@ class TokenMaskingPolicy:
         tokens: np.ndarray,
         selected: np.ndarray,
         rng: np.random.Generator,
-        mask_index: int,
+        mask_idx: int,
         first_regular_index: int,
         vocab_size: int,
         excluded: Sequence[int] = (),
@@ -109,9 +109,9 @@ class TokenMaskingPolicy:
         Args:
             tokens: int array ``(T,)``.
             selected: bool array ``(T,)`` from :meth:`select`.
-            mask_index: the dictionary index of the mask symbol.
+            mask_idx: the dictionary index of the mask symbol.
             first_regular_index / vocab_size: random replacements are drawn uniformly from
-                ``[first_regular_index, vocab_size)`` minus ``mask_index`` (no special symbols).
+                ``[first_regular_index, vocab_size)`` minus ``mask_idx`` (no special symbols).
             excluded: further indices never drawn as random replacements (UniLMv2's pseudo mask symbol).
         """
         noised = tokens.copy()
@@ -121,9 +121,9 @@ class TokenMaskingPolicy:
         draw = rng.random(len(positions))
         to_mask = positions[draw < self.mask_token_prob]
         to_random = positions[(draw >= self.mask_token_prob) & (draw < self.mask_token_prob + self.random_token_prob)]
-        noised[to_mask] = mask_index
+        noised[to_mask] = mask_idx
         if len(to_random):
             regular = np.arange(first_regular_index, vocab_size)
-            regular = regular[~np.isin(regular, [mask_index, *excluded])]
+            regular = regular[~np.isin(regular, [mask_idx, *excluded])]
             noised[to_random] = rng.choice(regular, size=len(to_random))
         return noised
