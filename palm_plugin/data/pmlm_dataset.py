@@ -28,6 +28,7 @@ import torch
 from fairseq.data import FairseqDataset, data_utils
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
+from palm_plugin.data.collate import pad_rows
 from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 
@@ -143,7 +144,8 @@ class PseudoMaskedLMDataset(FairseqDataset):
     def __getitem__(self, index):
         tokens = self.dataset[index].numpy().astype(np.int64)
         rng = sample_rng(self.seed, self.epoch, index)
-        steps = self.masking.factorization_steps(~np.isin(tokens, self._unmaskable), rng)
+        maskable = (tokens != self._unmaskable[0]) & (tokens != self._unmaskable[1]) & (tokens != self._unmaskable[2])
+        steps = self.masking.factorization_steps(maskable, rng)
         noised = self.replacement.corrupt(
             tokens,
             steps >= 0,
@@ -173,7 +175,7 @@ class PseudoMaskedLMDataset(FairseqDataset):
         pad = self.dictionary.pad()
 
         def merge(key, value):
-            return data_utils.collate_tokens([s[key] for s in samples], value)
+            return pad_rows([s[key] for s in samples], value)
 
         src_tokens = merge("source", pad)
         return {

@@ -115,10 +115,16 @@ class UniLMPretrainingDataset(FairseqDataset):
 
     def _other_document_text(self, chunk, length, rng):
         """``length`` tokens (or fewer) from the start of a random chunk of another document (NSP negatives)."""
-        candidates = np.flatnonzero(self.documents != self.documents[chunk])
-        if len(candidates) == 0:
+        # Chunks are numbered document by document: the other documents' chunks are all but one contiguous range,
+        # so the draw needs no scan of the corpus (the r-th chunk outside [first, last) in index order).
+        first, last = np.searchsorted(self.documents, self.documents[chunk], side="left"), np.searchsorted(
+            self.documents, self.documents[chunk], side="right"
+        )
+        others = len(self.documents) - (last - first)
+        if others == 0:
             return None
-        other = candidates[rng.integers(len(candidates))]
+        other = int(rng.integers(others))
+        other += (last - first) if other >= first else 0
         return np.concatenate(self._sentences(other))[:length]
 
     def __getitem__(self, index):

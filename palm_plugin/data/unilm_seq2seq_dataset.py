@@ -19,19 +19,12 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
+from palm_plugin.data.collate import pad_rows
 from palm_plugin.data.symbols import replacement_exclusions
 from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
 from palm_plugin.modules.attention_masks import Objective
 
 logger = logging.getLogger(__name__)
-
-
-def pad_rows(rows, pad: int) -> torch.Tensor:
-    """Right-pad 1-D integer numpy arrays into one ``(B, L)`` long tensor."""
-    out = np.full((len(rows), max(len(r) for r in rows)), pad, dtype=np.int64)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return torch.from_numpy(out)
 
 
 def segment_rows(source_lengths: np.ndarray, packed_lengths: np.ndarray, source_segment: int, target_segment: int):
