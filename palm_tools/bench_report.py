@@ -117,7 +117,8 @@ METHOD = """### How it is measured
   (pass 1 also predicts every masked token, the AE loss), backward after each pass, one update: K passes where
   PMLM needs one. It runs at lengths up to `naive_max_length`.
 - **Data pipeline**: what a fairseq data-loader worker does, on one thread: `dataset[i]` for each example, then
-  the task's `dataset.collater`, over consecutive batches, for each task set up as `fairseq-train` sets it up
+  the task's `dataset.collater`, over consecutive batches, timed in process CPU seconds (per core, whatever else
+  runs on the machine), for each task set up as `fairseq-train` sets it up
   (`load_dataset("train")` on the synthetic binarized data); every layout holds `data_length` tokens per example,
   so tokens/s = `data_length` x examples/s. fairseq's own `masked_lm` and `translation` are measured in the same
   run as reference points (`palm_tools/bench_pipeline.py`).
