@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
+from omegaconf import OmegaConf
 
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
@@ -129,6 +130,62 @@ def test_target_noise_never_touches_pseudo_tokens_or_labels():
         assert batch["net_input"]["src_tokens"][0, s + t : s + 2 * t].eq(pseudo).all()
         assert batch["target"][0, s + t : s + 2 * t].tolist() == noisy[0]["target"].tolist()  # clean labels
     assert corrupted > 30
+
+
+def test_s2s_ft_noise_fills_pseudo_slots_80_10_10_and_noises_each_target_token_independently():
+    """--pseudo-mask-noise s2s_ft (Microsoft's s2s-ft, mask_way v2): every pseudo slot holds [MASK] (80%), a random
+    token (10%) or the true token (10%); each target token, independently with probability target_mask_prob,
+    shows its own slot's token in the history (so the count per row varies, unlike the exact default)."""
+    dictionary = make_dictionary(words=200)
+    rows = 40
+    source, target = Sentences(dictionary, [6] * rows, seed=0), Sentences(dictionary, [25] * rows, seed=1)
+    policy = TokenMaskingPolicy(mask_prob=0.3, mask_token_prob=0.8, random_token_prob=0.1)
+    dataset = PseudoSeq2SeqDataset(source, target, dictionary, 64, 32, policy, dictionary.index(MASK_SYMBOL),
+                                   SOURCE_SEGMENT, TARGET_SEGMENT, 7, noise="s2s_ft")
+    mask, pseudo = dictionary.index(MASK_SYMBOL), dictionary.index(PSEUDO_SYMBOL)
+    slots, truths, histories, changed_per_row = [], [], [], []
+    for epoch in range(1, 6):
+        dataset.set_epoch(epoch)
+        batch = dataset.collater([dataset[i] for i in range(rows)])
+        tokens, labels = batch["net_input"]["src_tokens"], batch["target"]
+        for row in range(rows):
+            s, n = int(batch["net_input"]["source_lengths"][row]), int(batch["net_input"]["target_lengths"][row])
+            truth = labels[row, s + n : s + 2 * n]
+            slot, history = tokens[row, s + n : s + 2 * n], tokens[row, s : s + n]
+            slots.append(slot), truths.append(truth), histories.append(history)
+            changed_per_row.append(int(history.ne(truth).sum()))
+    slot, truth, history = torch.cat(slots), torch.cat(truths), torch.cat(histories)
+    total = len(slot)  # 5000 target tokens
+    assert abs(float(slot.eq(mask).float().mean()) - 0.8) < 0.03
+    assert abs(float(slot.eq(truth).float().mean()) - 0.1) < 0.02
+    random = slot.ne(mask) & slot.ne(truth)
+    assert abs(float(random.float().mean()) - 0.1) < 0.02
+    assert not slot.eq(pseudo).any() and (slot[random] >= dictionary.nspecial).all()
+    # the history shows either the true token or the token of its own slot
+    assert bool((history.eq(truth) | history.eq(slot)).all())
+    noised = slot.ne(truth)
+    assert abs(float(history[noised].ne(truth[noised]).float().mean()) - 0.3) < 0.03
+    assert len(set(changed_per_row)) > 3  # binomial counts, not ceil(p * n) every time
+    assert total == 5 * rows * 25
+
+
+def test_decoding_placeholder_follows_the_noise_scheme(tmp_path):
+    """The decoder feeds the symbol the pseudo slots held in training: <pseudo> (exact) or [MASK] (s2s_ft)."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    dictionary = make_dictionary()
+    for lang in ("src", "tgt"):
+        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
+    for noise, symbol in (("exact", PSEUDO_SYMBOL), ("s2s_ft", MASK_SYMBOL)):
+        task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(
+            data=str(tmp_path), pseudo_masks=True, pseudo_mask_noise=noise, source_segment=0, target_segment=1,
+            seed=1))
+        namespace = argparse.Namespace()
+        unilm2_tiny(namespace)
+        cfg = UniLMConfig.from_namespace(namespace)
+        cfg._name = "unilm"
+        model = task.build_model(OmegaConf.structured(cfg))
+        assert model.decoder.placeholder == task.dictionary.index(symbol)
 
 
 def decode_step_logits(model, batch, dictionary, cached):
