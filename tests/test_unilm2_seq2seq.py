@@ -273,7 +273,7 @@ def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
             "--max-target-positions", "8"]
     cli("fairseq-train", data, *task, "--arch", "unilm2_tiny", "--criterion", "unilm_cloze", "--optimizer", "adam",
         "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3", "--batch-size", "32", "--max-update", "900",
-        "--target-mask-prob", "0.1", "--mask-token-prob", "0", "--random-token-prob", "0", "--dropout", "0",
+        "--target-mask-prob", "0.1", "--leave-unmasked-prob", "1", "--random-token-prob", "0", "--dropout", "0",
         "--attention-dropout", "0", "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints", "--log-format", "simple")
     result = cli("fairseq-generate", data, *task, "--path", tmp_path / "ckpt" / "checkpoint_last.pt", "--gen-subset",
                  "test", "--beam", "3", "--max-len-b", "8", "--batch-size", "4", "--required-batch-size-multiple", "1")

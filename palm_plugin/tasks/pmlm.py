@@ -27,15 +27,16 @@ from dataclasses import dataclass, field
 
 from fairseq.data import Dictionary, TokenBlockDataset, TruncateDataset
 from fairseq.dataclass import ChoiceEnum
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from omegaconf import II, MISSING
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset
-from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
+from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,11 @@ class PseudoMaskedLMConfig(BertReplacementConfig):
 
 
 @register_task("pmlm", dataclass=PseudoMaskedLMConfig)
-class PseudoMaskedLMTask(FairseqTask):
+class PseudoMaskedLMTask(SharedDictionaryTask):
     cfg: PseudoMaskedLMConfig
 
     def __init__(self, cfg: PseudoMaskedLMConfig, dictionary: Dictionary):
-        super().__init__(cfg)
-        self.dictionary = dictionary
-        self.mask_idx = dictionary.add_symbol(MASK_SYMBOL)
+        super().__init__(cfg, dictionary)
         self.pseudo_idx = dictionary.add_symbol(PSEUDO_SYMBOL)
         predict_masked_slots, append_pseudo, spans = OBJECTIVES[cfg.objective]
         self.predict_masked_slots = predict_masked_slots
@@ -133,14 +132,6 @@ class PseudoMaskedLMTask(FairseqTask):
             predict_masked_slots=self.predict_masked_slots,
             sentence_pairs=True,
         )
-
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary
 
     def max_positions(self):
         return self.cfg.tokens_per_sample
