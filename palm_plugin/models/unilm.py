@@ -36,6 +36,7 @@ from fairseq.models import (
     register_model_architecture,
 )
 
+from palm_plugin.data.symbols import MASK_SYMBOL
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.modules.attention_masks import (
     bidirectional_mask,
@@ -72,7 +73,7 @@ class UniLMConfig(FairseqDataclass):
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}
     )
     decoding_placeholder: str = field(
-        default="<mask>",
+        default=MASK_SYMBOL,
         metadata={"help": "symbol fed at the position being predicted while decoding ([MASK]; UniLMv2: its pseudo token)"},
     )
 
