@@ -153,7 +153,7 @@ def merge(record: Dict, rerun: Dict) -> Dict:
     run = len(merged["reruns"]) + 1
     for section, same in (("training", "length"), ("decoding", "target_tokens"), ("data", "length")):
         rows = merged.setdefault(section, [])
-        for row in rerun[section]:
+        for row in rerun.get(section, []):  # records written before a section existed lack it
             old = _find(rows, row["key"], **{same: row[same]})
             new = dict(row, run=run)
             if old is None:
