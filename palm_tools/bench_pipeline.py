@@ -4,9 +4,9 @@ Each configuration is a task set up as ``fairseq-train`` sets it up (``load_data
 binarized data, :mod:`palm_tools.bench_data`); what is timed is what a fairseq data-loader worker does for a batch:
 ``dataset[i]`` for each example, then ``dataset.collater``, on one thread (a worker is one process), for
 consecutive batches of ``batch`` examples. Time is the process's CPU time, so "per core" holds on a machine whose
-cores other processes share (wall-clock time would count their turns too). Every layout holds ``length`` tokens per example (special tokens
-included), so tokens/s = ``length`` x examples/s and the rows compare directly; fairseq's own ``masked_lm`` and
-``translation`` are the reference points.
+cores other processes share (wall-clock time would count their turns too). Every layout holds ``length`` tokens
+per example (special tokens included), so tokens/s = ``length`` x examples/s and the rows compare directly;
+fairseq's own ``masked_lm`` and ``translation`` are the reference points.
 """
 import time
 from dataclasses import dataclass

@@ -240,7 +240,8 @@ def markdown(result: Dict) -> str:
         first = result["data"][0]
         lines += ["", f"### Data pipeline: each task's dataset + collater on one thread, batches of {first['batch']}, "
                   f"median of {_repeats(result, 'data_repeats')} passes over {first['examples']} examples", "",
-                  "| length | configuration | examples/s | tokens/s | vs fairseq masked_lm |", "|---:|---|---:|---:|---:|"]
+                  "| length | configuration | examples/s | tokens/s | vs fairseq masked_lm |",
+                  "|---:|---|---:|---:|---:|"]
         for row in result["data"]:
             lines.append(f"| {row['length']} | {_label(row)} | {row['examples_per_s']:.0f} | "
                          f"{row['tokens_per_s'] / 1e6:.2f}M | {_fmt(row['vs_masked_lm'])}x |")

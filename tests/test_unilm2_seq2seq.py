@@ -283,3 +283,37 @@ def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
     assert len(hypotheses) == len(references) == 10
     correct = sum(hypotheses[key] == references[key] for key in references)
     assert correct >= 8, f"only {correct} of 10 test targets generated:\n" + "\n".join(lines[-30:])
+
+
+@pytest.mark.parametrize("pseudo_masks", [False, True])
+def test_one_view_per_use_and_raw_sources_for_inference(tmp_path, pseudo_masks):
+    """Training batches hold the packed rows and labels only (no reference, no source-only view); generation
+    batches hold the source, its segments and the reference, and draw no noise; build_dataset_for_inference takes
+    encoded lines as fairseq-interactive gives them."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    dictionary = make_dictionary()
+    for lang in ("src", "tgt"):
+        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
+    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=pseudo_masks,
+                                                          source_segment=0, target_segment=1, seed=1))
+    dataset = task._dataset(Sentences(task.dictionary, [5, 8], 0), Sentences(task.dictionary, [4, 2], 1))
+    training = dataset.collater([dataset[0], dataset[1]])
+    assert set(training) == {"id", "nsentences", "ntokens", "net_input", "target"}
+    assert training["net_input"]["src_tokens"].shape == training["target"].shape  # packed rows and their labels
+    assert "src_lengths" not in training["net_input"] and "attention_mask" not in training["net_input"]
+    dataset.generation = True
+    item = dataset[1]
+    assert set(item) == {"id", "source", "reference"}  # no noise drawn
+    generation = dataset.collater([dataset[0], dataset[1]])
+    assert generation["target"][1, :2].tolist() == dataset.target[1].tolist()
+    assert generation["net_input"]["source_segments"].eq(0).all()
+    assert generation["net_input"]["target_segment"].eq(1).all()
+
+    lines = [torch.tensor([dictionary.index("w3"), dictionary.index("w4"), dictionary.eos()]),
+             torch.tensor([dictionary.index("w5"), dictionary.eos()])]
+    inference = task.build_dataset_for_inference(lines, [len(t) for t in lines])
+    batch = inference.collater([inference[0], inference[1]])
+    assert batch["target"] is None
+    assert batch["net_input"]["src_tokens"][0].tolist() == [dictionary.bos(), *lines[0].tolist()]
+    assert batch["net_input"]["src_tokens"][1].tolist() == [dictionary.bos(), *lines[1].tolist(), dictionary.pad()]

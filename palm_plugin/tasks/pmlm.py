@@ -63,7 +63,8 @@ class PseudoMaskedLMConfig(BertReplacementConfig):
                   "sentences, never across a document boundary (a blank line in the raw text)"},
     )
     tokens_per_sample: int = field(
-        default=512, metadata={"help": "longest [SOS] S1 [EOS] S2 [EOS] input (the paper: 512); appended tokens reuse positions"}
+        default=512,
+        metadata={"help": "longest [SOS] S1 [EOS] S2 [EOS] input (the paper: 512); appended tokens reuse positions"},
     )
     objective: OBJECTIVE_CHOICES = field(
         default="ae_par", metadata={"help": "pre-training objectives (the paper's Table 6): ae_par, ae, par, ar, ae_ar"}

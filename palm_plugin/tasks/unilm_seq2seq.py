@@ -79,8 +79,8 @@ class UniLMSeq2SeqConfig(BertReplacementConfig):
         metadata={
             "help": "with --pseudo-masks: exact = ceil(target_mask_prob * n) target tokens corrupted, pseudo slots "
             "always <pseudo> (the placeholder decoding feeds); s2s_ft = Microsoft's s2s-ft scheme: pseudo slots "
-            "[MASK] / random / true token (80/10/10, --leave-unmasked-prob / --random-token-prob), each target token replaced by "
-            "its slot's token with probability --target-mask-prob, decoding placeholder [MASK]"
+            "[MASK] / random / true token (80/10/10, --leave-unmasked-prob / --random-token-prob), each target "
+            "token replaced by its slot's token with probability --target-mask-prob, decoding placeholder [MASK]"
         },
     )
     seed: int = II("common.seed")
@@ -187,8 +187,10 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         if "target_segment" not in net_input:
             if "objectives" in net_input or "target_lengths" in net_input:
                 raise RuntimeError(
-                    "a training batch reached the generator: build the generator (task.build_generator) before "
-                    "iterating over the dataset, or use task.build_dataset_for_inference"
+                    "a training batch reached the generator: the data loader started before the task built its "
+                    "generator (with fairseq-generate: --data-buffer-size 0 and --num-workers > 0); keep the default "
+                    "--data-buffer-size, or --num-workers 0, or in Python call task.build_generator before iterating "
+                    "(or use task.build_dataset_for_inference)"
                 )
             src_tokens = net_input["src_tokens"]
             net_input["source_segments"] = torch.full_like(src_tokens, self.cfg.source_segment)
