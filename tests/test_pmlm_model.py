@@ -100,12 +100,13 @@ class _Task:
         self.target_dictionary = dictionary
 
 
-def forward_one(model, tokens, positions, mask=None):
+def forward_one(model, tokens, positions, segments, mask=None):
     """LM logits ``(T, V)`` of one unpadded example; ``mask`` ``(T, T)`` or None (bidirectional). The only place
     the criterion test touches the model's inputs."""
     with torch.no_grad():
         logits, _ = model(
-            tokens[None], position_ids=positions[None], attention_mask=None if mask is None else mask[None]
+            torch.as_tensor(tokens)[None], position_ids=torch.as_tensor(positions)[None],
+            segment_ids=torch.as_tensor(segments)[None], attention_mask=None if mask is None else mask[None],
         )
     return logits[0]
 
@@ -148,9 +149,9 @@ def test_criterion_equals_an_independent_computation():
     for sample, original in zip(samples, items):
         n = len(original)
         kinds, target = sample["kinds"], sample["target"]
-        text_logits = forward_one(model, sample["source"][:n], torch.arange(n))
+        text_logits = forward_one(model, sample["source"][:n], torch.arange(n), sample["segments"][:n])
         visibility = pseudo_masked_visibility(kinds, sample["steps"])
-        full_logits = forward_one(model, sample["source"], sample["positions"], visibility)
+        full_logits = forward_one(model, sample["source"], sample["positions"], sample["segments"], visibility)
         for t in range(len(target)):
             gold = int(target[t])
             if gold == dictionary.pad():

@@ -158,7 +158,7 @@ def test_fine_tuning_loss_equals_an_independent_computation():
     targets = indexed([rng.integers(d.nspecial, len(d) - 1, size=n) for n in (6, 2, 8, 4)], d)
     dataset = UniLMSeq2SeqDataset(
         sources, targets, d, max_source_positions=16, max_target_positions=16,
-        policy=TokenMaskingPolicy(mask_prob=0.7), mask_index=d.index("<mask>"), source_segment=4, target_segment=5,
+        masking=TokenMaskingPolicy(mask_prob=0.7), mask_idx=d.index("<mask>"), source_segment=4, target_segment=5,
         seed=1,
     )
     items = [dataset[i] for i in range(4)]
