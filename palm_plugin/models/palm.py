@@ -83,6 +83,16 @@ class PalmConfig(FairseqDataclass):
             "examples/pointer_generator (use its preprocess.py / postprocess.py). 0 = off"
         },
     )
+    source_bos: bool = field(
+        default=True,
+        metadata={
+            "help": "the encoder reads '<s> source </s>', as RoBERTa always did (measured in "
+            "docs/palm-source-format.md), whatever the task: continuation_pair and translation give 'source </s>' "
+            "and the encoder puts <s> first (a source of the full --encoder-max-positions loses its last token "
+            "before </s>). A checkpoint keeps the format it was trained with, this option included, and so do "
+            "the models fine-tuned from it and fairseq-generate (checkpoints from before this option: no <s>)"
+        },
+    )
     roberta_path: Optional[str] = field(
         default=None,
         metadata={
@@ -152,7 +162,7 @@ class PalmModel(FairseqEncoderDecoderModel):
         embed_dim = cfg.encoder_embed_dim
         embed_tokens = MarkerEmbedding(num_embeddings, embed_dim, dictionary.pad(), dictionary.unk())
         transformer_cfg = _transformer_config(cfg)
-        encoder = PalmEncoder(transformer_cfg, dictionary, embed_tokens)
+        encoder = PalmEncoder(transformer_cfg, dictionary, embed_tokens, safe_getattr(cfg, "source_bos", True))
         decoder = PalmDecoder(
             transformer_cfg,
             dictionary,
@@ -197,6 +207,7 @@ class PalmModel(FairseqEncoderDecoderModel):
             if self.mlm_head is None:
                 raise ValueError("this PALM model has no MLM head: it is built only for the continuation_pair task")
             features = encoder_out["encoder_out"][0].transpose(0, 1)
+            masked_tokens = self.encoder.source_layout(src_tokens, masked_tokens, False)
             extra["mlm_logits"] = self.mlm_head(features, masked_tokens=masked_tokens)
         return log_probs, extra
 
@@ -211,6 +222,7 @@ class PalmModel(FairseqEncoderDecoderModel):
         PALM) has that part replaced by this model's own fresh initialisation."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
+        self.encoder.adopt_source_format(state_dict, prefix + "encoder.")
         if self.reinit_parts and prefix + REINIT_MARKER not in state_dict:
             self._reinitialise(state_dict, prefix)
         if self.mlm_head is None:
@@ -239,21 +251,68 @@ class PalmModel(FairseqEncoderDecoderModel):
         shared = self.encoder.embed_tokens.weight
         own = self.state_dict(keep_vars=True)
         for part in self.reinit_parts:
-            names = [k for k, v in own.items() if k.startswith(part + ".") and v is not shared]
+            names = [
+                k for k, v in own.items() if k.startswith(part + ".") and v is not shared and k != SOURCE_FORMAT
+            ]
             for key in names:
                 state_dict[prefix + key] = own[key].detach().clone()
             logger.info(f"{part} re-initialised ({len(names)} tensors; token embedding kept from the checkpoint)")
         state_dict[prefix + REINIT_MARKER] = torch.ones(())
 
 
+# State-dict entry (a buffer of the encoder) that records whether the encoder was trained with <s> first.
+SOURCE_FORMAT = "encoder.bos_first"
+
+
 class PalmEncoder(TransformerEncoderBase):
-    """fairseq's Transformer encoder that also returns ``src_tokens``, which the copy layer scatters onto."""
+    """fairseq's Transformer encoder that reads ``<s>`` first (``source_bos``) and also returns the tokens it read,
+    which the copy layer scatters onto."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, source_bos: bool):
+        super().__init__(cfg, dictionary, embed_tokens)
+        self.source_bos = source_bos
+        self.register_buffer("bos_first", torch.tensor(float(source_bos)))  # saved with the weights: SOURCE_FORMAT
+
+    def adopt_source_format(self, state_dict, prefix: str) -> None:
+        """Take the source format of the checkpoint in ``state_dict`` (one written before the format was recorded
+        had no ``<s>``), so that fine-tuning and decoding read sources as the weights were trained to."""
+        key = prefix + "bos_first"
+        if key not in state_dict:
+            state_dict[key] = torch.zeros(())
+        trained_with_bos = bool(state_dict[key])
+        if trained_with_bos != self.source_bos:
+            logger.info(f"the checkpoint's encoder was trained {'with' if trained_with_bos else 'without'} <s> "
+                        "first: its sources keep that format")
+            self.source_bos = trained_with_bos
+
+    def source_layout(self, src_tokens, values, bos_value):
+        """``values`` (aligned with ``src_tokens``, e.g. the tokens themselves or the MLM mask) as the encoder reads
+        them: unchanged without ``source_bos``; else right-padded rows ``bos_value, values of the real tokens``, at
+        most ``max_positions`` long (an over-long row keeps its last value, the final ``</s>``)."""
+        if not self.source_bos:
+            return values
+        real = src_tokens.ne(self.padding_idx)
+        # real positions first, in their order: rows become right-padded whatever the batch's padding side
+        order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices
+        packed = values.gather(1, order)
+        first = packed.new_full((packed.size(0), 1), bos_value)
+        laid_out = torch.cat((first, packed), dim=1)
+        limit = self.max_positions()
+        if laid_out.size(1) > limit:
+            lengths = real.sum(1) + 1
+            too_long = torch.nonzero(lengths > limit).squeeze(1)
+            laid_out[too_long, limit - 1] = laid_out[too_long, lengths[too_long] - 1]
+            laid_out = laid_out[:, :limit]
+        return laid_out
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
-        """Returns fairseq's encoder output dict (``encoder_out`` ``[(S, B, C)]``, ``encoder_padding_mask``
-        ``[(B, S)]``, ...) with ``src_tokens`` ``[(B, S)]`` filled in; ``reorder_encoder_out`` reorders it."""
-        encoder_out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
-        encoder_out["src_tokens"] = [src_tokens]
+        """Returns fairseq's encoder output dict (``encoder_out`` ``[(S', B, C)]``, ``encoder_padding_mask``
+        ``[(B, S')]``, ...) with ``src_tokens`` ``[(B, S')]`` the tokens read (:meth:`source_layout`);
+        ``reorder_encoder_out`` reorders them."""
+        tokens = self.source_layout(src_tokens, src_tokens, self.dictionary.bos())
+        lengths = tokens.ne(self.padding_idx).sum(1) if tokens is not src_tokens else src_lengths
+        encoder_out = self.forward_scriptable(tokens, lengths, return_all_hiddens, token_embeddings)
+        encoder_out["src_tokens"] = [tokens]
         return encoder_out
 
 
