@@ -129,6 +129,10 @@ binarize() {
 
 fairseq_train() {  # fairseq_train SAVE_DIR UPDATES ARGS...: the shared optimisation settings
   local save_dir="$1" updates="$2"; shift 2
+  # a finished stage is skipped: fairseq would resume from its checkpoint_last.pt and take one update more
+  if [[ -f "$save_dir/finished" ]] && (( $(cat "$save_dir/finished") >= updates )); then
+    log "$save_dir: finished ($(cat "$save_dir/finished") updates)"; return 0
+  fi
   local per_step=$(( BATCH_SIZE * (NGPUS > 0 ? NGPUS : 1) ))
   local update_freq=$(( (TOTAL_BATCH + per_step - 1) / per_step )) device=(--cpu)
   [[ "$NGPUS" != 0 ]] && device=(--fp16)
@@ -140,6 +144,7 @@ fairseq_train() {  # fairseq_train SAVE_DIR UPDATES ARGS...: the shared optimisa
     --dropout 0.1 --attention-dropout 0.1 --save-dir "$save_dir" --save-interval-updates "$SAVE_INTERVAL" \
     --keep-interval-updates 1 --no-epoch-checkpoints --log-format simple --log-interval 100 --seed 1 \
     --num-workers 0 --skip-invalid-size-inputs-valid-test ${TRAIN_EXTRA:-}
+  echo "$updates" > "$save_dir/finished"
 }
 
 train() {
