@@ -152,7 +152,7 @@ def test_decoder_learns_to_copy_the_source():
     # From random weights this tiny model finds the copy alignment within these steps when target position t and
     # source position t coincide (about 0.02 bits); with <s> first (the default, for RoBERTa-initialised models)
     # it is still at 2.3 bits after 150 steps, and so is it with any other extra first token.
-    model = build(seed=1, source_bos=False)
+    model = build(seed=1, no_source_bos=True)
     lm_bits = train(model, batch_maker(model.encoder.dictionary, copy_task=True), steps=150)
     assert lm_bits < 0.3, f"lm_loss {lm_bits:.3f} bits on a copy task"
 
@@ -310,7 +310,7 @@ def test_option_help_documents_the_table_6_ablations():
                              ("--reinit-decoder", "- autoregression"), ("--finetune-from-model", "- pre-training")):
         assert option in text and ablation in text, (option, ablation)
     for option in ("--split-mode", "--max-source-tokens", "--max-target-tokens", "--source-position-markers",
-                   "--mlm-weight", "--lm-weight", "--copy-attention-dim", "--roberta-path"):
+                   "--mlm-weight", "--lm-weight", "--copy-attention-dim", "--roberta-path", "--no-source-bos"):
         assert option in text, option
 
 
@@ -319,7 +319,7 @@ def test_source_bos_layout_and_truncation():
     without source_bos reads the sources with <s> written in; a source of the full position budget loses the
     token before its </s>."""
     model = build(seed=6).eval()
-    plain = build(seed=6, source_bos=False).eval()
+    plain = build(seed=6, no_source_bos=True).eval()
     dictionary = model.encoder.dictionary
     pad, bos, eos = dictionary.pad(), dictionary.bos(), dictionary.eos()
     left = torch.tensor([[pad, pad, 5, 6, eos], [7, 8, 9, 10, eos]])
@@ -340,7 +340,7 @@ def test_source_bos_layout_and_truncation():
 def test_checkpoints_keep_their_source_format():
     """A checkpoint records whether its encoder read <s> first; loading it sets that format whatever the new
     model was configured with, and a checkpoint from before the record (no entry) means no <s>."""
-    trained_without = build(seed=1, source_bos=False).state_dict()
+    trained_without = build(seed=1, no_source_bos=True).state_dict()
     model = build(seed=2)
     model.load_state_dict(dict(trained_without), strict=True)
     assert not model.encoder.source_bos
@@ -348,6 +348,6 @@ def test_checkpoints_keep_their_source_format():
     model = build(seed=2)
     model.load_state_dict(old, strict=True)
     assert not model.encoder.source_bos and float(model.state_dict()[SOURCE_FORMAT]) == 0
-    model = build(seed=2, source_bos=False)
+    model = build(seed=2, no_source_bos=True)
     model.load_state_dict(build(seed=1).state_dict(), strict=True)
     assert model.encoder.source_bos

@@ -89,32 +89,9 @@ PY
 }
 
 tokenize() {
-  local inputs=("$WORK/raw/train.txt" "$WORK/raw/valid.txt") outputs=("$WORK/tok/train.txt" "$WORK/tok/valid.txt")
   mkdir -p "$WORK/tok"
-  case "$VOCAB" in
-    sentencepiece)
-      if [[ "${TRAIN_SPM:-0}" == 1 ]]; then
-        "$PYTHON" -c "import sys, sentencepiece as spm; spm.SentencePieceTrainer.train(input=sys.argv[1], \
-model_prefix=sys.argv[2], vocab_size=300, minloglevel=2, character_coverage=1.0, hard_vocab_limit=False)" \
-          "$WORK/raw/train.txt" "${SPM_MODEL%.model}"
-      fi
-      need_file "$SPM_MODEL" "set SPM_MODEL (and DICT) to the sentencepiece model to pre-train with"
-      "$BIN/palm-prepare" encode --bpe sentencepiece --model "$SPM_MODEL" --workers "$WORKERS" \
-        --inputs "${inputs[@]}" --outputs "${outputs[@]}" ;;
-    gpt2)
-      fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json "$GPT2_DIR/encoder.json"
-      fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/vocab.bpe "$GPT2_DIR/vocab.bpe"
-      fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/dict.txt "$GPT2_DIR/dict.txt"
-      "$BIN/palm-prepare" encode --bpe gpt2 --model "$GPT2_DIR/encoder.json" --vocab-bpe "$GPT2_DIR/vocab.bpe" \
-        --workers "$WORKERS" --inputs "${inputs[@]}" --outputs "${outputs[@]}" ;;
-    wordpiece)
-      need_file "$UNILM_DIR/vocab.txt" "set UNILM_DIR to the output of palm-convert bert"
-      local uncased=()
-      [[ "$MODEL" == unilm2 ]] && uncased=(--uncased)
-      "$BIN/palm-prepare" encode --bpe wordpiece --model "$UNILM_DIR/vocab.txt" "${uncased[@]}" \
-        --workers "$WORKERS" --inputs "${inputs[@]}" --outputs "${outputs[@]}" ;;
-    *) die "VOCAB must be gpt2, wordpiece or sentencepiece" ;;
-  esac
+  encode_files "$WORK/raw/train.txt" "$WORK/raw/train.txt" "$WORK/raw/valid.txt" "$WORK/tok/train.txt" \
+    "$WORK/tok/valid.txt"
 }
 
 binarize() {

@@ -83,14 +83,14 @@ class PalmConfig(FairseqDataclass):
             "examples/pointer_generator (use its preprocess.py / postprocess.py). 0 = off"
         },
     )
-    source_bos: bool = field(
-        default=True,
+    no_source_bos: bool = field(
+        default=False,
         metadata={
-            "help": "the encoder reads '<s> source </s>', as RoBERTa always did (measured in "
-            "docs/palm-source-format.md), whatever the task: continuation_pair and translation give 'source </s>' "
-            "and the encoder puts <s> first (a source of the full --encoder-max-positions loses its last token "
-            "before </s>). A checkpoint keeps the format it was trained with, this option included, and so do "
-            "the models fine-tuned from it and fairseq-generate (checkpoints from before this option: no <s>)"
+            "help": "read sources as 'source </s>'. By default the encoder reads '<s> source </s>', as RoBERTa always "
+            "did (measured in docs/palm-source-format.md), whatever the task: continuation_pair and translation "
+            "give 'source </s>' and the encoder puts <s> first (a source of the full --encoder-max-positions loses "
+            "its last token before </s>). A checkpoint keeps the format it was trained with, and so do the models "
+            "fine-tuned from it and fairseq-generate (checkpoints from before this option: no <s>)"
         },
     )
     roberta_path: Optional[str] = field(
@@ -162,7 +162,9 @@ class PalmModel(FairseqEncoderDecoderModel):
         embed_dim = cfg.encoder_embed_dim
         embed_tokens = MarkerEmbedding(num_embeddings, embed_dim, dictionary.pad(), dictionary.unk())
         transformer_cfg = _transformer_config(cfg)
-        encoder = PalmEncoder(transformer_cfg, dictionary, embed_tokens, safe_getattr(cfg, "source_bos", True))
+        encoder = PalmEncoder(
+            transformer_cfg, dictionary, embed_tokens, not safe_getattr(cfg, "no_source_bos", False)
+        )
         decoder = PalmDecoder(
             transformer_cfg,
             dictionary,
