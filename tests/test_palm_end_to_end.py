@@ -227,3 +227,27 @@ def test_generation_does_not_read_roberta_path_again(corpus, roberta_checkpoint,
             log_probs, _ = model(src, torch.tensor([src.size(1)]), prev)
         expected = log_probs[0].gather(1, tgt[0].unsqueeze(1)).squeeze(1) / math.log(2)
         torch.testing.assert_close(torch.tensor(scores[index]), expected, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("part", ["decoder"])
+def test_table6_reinit_through_fairseq_train(corpus, tmp_path, part):
+    """fairseq-train --task translation --finetune-from-model PALM --reinit-decoder: the fine-tuning run starts
+    from the checkpoint's encoder and token embedding and a new decoder (a learning rate of 1e-9 keeps the saved
+    weights where they started)."""
+    run_cli("fairseq-train", corpus / "mono", "--user-dir", USER_DIR, "--task", "continuation_pair", "--arch",
+            "palm_tiny", "--criterion", "palm_mlm_lm", "--max-source-tokens", 40, "--max-target-tokens", 12,
+            "--max-tokens", 1500, "--max-update", 2, "--save-dir", tmp_path / "palm", "--disable-validation",
+            *COMMON)
+    run_cli("fairseq-train", corpus / "pairs", "--user-dir", USER_DIR, "--task", "translation", "--arch", "palm_tiny",
+            "--criterion", "label_smoothed_cross_entropy", f"--reinit-{part}", "--max-tokens", 1500, "--max-update",
+            1, "--finetune-from-model", tmp_path / "palm" / "checkpoint_last.pt", "--save-dir", tmp_path / "ft",
+            "--disable-validation", *COMMON, "--lr", "1e-9", "--seed", 2)
+    pretrained = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "palm" / "checkpoint_last.pt"))["model"]
+    finetuned = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "ft" / "checkpoint_last.pt"))["model"]
+    rows = finetuned["encoder.embed_tokens.weight"].size(0)
+    for key, value in finetuned.items():
+        if key.startswith("encoder.") or key.endswith("embed_tokens.weight"):
+            torch.testing.assert_close(value, pretrained[key][:rows] if "embed_tokens" in key else pretrained[key],
+                                       atol=1e-6, rtol=0, msg=key)
+        elif key.startswith("decoder.layers.") and key.endswith("weight") and "layer_norm" not in key:
+            assert (value - pretrained[key]).abs().amax() > 1e-3, key
