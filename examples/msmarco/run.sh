@@ -16,7 +16,9 @@ TASK="${TASK:-nlg}"  # PALM Table 2 reports the NLG task
 TRAIN_PASSAGES="${TRAIN_PASSAGES:-selected}"
 DEV_PASSAGES="${DEV_PASSAGES:-all}"
 source "$(dirname "$0")/../common.sh"
-WORK="$WORK-$TASK$([[ "$DEV_PASSAGES" == selected ]] && echo -oracle)"
+ORACLE=""
+[[ "$DEV_PASSAGES" == selected ]] && ORACLE=-oracle
+WORK="$WORK-$TASK$ORACLE"
 
 # Settings: palm PAPER (PALM section 3.3): 10 epochs, batch 64, lr 1e-5, input 512, beam 5; OURS: warm-up 2%, label
 # smoothing 0.1, weight decay 0.01, target 128, no n-gram blocking. UniLM / UniLMv2 did not report MS MARCO: OURS,
