@@ -98,12 +98,22 @@ tokenize() {
     for side in src tgt; do files+=("$WORK/raw/$split.$side"); outputs+=("$tok/$split.$side"); done
   done
   mkdir -p "$tok"
+  encode_files "$WORK/raw/train.src $WORK/raw/train.tgt" "${files[@]}" "${outputs[@]}"
+}
+
+# encode_files "SENTENCEPIECE TRAINING FILES" INPUT... OUTPUT...: the INPUT files in subwords (VOCAB), into as many
+# OUTPUT files; with TRAIN_SPM=1 a small sentencepiece model is trained on the training files first
+encode_files() {
+  local spm_training="$1"; shift
+  local half=$(( $# / 2 ))
+  local files=("${@:1:half}") outputs=("${@:half+1}")
   case "$VOCAB" in
     sentencepiece)
       if [[ "${TRAIN_SPM:-0}" == 1 ]]; then
-        "$PYTHON" - "$WORK/raw/train.src" "$WORK/raw/train.tgt" "${SPM_MODEL%.model}" <<'EOF'
+        # shellcheck disable=SC2086
+        "$PYTHON" - $spm_training "${SPM_MODEL%.model}" <<'EOF'
 import sys, sentencepiece as spm
-spm.SentencePieceTrainer.train(input=sys.argv[1:3], model_prefix=sys.argv[3], vocab_size=300, minloglevel=2,
+spm.SentencePieceTrainer.train(input=sys.argv[1:-1], model_prefix=sys.argv[-1], vocab_size=300, minloglevel=2,
                                character_coverage=1.0, hard_vocab_limit=False)
 EOF
       fi

@@ -10,10 +10,14 @@
   head (a RoBERTa LM head, built only for tasks that set ``trains_encoder_mlm``, i.e. ``continuation_pair``; a
   fine-tuning model drops it from the pre-training checkpoint).
 
-Ablations of PALM's Table 6: ``--no-copy`` ("- pointer-generator"); pre-training without ``--roberta-path``
-("- autoencoding", random encoder); fine-tuning from the checkpoint of ``--stage ae`` of ``palm_mlm_lm``, whose
-decoder was never trained ("- autoregression", random decoder); fine-tuning the ``palm`` architecture with the
-``translation`` task and no ``--finetune-from-model`` ("- pre-training").
+PALM's Table 6 (section 3.7), each row as the paper defines it:
+
+* "- pointer-generator": ``--no-copy`` in pre-training and fine-tuning (no copy layer);
+* "- autoencoding" / "- autoregression": fine-tune the full pre-trained PALM (``--finetune-from-model``) with
+  ``--reinit-encoder`` / ``--reinit-decoder``: that part of the checkpoint is replaced by a random initialisation
+  (:meth:`PalmModel.upgrade_state_dict_named`);
+* "- pre-training": fine-tune the ``palm`` architecture from scratch (no ``--finetune-from-model``, no
+  ``--roberta-path``).
 """
 import logging
 from dataclasses import dataclass, field
@@ -28,6 +32,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
+from palm_plugin.fixes.saved_model_build import building_saved_model
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.modules.copy_generator import PointerGenerator
@@ -78,15 +83,48 @@ class PalmConfig(FairseqDataclass):
             "examples/pointer_generator (use its preprocess.py / postprocess.py). 0 = off"
         },
     )
+    no_source_bos: bool = field(
+        default=False,
+        metadata={
+            "help": "read sources as 'source </s>'. By default the encoder reads '<s> source </s>', as RoBERTa always "
+            "did (measured in docs/palm-source-format.md), whatever the task: continuation_pair and translation "
+            "give 'source </s>' and the encoder puts <s> first (a source of the full --encoder-max-positions loses "
+            "its last token before </s>). A checkpoint keeps the format it was trained with, and so do the models "
+            "fine-tuned from it and fairseq-generate (checkpoints from before this option: no <s>)"
+        },
+    )
     roberta_path: Optional[str] = field(
         default=None,
         metadata={
             "help": "fairseq RoBERTa / masked_lm checkpoint (model.pt) with the same dictionary: initialises the "
-            "encoder, the shared embeddings and the MLM head. Leave out for the ablation '- autoencoding' "
-            "(random encoder); fine-tuning palm with the translation task and no --finetune-from-model is the "
-            "ablation '- pre-training' (PALM Table 6). Not read when a saved PALM checkpoint is loaded for inference"
+            "encoder, the shared embeddings and the MLM head of a new model (PALM section 3.1, before pre-training). "
+            "Read only when a model is built to be trained from scratch, never when a saved checkpoint is loaded "
+            "(fairseq-generate, checkpoint_utils), whatever the task"
         },
     )
+    reinit_encoder: bool = field(
+        default=False,
+        metadata={
+            "help": "ablation '- autoencoding' (PALM Table 6): fine-tune the pre-trained PALM of "
+            "--finetune-from-model with its encoder (layers, positions, embedding layer norm) replaced by a random "
+            "initialisation (the one of this run's --seed). The token embedding, shared by encoder, decoder and "
+            "output layer, is kept from the checkpoint"
+        },
+    )
+    reinit_decoder: bool = field(
+        default=False,
+        metadata={
+            "help": "ablation '- autoregression' (PALM Table 6): as --reinit-encoder for the decoder (layers, "
+            "positions, embedding layer norm and the pointer-generator: copy layer and W_v); the shared token "
+            "embedding is kept. Other rows of Table 6: '- pointer-generator' = --no-copy in pre-training and "
+            "fine-tuning; '- pre-training' = fine-tuning palm with no --finetune-from-model and no --roberta-path"
+        },
+    )
+
+
+# State-dict entry that marks a checkpoint whose part was already re-initialised (--reinit-encoder/-decoder): a
+# resumed run or fairseq-generate loads it as it is.
+REINIT_MARKER = "table6_reinitialised"
 
 
 @register_model("palm", dataclass=PalmConfig)
@@ -97,6 +135,11 @@ class PalmModel(FairseqEncoderDecoderModel):
         super().__init__(encoder, decoder)
         self.cfg = cfg
         self.mlm_head = mlm_head
+        self.reinit_parts = [
+            part for part, chosen in (("encoder", cfg.reinit_encoder), ("decoder", cfg.reinit_decoder)) if chosen
+        ]
+        if self.reinit_parts:
+            self.register_buffer(REINIT_MARKER, torch.ones(()))
 
     @classmethod
     def build_model(cls, cfg, task):
@@ -106,6 +149,8 @@ class PalmModel(FairseqEncoderDecoderModel):
                 "PALM shares one embedding between source and target: binarize both sides with the same "
                 "dictionary (fairseq-preprocess --joined-dictionary or --srcdict/--tgtdict with one file)"
             )
+        if cfg.reinit_encoder and cfg.roberta_path:
+            raise ValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
         markers = safe_getattr(cfg, "source_position_markers", 0)
         num_embeddings = len(dictionary) - markers
         mask = dictionary.index("<mask>") if "<mask>" in dictionary else None
@@ -117,7 +162,9 @@ class PalmModel(FairseqEncoderDecoderModel):
         embed_dim = cfg.encoder_embed_dim
         embed_tokens = MarkerEmbedding(num_embeddings, embed_dim, dictionary.pad(), dictionary.unk())
         transformer_cfg = _transformer_config(cfg)
-        encoder = PalmEncoder(transformer_cfg, dictionary, embed_tokens)
+        encoder = PalmEncoder(
+            transformer_cfg, dictionary, embed_tokens, not safe_getattr(cfg, "no_source_bos", False)
+        )
         decoder = PalmDecoder(
             transformer_cfg,
             dictionary,
@@ -137,7 +184,8 @@ class PalmModel(FairseqEncoderDecoderModel):
         model = cls(cfg, encoder, decoder, mlm_head)
         # RoBERTa's initialisation (normal(0, 0.02), zero biases, zero padding row) for every part of the model.
         model.apply(init_bert_params)
-        if cfg.roberta_path:
+        # A saved model already holds the RoBERTa weights (trained since): the file may be gone or stale.
+        if cfg.roberta_path and not building_saved_model():
             load_roberta_encoder(model, cfg.roberta_path)
         return model
 
@@ -161,6 +209,7 @@ class PalmModel(FairseqEncoderDecoderModel):
             if self.mlm_head is None:
                 raise ValueError("this PALM model has no MLM head: it is built only for the continuation_pair task")
             features = encoder_out["encoder_out"][0].transpose(0, 1)
+            masked_tokens = self.encoder.source_layout(src_tokens, masked_tokens, False)
             extra["mlm_logits"] = self.mlm_head(features, masked_tokens=masked_tokens)
         return log_probs, extra
 
@@ -170,9 +219,14 @@ class PalmModel(FairseqEncoderDecoderModel):
     def upgrade_state_dict_named(self, state_dict, name):
         """Adapt a checkpoint to this model: drop the MLM head when there is none (fine-tuning) and, as fairseq's
         BART does, drop the last embedding row (``<mask>``, appended by the pre-training task) when this
-        dictionary has no ``<mask>``; then check that the embedding fits this dictionary."""
+        dictionary has no ``<mask>``; then check that the embedding fits this dictionary. With
+        ``--reinit-encoder`` / ``--reinit-decoder``, a checkpoint without :data:`REINIT_MARKER` (a pre-trained
+        PALM) has that part replaced by this model's own fresh initialisation."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
+        self.encoder.adopt_source_format(state_dict, prefix + "encoder.")
+        if self.reinit_parts and prefix + REINIT_MARKER not in state_dict:
+            self._reinitialise(state_dict, prefix)
         if self.mlm_head is None:
             for key in [k for k in state_dict if k.startswith(prefix + "mlm_head.")]:
                 del state_dict[key]
@@ -193,14 +247,74 @@ class PalmModel(FairseqEncoderDecoderModel):
         check_embedding_rows(state_dict, embed_key, self.encoder.embed_tokens, self.encoder.dictionary)
 
 
+    def _reinitialise(self, state_dict, prefix: str) -> None:
+        """Table 6's "- autoencoding" / "- autoregression": the chosen parts of ``state_dict`` become this model's
+        current (freshly initialised, not yet loaded) values, except the token embedding that both sides share."""
+        shared = self.encoder.embed_tokens.weight
+        own = self.state_dict(keep_vars=True)
+        for part in self.reinit_parts:
+            names = [
+                k for k, v in own.items() if k.startswith(part + ".") and v is not shared and k != SOURCE_FORMAT
+            ]
+            for key in names:
+                state_dict[prefix + key] = own[key].detach().clone()
+            logger.info(f"{part} re-initialised ({len(names)} tensors; token embedding kept from the checkpoint)")
+        state_dict[prefix + REINIT_MARKER] = torch.ones(())
+
+
+# State-dict entry (a buffer of the encoder) that records whether the encoder was trained with <s> first.
+SOURCE_FORMAT = "encoder.bos_first"
+
+
 class PalmEncoder(TransformerEncoderBase):
-    """fairseq's Transformer encoder that also returns ``src_tokens``, which the copy layer scatters onto."""
+    """fairseq's Transformer encoder that reads ``<s>`` first (``source_bos``) and also returns the tokens it read,
+    which the copy layer scatters onto."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, source_bos: bool):
+        super().__init__(cfg, dictionary, embed_tokens)
+        self.source_bos = source_bos
+        self.register_buffer("bos_first", torch.tensor(float(source_bos)))  # saved with the weights: SOURCE_FORMAT
+
+    def adopt_source_format(self, state_dict, prefix: str) -> None:
+        """Take the source format of the checkpoint in ``state_dict`` (one written before the format was recorded
+        had no ``<s>``), so that fine-tuning and decoding read sources as the weights were trained to."""
+        key = prefix + "bos_first"
+        if key not in state_dict:
+            state_dict[key] = torch.zeros(())
+        trained_with_bos = bool(state_dict[key])
+        if trained_with_bos != self.source_bos:
+            logger.info(f"the checkpoint's encoder was trained {'with' if trained_with_bos else 'without'} <s> "
+                        "first: its sources keep that format")
+            self.source_bos = trained_with_bos
+
+    def source_layout(self, src_tokens, values, bos_value):
+        """``values`` (aligned with ``src_tokens``, e.g. the tokens themselves or the MLM mask) as the encoder reads
+        them: unchanged without ``source_bos``; else right-padded rows ``bos_value, values of the real tokens``, at
+        most ``max_positions`` long (an over-long row keeps its last value, the final ``</s>``)."""
+        if not self.source_bos:
+            return values
+        real = src_tokens.ne(self.padding_idx)
+        # real positions first, in their order: rows become right-padded whatever the batch's padding side
+        order = torch.sort((~real).to(torch.uint8), dim=1, stable=True).indices
+        packed = values.gather(1, order)
+        first = packed.new_full((packed.size(0), 1), bos_value)
+        laid_out = torch.cat((first, packed), dim=1)
+        limit = self.max_positions()
+        if laid_out.size(1) > limit:
+            lengths = real.sum(1) + 1
+            too_long = torch.nonzero(lengths > limit).squeeze(1)
+            laid_out[too_long, limit - 1] = laid_out[too_long, lengths[too_long] - 1]
+            laid_out = laid_out[:, :limit]
+        return laid_out
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
-        """Returns fairseq's encoder output dict (``encoder_out`` ``[(S, B, C)]``, ``encoder_padding_mask``
-        ``[(B, S)]``, ...) with ``src_tokens`` ``[(B, S)]`` filled in; ``reorder_encoder_out`` reorders it."""
-        encoder_out = self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
-        encoder_out["src_tokens"] = [src_tokens]
+        """Returns fairseq's encoder output dict (``encoder_out`` ``[(S', B, C)]``, ``encoder_padding_mask``
+        ``[(B, S')]``, ...) with ``src_tokens`` ``[(B, S')]`` the tokens read (:meth:`source_layout`);
+        ``reorder_encoder_out`` reorders them."""
+        tokens = self.source_layout(src_tokens, src_tokens, self.dictionary.bos())
+        lengths = tokens.ne(self.padding_idx).sum(1) if tokens is not src_tokens else src_lengths
+        encoder_out = self.forward_scriptable(tokens, lengths, return_all_hiddens, token_embeddings)
+        encoder_out["src_tokens"] = [tokens]
         return encoder_out
 
 

@@ -48,6 +48,8 @@ def load_roberta_encoder(model, path: str) -> None:
             f"{path}: no RoBERTa encoder in this checkpoint (expected '{_ENCODER}embed_tokens.weight'); "
             "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture"
         )
+    # RoBERTa read <s> first, but the source format stays the one this model was configured with.
+    weights["encoder.bos_first"] = model.encoder.bos_first.clone()
     # fairseq's own upgrades (old layer-norm names, fused in_proj attention weights, the <mask> row), then the
     # embedding's size against this dictionary: PALM must use the dictionary RoBERTa was trained with.
     try:
