@@ -13,6 +13,7 @@ from palm_plugin.fixes import (
     bf16_on_cpu,
     checkpoint_copy,
     distributed,
+    generation_options,
     ngram_repeat_block,
     option_help,
     safe_loading,
@@ -25,6 +26,7 @@ FIXES = (
     (batch_remainder, "--required-batch-size-multiple drops the last batch (fairseq #5036)"),
     (option_help, "--help lists no task, model or criterion options"),
     (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),
+    (generation_options, "no GNMT length penalty (--lenpen-style gnmt) or n-gram blocking that ignores tokens"),
     (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
 )
 FIXES_AFTER_REGISTRATION = (
