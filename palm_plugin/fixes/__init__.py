@@ -16,6 +16,7 @@ from palm_plugin.fixes import (
     generation_options,
     ngram_repeat_block,
     option_help,
+    quiet_warnings,
     safe_loading,
 )
 
@@ -27,6 +28,7 @@ FIXES = (
     (option_help, "--help lists no task, model or criterion options"),
     (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),
     (generation_options, "no GNMT length penalty (--lenpen-style gnmt) or n-gram blocking that ignores tokens"),
+    (quiet_warnings, "hydra deprecation and CPU pin_memory warnings on every command"),
     (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
 )
 FIXES_AFTER_REGISTRATION = (
