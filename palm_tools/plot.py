@@ -83,18 +83,19 @@ def read_tensorboard(directory: str, metric: str) -> Curves:
         events.Reload()
         for name in (metric, "ppl"):
             if name in events.Tags()["scalars"]:
-                by_step = {e.step: e.value for e in events.Scalars(name)}  # a resumed run rewrites steps: keep the last
-                curves[kind][name] = sorted(by_step.items())
+                curves[kind][name] = [(e.step, e.value) for e in events.Scalars(name)]
     return _with_train(curves)
 
 
 def _with_train(curves: Curves) -> Curves:
-    """Name the training records "train" (``train_inner`` when present) and keep the validation subsets."""
+    """Name the training records "train" (``train_inner`` when present), keep the validation subsets, and keep one
+    point per update, the last: fairseq's --log-file repeats records after the first epoch, a resumed run rewrites
+    the updates it had logged before the checkpoint it resumed from."""
     train = curves.get("train_inner") or curves.get("train") or {}
-    result = {kind: dict(points) for kind, points in curves.items() if kind not in TRAIN_KINDS}
+    kinds = {kind: points for kind, points in curves.items() if kind not in TRAIN_KINDS}
     if train:
-        result["train"] = dict(train)
-    return result
+        kinds["train"] = train
+    return {kind: {name: sorted(dict(series).items()) for name, series in points.items()} for kind, points in kinds.items()}
 
 
 def read_run(path: str, metric: str = "loss") -> Curves:

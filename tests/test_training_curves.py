@@ -22,10 +22,11 @@ def runs(mono_data, tmp_path_factory):
 
 
 def json_records(path, tag):
-    """The json progress records of a --log-file: ``train_inner`` ones have ``num_updates``, others prefix keys."""
+    """The json progress records of a --log-file (``train_inner`` ones have ``num_updates``, others prefix keys), one
+    per update (fairseq's log file repeats the records of the second epoch)."""
     records = [json.loads(line) for line in path.read_text().splitlines() if line.startswith('{"')]
     key = "num_updates" if tag == "train_inner" else f"{tag}_num_updates"
-    return [r for r in records if key in r]
+    return list({r[key]: r for r in records if key in r}.values())
 
 
 @pytest.mark.slow
