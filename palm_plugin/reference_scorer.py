@@ -52,13 +52,13 @@ class UniLMReferenceScorer(SequenceScorer):
                     f"a source and reference of {longest} tokens exceed the model's {model.max_positions()} "
                     f"positions: lower --max-source-positions or leave the longest test pairs out"
                 )
-            cloze_input, labels = pack_pseudo_seq2seq(
+            net_input, labels = pack_pseudo_seq2seq(
                 sources, references, references, model.decoder.placeholder, self.pad, self.source_segment,
                 self.target_segment,
             )
             labels = labels.to(device)
             predicted = labels.ne(self.pad)
-            logits, _ = model(**{k: v.to(device) for k, v in cloze_input.items()}, masked_tokens=predicted)
+            logits, _ = model(**{k: v.to(device) for k, v in net_input.items()}, masked_tokens=predicted)
             log_probs = F.log_softmax(logits.float(), dim=-1)
             per_model.append(log_probs.gather(1, labels[predicted].unsqueeze(1)).squeeze(1))
         scores = torch.logsumexp(torch.stack(per_model), dim=0) - math.log(len(models))

@@ -183,12 +183,12 @@ def _pmlm_flops(built, batch):
 
 
 def _cloze_tokens(batch, pad):
-    return _nonpad(batch["cloze_input"]["src_tokens"], pad)
+    return _nonpad(batch["net_input"]["src_tokens"], pad)
 
 
 def _cloze_flops(built, batch):
-    src = batch["cloze_input"]["src_tokens"]
-    predicted = _nonpad(batch["cloze_target"], built.task.dictionary.pad())
+    src = batch["net_input"]["src_tokens"]
+    predicted = _nonpad(batch["target"], built.task.dictionary.pad())
     return encoder_only_step(built.dims, src.size(0), src.size(1), predicted)
 
 

@@ -79,7 +79,7 @@ class NaivePARStep(TrainStep):
         factorization step; the first pass predicts every masked position (AE) and its step's tokens (PAR) are
         read from the same logits."""
         net = batch["net_input"]
-        source, kinds, steps, position_ids = net["src_tokens"], net["kinds"], net["steps"], net["positions"]
+        source, kinds, steps, position_ids = net["src_tokens"], net["kinds"], net["steps"], net["position_ids"]
         context = kinds.eq(int(PseudoMaskKind.CONTEXT)) & source.ne(pad)
         width = int(context.sum(1).max())
         corrupted = source[:, :width].masked_fill(~context[:, :width], pad)

@@ -91,7 +91,7 @@ def test_naive_par_covers_each_factorization_step_once(corpus):
     passes = NaivePARStep.build_passes(step.batch, pad)
     original_kind = net["kinds"].eq(2)  # PseudoMaskKind.ORIGINAL
     for row in range(net["src_tokens"].size(0)):
-        positions = net["positions"][row][original_kind[row]]
+        positions = net["position_ids"][row][original_kind[row]]
         steps = net["steps"][row][original_kind[row]]
         originals = net["src_tokens"][row][original_kind[row]]
         assert len(passes) >= int(steps.max()) + 1

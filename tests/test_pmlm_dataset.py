@@ -5,7 +5,8 @@ import torch
 from fairseq.data import Dictionary
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
-from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL, PseudoMaskedLMDataset, pseudo_masked_example
+from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset, pseudo_masked_example
+from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.modules.attention_masks import PseudoMaskKind as K
 
@@ -17,7 +18,7 @@ def test_figure_4_layout():
     tokens = np.array([11, 12, 13, 14, 15, 16])
     steps = np.array([-1, 1, -1, 0, 0, -1])
     noised = np.array([11, 99, 13, 99, 99, 16])  # 99 = [M]
-    example = pseudo_masked_example(tokens, steps, noised, pseudo_index=77)
+    example = pseudo_masked_example(tokens, steps, noised, pseudo_idx=77)
     assert example["source"].tolist() == [11, 99, 13, 99, 99, 16, 77, 77, 14, 15, 77, 12]
     assert example["positions"].tolist() == [0, 1, 2, 3, 4, 5, 3, 4, 3, 4, 1, 1]
     assert example["kinds"].tolist() == [C, C, C, C, C, C, P, P, O, O, P, O]
@@ -65,8 +66,8 @@ def make_dataset(lengths=(30, 50, 12, 80), random_token_prob=0.1, **kwargs):
     dataset = PseudoMaskedLMDataset(
         ListDataset(items),
         dictionary,
-        mask_index=mask,
-        pseudo_index=pseudo,
+        mask_idx=mask,
+        pseudo_idx=pseudo,
         masking=BlockwiseMaskingPolicy(),
         replacement=TokenMaskingPolicy(mask_token_prob=1 - 0.1 - random_token_prob, random_token_prob=random_token_prob),
         seed=3,
@@ -127,7 +128,7 @@ def test_collater_pads_every_field():
     batch = dataset.collater(samples)
     width = max(len(s["source"]) for s in samples)
     net_input = batch["net_input"]
-    for key in ("src_tokens", "positions", "steps", "kinds"):
+    for key in ("src_tokens", "position_ids", "steps", "kinds"):
         assert net_input[key].shape == (len(items), width)
     assert batch["target"].shape == (len(items), width)
     for row, sample in enumerate(samples):

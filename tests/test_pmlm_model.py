@@ -111,7 +111,7 @@ def test_criterion_equals_an_independent_computation():
         [
             {
                 "source": net_input["src_tokens"][b].numpy(),
-                "positions": net_input["positions"][b].numpy(),
+                "positions": net_input["position_ids"][b].numpy(),
                 "steps": net_input["steps"][b].numpy(),
                 "kinds": net_input["kinds"][b].numpy(),
             }

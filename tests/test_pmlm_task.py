@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from palm_plugin.criterions.pmlm_ae_par import PseudoMaskedLMCriterion
-from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel
 from palm_plugin.modules.attention_masks import PseudoMaskKind as K
 from palm_plugin.tasks.pmlm import PseudoMaskedLMConfig, PseudoMaskedLMTask

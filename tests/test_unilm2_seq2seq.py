@@ -7,11 +7,11 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel, unilm2_tiny
-from palm_plugin.modules.attention_masks import pseudo_seq2seq_mask
+from palm_plugin.modules.attention_masks import mask_from_fields, pseudo_seq2seq_mask
 from tests.conftest import REPO
 
 SOURCE_SEGMENT, TARGET_SEGMENT = 0, 1
@@ -64,12 +64,22 @@ def tiny_model(dictionary, seed=0):
     return model.eval()
 
 
+def generation_batch(dataset, indices):
+    """The generation view of the same pairs (what fairseq-generate gets once the task built its generator)."""
+    dataset.generation = True
+    try:
+        return dataset.collater([dataset[i] for i in indices])
+    finally:
+        dataset.generation = False
+
+
 def test_batch_layout():
     dictionary = make_dictionary()
     dataset = make_dataset(dictionary)
     samples = [dataset[i] for i in range(3)]
     batch = dataset.collater(samples)
-    cloze, labels = batch["cloze_input"], batch["cloze_target"]
+    generation = generation_batch(dataset, range(3))
+    cloze, labels = batch["net_input"], batch["target"]
     pad, pseudo = dictionary.pad(), dictionary.index(PSEUDO_SYMBOL)
     for row, sample in enumerate(samples):
         source, target = sample["source"], sample["target"]
@@ -84,12 +94,18 @@ def test_batch_layout():
         assert labels[row, s + t : s + 2 * t].tolist() == target.tolist()
         assert (labels[row, : s + t] == pad).all() and (labels[row, s + 2 * t :] == pad).all()
         # the generation view is the source alone
-        assert batch["net_input"]["src_tokens"][row, :s].tolist() == source.tolist()
+        assert generation["net_input"]["src_tokens"][row, :s].tolist() == source.tolist()
+        assert generation["target"][row, :t].tolist() == target.tolist()
     lengths = [(len(x["source"]), len(x["target"])) for x in samples]
     expected_mask = pseudo_seq2seq_mask(
         torch.tensor([s for s, _ in lengths]), torch.tensor([t for _, t in lengths]), cloze["src_tokens"].eq(pad)
     )
-    assert torch.equal(cloze["attention_mask"], expected_mask)
+    # the batch carries lengths only; the model builds the (B, L, L) mask from them
+    assert "attention_mask" not in cloze
+    built = mask_from_fields(
+        cloze["src_tokens"].eq(pad), source_lengths=cloze["source_lengths"], target_lengths=cloze["target_lengths"]
+    )
+    assert torch.equal(built, expected_mask)
     assert batch["ntokens"] == sum(s + 2 * t for s, t in lengths)
     assert dataset.num_tokens(1) == 8 + 1 + 2 * 2  # [SOS] + source, twice the target
 
@@ -110,8 +126,8 @@ def test_target_noise_never_touches_pseudo_tokens_or_labels():
             corrupted += int(changed.sum())
         batch = noisy.collater([noisy[i] for i in range(3)])
         s, t = len(noisy[0]["source"]), len(noisy[0]["target"])
-        assert batch["cloze_input"]["src_tokens"][0, s + t : s + 2 * t].eq(pseudo).all()
-        assert batch["cloze_target"][0, s + t : s + 2 * t].tolist() == noisy[0]["target"].tolist()  # clean labels
+        assert batch["net_input"]["src_tokens"][0, s + t : s + 2 * t].eq(pseudo).all()
+        assert batch["target"][0, s + t : s + 2 * t].tolist() == noisy[0]["target"].tolist()  # clean labels
     assert corrupted > 30
 
 
@@ -138,9 +154,10 @@ def test_training_forward_equals_cached_and_recomputed_decoding():
     dictionary = make_dictionary()
     model = tiny_model(dictionary)
     dataset = make_dataset(dictionary)
-    batch = dataset.collater([dataset[i] for i in range(3)])
+    training = dataset.collater([dataset[i] for i in range(3)])
+    batch = generation_batch(dataset, range(3))
     with torch.no_grad():
-        training_logits, _ = model(**batch["cloze_input"])
+        training_logits, _ = model(**training["net_input"])
         cached = decode_step_logits(model, batch, dictionary, cached=True)
         recomputed = decode_step_logits(model, batch, dictionary, cached=False)
     for row in range(3):
@@ -157,7 +174,7 @@ def test_changing_target_token_j_changes_only_pseudo_rows_after_j():
     model = tiny_model(dictionary, seed=5)
     dataset = make_dataset(dictionary)
     batch = dataset.collater([dataset[2]])  # source 3 (+[SOS]), target 6
-    cloze = batch["cloze_input"]
+    cloze = batch["net_input"]
     s, t = 4, 6
     with torch.no_grad():
         reference, _ = model(**cloze)

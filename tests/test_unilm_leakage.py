@@ -88,9 +88,9 @@ def losses_by_text_position(model, dataset, text_start, count=400):
     with torch.no_grad():
         for start in range(0, count, 100):
             batch = dataset.collater([dataset[i] for i in range(start, start + 100)])
-            target = batch["cloze_target"]
+            target = batch["target"]
             predicted = target.ne(1)
-            logits, _ = model(**batch["cloze_input"], masked_tokens=predicted)
+            logits, _ = model(**batch["net_input"], masked_tokens=predicted)
             nll = torch.nn.functional.cross_entropy(logits, target[predicted], reduction="none")
             rows, columns = predicted.nonzero(as_tuple=True)
             for row, column, value in zip(rows.tolist(), columns.tolist(), nll.tolist()):
@@ -108,7 +108,7 @@ def seq2seq_dataset(sources, targets, d):
     return UniLMSeq2SeqDataset(
         indexed(sources, d), indexed(targets, d), d, max_source_positions=16, max_target_positions=16,
         policy=TokenMaskingPolicy(mask_prob=0.15, mask_token_prob=1.0, random_token_prob=0.0),
-        mask_index=d.index("<mask>"), source_segment=4, target_segment=5, seed=1,
+        mask_idx=d.index("<mask>"), source_segment=4, target_segment=5, seed=1,
     )
 
 
@@ -144,7 +144,7 @@ def one_direction_dataset(rows, d, objective_probs):
     return UniLMPretrainingDataset(
         indexed(items, d), d, tokens_per_sample=2 * HALF + 3,
         policy=TokenMaskingPolicy(mask_prob=0.15, mask_token_prob=1.0, random_token_prob=0.0),
-        mask_index=d.index("<mask>"), seed=1, objective_probs=objective_probs,
+        mask_idx=d.index("<mask>"), seed=1, objective_probs=objective_probs,
     )
 
 

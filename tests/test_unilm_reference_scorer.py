@@ -3,7 +3,7 @@ forced along the reference, token by token (the probabilities beam search would 
 import pytest
 import torch
 
-from palm_plugin.data.pmlm_dataset import PSEUDO_SYMBOL
+from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.reference_scorer import UniLMReferenceScorer
 from tests.test_unilm_decoding import ARCHS, net_input, sources, tiny_dictionary, tiny_model
 

@@ -4,11 +4,13 @@
     L_AE  = - sum_{m in M} log p(x_m | x_{\\M})           predicted at the [M] slots              (3)
     L_PAR = - sum_i sum_{m in M_i} log p(x_m | x_{\\M>=i})  predicted at the [P] tokens of step i   (5, 6)
 
-Both come from ONE forward pass over the pseudo-masked input (:mod:`palm_plugin.data.pmlm_dataset`), with the
-mask of :func:`palm_plugin.modules.attention_masks.pmlm_mask`; the LM head runs on the predicted rows only.
+Both come from ONE forward pass over the pseudo-masked input (:mod:`palm_plugin.data.pmlm_dataset`),
+``model(**sample["net_input"])``: the model builds the mask of
+:func:`palm_plugin.modules.attention_masks.pmlm_mask` from the batch's steps and kinds; the LM head runs on the
+predicted rows only.
 
-Normalisation: the gradient is ``(L_AE + L_PAR) / |M|`` (``sample_size`` = number of masked tokens), i.e. the
-mean AE loss plus the mean PAR loss per masked token, so the two objectives keep equal weight as in (7).
+Normalisation: the loss is divided by the number of masked tokens ``|M|`` (``sample_size``), not by the number
+of predictions ``2|M|``, so the gradient is the mean AE loss plus the mean PAR loss, the equal-weight sum of (7).
 Logged, in base 2 per predicted token: ``ae_loss``, ``par_loss`` and ``loss`` (their sum when both are on).
 """
 import math
@@ -19,7 +21,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 
-from palm_plugin.modules.attention_masks import PseudoMaskKind, pmlm_mask
+from palm_plugin.modules.attention_masks import PseudoMaskKind
 
 
 @register_criterion("pmlm_ae_par", dataclass=FairseqDataclass)
@@ -27,12 +29,10 @@ class PseudoMaskedLMCriterion(FairseqCriterion):
     """Sums of AE and PAR cross-entropies; the objective mix is decided by the task's data (``--objective``)."""
 
     def forward(self, model, sample, reduce=True):
-        net_input = sample["net_input"]
-        tokens, kinds = net_input["src_tokens"], net_input["kinds"]
-        mask = pmlm_mask(net_input["steps"], kinds, tokens.eq(self.padding_idx))
+        kinds = sample["net_input"]["kinds"]
         target = sample["target"]
         predicted = target.ne(self.padding_idx)  # (B, L): the [M] slots (AE) and the [P] tokens (PAR)
-        logits, _ = model(tokens, position_ids=net_input["positions"], attention_mask=mask, masked_tokens=predicted)
+        logits, _ = model(**sample["net_input"], masked_tokens=predicted)
         losses = F.cross_entropy(logits.float(), target[predicted], reduction="none")  # (N,) nats
         is_par = kinds[predicted] == PseudoMaskKind.PSEUDO
         ae_loss = losses.masked_fill(is_par, 0.0).sum()

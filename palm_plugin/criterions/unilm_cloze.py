@@ -1,11 +1,16 @@
 """The cloze loss of UniLM (Dong et al. 2019, section 2.3): recover the masked tokens, whatever the objective.
 
-Reads ``sample["cloze_input"]`` (the model's inputs: corrupted tokens, segments, objectives or a mask) and
-``sample["cloze_target"]`` (the original token at predicted positions, padding elsewhere). With label smoothing
+Calls ``model(**sample["net_input"])`` (corrupted tokens, segments, positions and the compact fields the model
+builds its mask from) and reads ``sample["target"]`` (the original token at predicted positions, padding
+elsewhere), as fairseq's ``masked_lm`` criterion does. With label smoothing
 (section 3: 0.1 for fine-tuning) the loss is fairseq's label-smoothed cross-entropy. When the sample has
 ``next_sentence_target`` (pre-training: 0 = B follows A, 1 = B is random, -1 = not a bidirectional row), the next
 sentence prediction loss of the bidirectional rows is added (section 2.3), weighted so that each of the two terms
 counts as a mean (cloze per predicted token, NSP per bidirectional row), as in BERT.
+
+Normalisation: the loss is summed over predicted tokens and fairseq divides by ``sample_size`` = their count
+(not by sentences or input tokens), so the gradient is the mean per predicted token whatever share of a row is
+masked, as in BERT and the UniLM code.
 
 Logged in base 2: ``loss`` (all terms, per predicted token), ``nll_loss`` (the cloze negative log-likelihood per
 predicted token), and ``next_sentence_loss`` / ``next_sentence_accuracy`` per bidirectional row.
@@ -34,10 +39,10 @@ class UniLMClozeCriterion(FairseqCriterion):
         self.eps = label_smoothing
 
     def forward(self, model, sample, reduce=True):
-        target = sample["cloze_target"]
+        target = sample["target"]
         predicted = target.ne(self.padding_idx)
         with_next_sentence = "next_sentence_target" in sample
-        logits, extra = model(**sample["cloze_input"], masked_tokens=predicted, next_sentence=with_next_sentence)
+        logits, extra = model(**sample["net_input"], masked_tokens=predicted, next_sentence=with_next_sentence)
         lprobs = F.log_softmax(logits.float(), dim=-1)
         loss, nll_loss = label_smoothed_nll_loss(lprobs, target[predicted], self.eps, reduce=True)
         sample_size = int(predicted.sum())

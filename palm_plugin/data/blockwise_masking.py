@@ -72,7 +72,9 @@ class BlockwiseMaskingPolicy:
         steps = np.full(length, NOT_MASKED, dtype=np.int64)
         candidates = np.flatnonzero(maskable)
         budget = int(self.budget(len(candidates)))
-        free = np.asarray(maskable, dtype=bool).copy()  # maskable and not masked yet
+        # maskable and not masked yet; a Python list, because each draw checks a span of at most 6 entries and numpy's
+        # per-call overhead would dominate
+        free = np.asarray(maskable, dtype=bool).tolist()
         span_starts, span_lengths = [], []
         masked = 0
         while masked < budget:
@@ -84,13 +86,18 @@ class BlockwiseMaskingPolicy:
             lengths = np.where(is_block, rng.integers(self.min_block_length, self.max_block_length + 1, chunk), 1)
             for start, span_length in zip(starts.tolist(), lengths.tolist()):
                 end = start + span_length
-                if end <= length and free[start:end].all():
-                    free[start:end] = False
+                if end <= length and all(free[start:end]):
+                    free[start:end] = [False] * span_length
                     span_starts.append(start)
                     span_lengths.append(span_length)
                     masked += span_length
                     if masked >= budget:
                         break
-        for step, span in enumerate(rng.permutation(len(span_starts))):
-            steps[span_starts[span] : span_starts[span] + span_lengths[span]] = step
+        # the factorization order: span order[k] is step k
+        order = rng.permutation(len(span_starts))
+        step_of_span = np.empty(len(span_starts), dtype=np.int64)
+        step_of_span[order] = np.arange(len(span_starts))
+        span_starts, span_lengths = np.array(span_starts, dtype=np.int64), np.array(span_lengths, dtype=np.int64)
+        offsets = np.arange(int(span_lengths.sum())) - np.repeat(np.cumsum(span_lengths) - span_lengths, span_lengths)
+        steps[np.repeat(span_starts, span_lengths) + offsets] = np.repeat(step_of_span, span_lengths)
         return steps

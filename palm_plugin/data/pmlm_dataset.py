@@ -28,29 +28,19 @@ import torch
 from fairseq.data import FairseqDataset, data_utils
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
+from palm_plugin.data.collate import pad_rows
 from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 
-MASK_SYMBOL = "<mask>"  # [M], the conventional mask (the dictionary symbol of fairseq's masked_lm)
-PSEUDO_SYMBOL = "<pseudo>"  # [P], the pseudo mask; also UniLMv2's decoding placeholder
 
-
-def pseudo_symbol_exclusion(dictionary) -> tuple:
-    """``(index of <pseudo>,)`` when ``dictionary`` holds it (UniLMv2's and converted UniLMv2 dictionaries), else
-    ``()``: the indices a random replacement must never draw besides [MASK] (the pseudo mask only marks a slot to
-    predict, never a token of the text)."""
-    index = dictionary.index(PSEUDO_SYMBOL)
-    return () if index == dictionary.unk() else (index,)
-
-
-def pseudo_masked_example(tokens, steps, noised, pseudo_index, append_pseudo=True, predict_masked_slots=True):
+def pseudo_masked_example(tokens, steps, noised, pseudo_idx, append_pseudo=True, predict_masked_slots=True):
     """Lay out one example (numpy, no Python loop over tokens).
 
     Args:
         tokens: int ``(T,)`` the original text.
         steps: int ``(T,)`` factorization step of each token, -1 where not masked.
         noised: int ``(T,)`` ``tokens`` with the masked positions replaced 80/10/10.
-        pseudo_index: dictionary index of [P].
+        pseudo_idx: dictionary index of [P].
     Returns:
         dict of int64 arrays of length ``L = T + 2 * (number of masked tokens)`` (``T`` without
         ``append_pseudo``): ``source``, ``positions``, ``steps``, ``kinds``, and ``target`` (-1 where nothing is
@@ -82,7 +72,7 @@ def pseudo_masked_example(tokens, steps, noised, pseudo_index, append_pseudo=Tru
     original_slot = pseudo_slot + counts[masked_steps]
 
     appended = {key: np.zeros(2 * len(masked), dtype=np.int64) for key in example}
-    appended["source"][pseudo_slot] = pseudo_index
+    appended["source"][pseudo_slot] = pseudo_idx
     appended["source"][original_slot] = tokens[masked]
     appended["positions"][pseudo_slot] = masked
     appended["positions"][original_slot] = masked
@@ -110,8 +100,8 @@ class PseudoMaskedLMDataset(FairseqDataset):
         self,
         dataset,
         dictionary,
-        mask_index: int,
-        pseudo_index: int,
+        mask_idx: int,
+        pseudo_idx: int,
         masking: BlockwiseMaskingPolicy,
         replacement: TokenMaskingPolicy,
         seed: int,
@@ -123,8 +113,8 @@ class PseudoMaskedLMDataset(FairseqDataset):
             raise ValueError("a pseudo-masked LM needs at least one loss: autoencoding or (partially) autoregressive")
         self.dataset = dataset
         self.dictionary = dictionary
-        self.mask_index = mask_index
-        self.pseudo_index = pseudo_index
+        self.mask_idx = mask_idx
+        self.pseudo_idx = pseudo_idx
         self.masking = masking
         self.replacement = replacement
         self.seed = seed
@@ -154,18 +144,19 @@ class PseudoMaskedLMDataset(FairseqDataset):
     def __getitem__(self, index):
         tokens = self.dataset[index].numpy().astype(np.int64)
         rng = sample_rng(self.seed, self.epoch, index)
-        steps = self.masking.factorization_steps(~np.isin(tokens, self._unmaskable), rng)
+        maskable = (tokens != self._unmaskable[0]) & (tokens != self._unmaskable[1]) & (tokens != self._unmaskable[2])
+        steps = self.masking.factorization_steps(maskable, rng)
         noised = self.replacement.corrupt(
             tokens,
             steps >= 0,
             rng,
-            mask_index=self.mask_index,
+            mask_idx=self.mask_idx,
             first_regular_index=self.dictionary.nspecial,
             vocab_size=len(self.dictionary),
-            excluded=(self.pseudo_index,),
+            excluded=(self.pseudo_idx,),
         )
         example = pseudo_masked_example(
-            tokens, steps, noised, self.pseudo_index, self.append_pseudo, self.predict_masked_slots
+            tokens, steps, noised, self.pseudo_idx, self.append_pseudo, self.predict_masked_slots
         )
         example["target"][example["target"] < 0] = self.dictionary.pad()
         item = {key: torch.from_numpy(value) for key, value in example.items()}
@@ -175,7 +166,8 @@ class PseudoMaskedLMDataset(FairseqDataset):
     def collater(self, samples):
         """Right-pad every field; returns fairseq's batch dict.
 
-        ``net_input``: ``src_tokens``, ``positions``, ``steps``, ``kinds`` ``(B, L)``; ``target`` ``(B, L)`` (pad where
+        ``net_input`` (the model's keyword arguments): ``src_tokens``, ``position_ids``, ``steps``, ``kinds``
+        ``(B, L)``, from which the model builds the mask; ``target`` ``(B, L)`` (pad where
         nothing is predicted); ``ntokens`` counts input tokens, ``nsentences`` texts.
         """
         if len(samples) == 0:
@@ -183,7 +175,7 @@ class PseudoMaskedLMDataset(FairseqDataset):
         pad = self.dictionary.pad()
 
         def merge(key, value):
-            return data_utils.collate_tokens([s[key] for s in samples], value)
+            return pad_rows([s[key] for s in samples], value)
 
         src_tokens = merge("source", pad)
         return {
@@ -192,7 +184,7 @@ class PseudoMaskedLMDataset(FairseqDataset):
             "ntokens": int(src_tokens.ne(pad).sum()),
             "net_input": {
                 "src_tokens": src_tokens,
-                "positions": merge("positions", 0),
+                "position_ids": merge("positions", 0),
                 "steps": merge("steps", 0),
                 "kinds": merge("kinds", int(PseudoMaskKind.CONTEXT)),
             },

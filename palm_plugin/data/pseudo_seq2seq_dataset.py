@@ -7,89 +7,114 @@ Each pair becomes one packed row ``[source | target | pseudo target]``::
     segments   source         | target              | target
 
 Target token i and its pseudo token [P] share position ``s + i``. Pseudo row i predicts ``y_i`` from the source,
-the target tokens before i and itself (:func:`palm_plugin.modules.attention_masks.pseudo_seq2seq_mask`): all
-target tokens are predicted in one pass, each exactly as the decoder predicts it from a [P] placeholder at the next
-position (the model's cached decoder with ``decoding_placeholder = <pseudo>``). Loss on the pseudo rows only.
+the target tokens before i and itself (:func:`palm_plugin.modules.attention_masks.pseudo_seq2seq_mask`, which the
+model builds from the source and target lengths in ``net_input``): all target tokens are predicted in one pass,
+each exactly as the decoder predicts it from a [P] placeholder at the next position (the model's cached decoder
+with ``decoding_placeholder = <pseudo>``). Loss on the pseudo rows only.
 
-Noise on the target tokens (the history the pseudo rows condition on): the task's masking policy picks
-``ceil(target_mask_prob * n)`` of the target tokens and corrupts them 80/10/10 ([MASK] / random / unchanged), so the
-model learns to tolerate errors in what it decoded before; the pseudo tokens are always [P] (as in pre-training
-and decoding) and the labels are the clean tokens. ``--mask-token-prob 0 --random-token-prob 0`` gives a clean
-target. (Microsoft's s2s-ft puts [MASK] 80% / a random token 10% / the true token 10% in the pseudo slots
-instead; the paper only says that a [P] is appended for each target token.)
+Noise on the target tokens (the history the pseudo rows condition on), two schemes (``noise``):
 
-The generation view (``net_input``, ``target``) is the parent class's: the decoder needs the source only.
-The packing (:func:`pack_pseudo_seq2seq`) also serves ``fairseq-generate --score-reference``, with the reference
-as history (:mod:`palm_plugin.reference_scorer`).
+* ``exact`` (the default): the policy picks exactly ``ceil(target_mask_prob * n)`` of the target tokens and
+  corrupts them 80/10/10 ([MASK] / random / unchanged); the pseudo slots are always [P], the symbol the decoder
+  feeds, so training and decoding see the same placeholder;
+* ``s2s_ft`` (Microsoft's s2s-ft, ``mask_way v2``): each pseudo slot gets [MASK] 80% / a random token 10% / the
+  true token 10%, and each target token independently, with probability ``target_mask_prob``, is replaced by the
+  token of its own pseudo slot; decoding then feeds [MASK] as placeholder.
+
+The generation view is the parent class's: the decoder needs the source only. The packing
+(:func:`pack_pseudo_seq2seq`) also serves ``fairseq-generate --score-reference``, with the reference as history
+(:mod:`palm_plugin.reference_scorer`).
 """
+import numpy as np
 import torch
-from fairseq.data import data_utils
 
-from palm_plugin.data.pmlm_dataset import PSEUDO_SYMBOL
-from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
-from palm_plugin.modules.attention_masks import pseudo_seq2seq_mask
+from palm_plugin.data.symbols import PSEUDO_SYMBOL
+from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset, segment_rows
+
+NOISE_SCHEMES = ("exact", "s2s_ft")
 
 
 class PseudoSeq2SeqDataset(UniLMSeq2SeqDataset):
-    """Same constructor as :class:`UniLMSeq2SeqDataset`; ``policy`` is the noise on the target tokens (above).
+    """Same constructor as :class:`UniLMSeq2SeqDataset` plus ``noise`` (:data:`NOISE_SCHEMES`); ``policy`` is the
+    noise on the target tokens (module docstring: ``mask_prob`` is ``target_mask_prob``).
 
-    Batches: ``cloze_input`` holds the packed tokens ``(B, L)``, ``segment_ids`` and ``position_ids`` ``(B, L)``
-    and the boolean ``attention_mask`` ``(B, L, L)``; ``cloze_target`` ``(B, L)`` holds ``y_i`` at pseudo row i,
-    padding elsewhere (the ``unilm_cloze`` criterion reads both).
+    Training batches: ``net_input`` holds the packed tokens, ``segment_ids`` and ``position_ids`` ``(B, L)`` and
+    ``source_lengths`` / ``target_lengths`` ``(B,)`` (the model builds the mask from them); ``target`` ``(B, L)``
+    holds ``y_i`` at pseudo row i, padding elsewhere.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, noise="exact", **kwargs):
         super().__init__(*args, **kwargs)
-        self.pseudo_index = self.dictionary.index(PSEUDO_SYMBOL)
-        if self.pseudo_index == self.dictionary.unk():
+        if noise not in NOISE_SCHEMES:
+            raise ValueError(f"unknown pseudo-mask noise {noise!r}; expected one of {NOISE_SCHEMES}")
+        self.noise = noise
+        self.pseudo_idx = self.dictionary.index(PSEUDO_SYMBOL)
+        if self.pseudo_idx == self.dictionary.unk():
             raise ValueError(
                 f"the dictionary has no {PSEUDO_SYMBOL} symbol: the unilm_seq2seq task adds it with --pseudo-masks"
             )
-        self.sizes = self.source_sizes + 2 * self.target_sizes  # the pseudo block doubles the target
+        if not self.generation:
+            self.sizes = self.source_sizes + 2 * self.target_sizes  # the pseudo block doubles the target
 
-    def cloze_view(self, samples):
-        cloze_input, labels = pack_pseudo_seq2seq(
+    def training_item(self, source, target, rng):
+        if self.noise == "exact":
+            noised = self._corrupt(target, self.policy.select(np.ones(len(target), dtype=bool), rng), rng)
+            slots = np.full(len(target), self.pseudo_idx, dtype=np.int64)
+        else:
+            slots = self._corrupt(target, np.ones(len(target), dtype=bool), rng)
+            noised = np.where(rng.random(len(target)) < self.policy.mask_prob, slots, target)
+        return {"noised_target": torch.from_numpy(noised), "pseudo_slots": torch.from_numpy(slots)}
+
+    def training_batch(self, samples):
+        net_input, labels = pack_pseudo_seq2seq(
             [s["source"] for s in samples],
             [s["noised_target"] for s in samples],
             [s["target"] for s in samples],
-            self.pseudo_index,
+            [s["pseudo_slots"] for s in samples],
             self.dictionary.pad(),
             self.source_segment,
             self.target_segment,
         )
-        ntokens = sum(len(s["source"]) + 2 * len(s["target"]) for s in samples)
-        return {"ntokens": ntokens, "cloze_input": cloze_input, "cloze_target": labels}
+        return {"ntokens": int(net_input["source_lengths"].sum() + 2 * net_input["target_lengths"].sum()),
+                "net_input": net_input, "target": labels}
 
 
-def pack_pseudo_seq2seq(sources, histories, targets, placeholder, pad, source_segment, target_segment):
-    """Pack pairs into rows ``[source | history | placeholder x n]`` (module docstring), right-padded.
+def pack_pseudo_seq2seq(sources, histories, targets, slots, pad, source_segment, target_segment):
+    """Pack pairs into rows ``[source | history | slots]`` (module docstring), right-padded.
 
     Args:
         sources: 1-D tensors ``[SOS] S1 [EOS]``.
         histories: 1-D tensors, one token per target token: what pseudo row i sees of target tokens < i (the
             noised target in training, the reference itself when scoring it).
         targets: 1-D tensors ``y_0 .. y_{n-1}``, the labels of the pseudo rows.
-        placeholder: the token of the pseudo rows (``<pseudo>``, or the model's decoding placeholder).
+        slots: 1-D tensors, the tokens of the pseudo rows (``<pseudo>``, the model's decoding placeholder, or
+            s2s-ft's noise), or one int for all of them.
     Returns:
-        ``cloze_input`` (model keyword arguments: ``src_tokens``, ``segment_ids``, ``position_ids`` ``(B, L)`` and
-        the boolean ``attention_mask`` ``(B, L, L)``) and the labels ``(B, L)`` (``y_i`` at pseudo row i, ``pad``
-        elsewhere).
+        ``net_input`` (model keyword arguments: ``src_tokens``, ``segment_ids``, ``position_ids`` ``(B, L)``,
+        ``source_lengths`` and ``target_lengths`` ``(B,)``) and the labels ``(B, L)`` (``y_i`` at pseudo row i,
+        ``pad`` elsewhere).
     """
-    source_lengths = torch.tensor([len(s) for s in sources])
-    target_lengths = torch.tensor([len(t) for t in targets])
-    packed, positions, segments, labels = [], [], [], []
-    for source, history, target in zip(sources, histories, targets):
+    source_lengths = np.array([len(s) for s in sources])
+    target_lengths = np.array([len(t) for t in targets])
+    width = int((source_lengths + 2 * target_lengths).max())
+    tokens = np.full((len(sources), width), pad, dtype=np.int64)
+    labels = np.full((len(sources), width), pad, dtype=np.int64)
+    for row, (source, history, target) in enumerate(zip(sources, histories, targets)):
         s, n = len(source), len(target)
-        target_positions = torch.arange(s, s + n)
-        packed.append(torch.cat([source, history, torch.full_like(target, placeholder)]))
-        positions.append(torch.cat([torch.arange(s), target_positions, target_positions]))
-        segments.append(torch.cat([torch.full((s,), source_segment), torch.full((2 * n,), target_segment)]))
-        labels.append(torch.cat([torch.full((s + n,), pad), target]))
-    tokens = data_utils.collate_tokens(packed, pad)
-    cloze_input = {
-        "src_tokens": tokens,
-        "segment_ids": data_utils.collate_tokens(segments, source_segment),
-        "position_ids": data_utils.collate_tokens(positions, 0),
-        "attention_mask": pseudo_seq2seq_mask(source_lengths, target_lengths, tokens.eq(pad)),
+        tokens[row, :s], tokens[row, s : s + n] = source, history
+        tokens[row, s + n : s + 2 * n] = slots if isinstance(slots, int) else slots[row]
+        labels[row, s + n : s + 2 * n] = target
+    # Pseudo token i reuses the position of target token i; padding gets position 0, as fairseq's collaters pad.
+    column = np.arange(width)[None, :]
+    ends = (source_lengths + target_lengths)[:, None]
+    positions = np.where(column < ends, column, column - target_lengths[:, None])
+    positions = np.where(column < ends + target_lengths[:, None], positions, 0)
+    net_input = {
+        "src_tokens": torch.from_numpy(tokens),
+        "segment_ids": segment_rows(source_lengths, source_lengths + 2 * target_lengths, source_segment,
+                                    target_segment),
+        "position_ids": torch.from_numpy(positions),
+        "source_lengths": torch.from_numpy(source_lengths),
+        "target_lengths": torch.from_numpy(target_lengths),
     }
-    return cloze_input, data_utils.collate_tokens(labels, pad)
+    return net_input, torch.from_numpy(labels)

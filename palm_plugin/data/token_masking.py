@@ -82,24 +82,26 @@ class TokenMaskingPolicy:
         span_lengths = rng.choice(
             np.arange(1, len(self.span_length_probs) + 1), size=len(candidates), p=self.span_length_probs
         )
+        # Python lists: the loop touches one position at a time, where numpy indexing would cost more than the work.
+        allowed, chosen, length = maskable.tolist(), selected.tolist(), len(maskable)
         count = 0
-        for start, span_length in zip(rng.permutation(candidates), span_lengths):
-            for position in range(start, min(start + span_length, len(maskable))):
-                if count == budget or not maskable[position]:
+        for start, span_length in zip(rng.permutation(candidates).tolist(), span_lengths.tolist()):
+            for position in range(start, min(start + span_length, length)):
+                if count == budget or not allowed[position]:
                     break
-                if not selected[position]:
-                    selected[position] = True
+                if not chosen[position]:
+                    chosen[position] = True
                     count += 1
             if count == budget:
                 break
-        return selected
+        return np.array(chosen, dtype=bool)
 
     def corrupt(
         self,
         tokens: np.ndarray,
         selected: np.ndarray,
         rng: np.random.Generator,
-        mask_index: int,
+        mask_idx: int,
         first_regular_index: int,
         vocab_size: int,
         excluded: Sequence[int] = (),
@@ -109,9 +111,9 @@ class TokenMaskingPolicy:
         Args:
             tokens: int array ``(T,)``.
             selected: bool array ``(T,)`` from :meth:`select`.
-            mask_index: the dictionary index of the mask symbol.
+            mask_idx: the dictionary index of the mask symbol.
             first_regular_index / vocab_size: random replacements are drawn uniformly from
-                ``[first_regular_index, vocab_size)`` minus ``mask_index`` (no special symbols).
+                ``[first_regular_index, vocab_size)`` minus ``mask_idx`` (no special symbols).
             excluded: further indices never drawn as random replacements (UniLMv2's pseudo mask symbol).
         """
         noised = tokens.copy()
@@ -121,9 +123,23 @@ class TokenMaskingPolicy:
         draw = rng.random(len(positions))
         to_mask = positions[draw < self.mask_token_prob]
         to_random = positions[(draw >= self.mask_token_prob) & (draw < self.mask_token_prob + self.random_token_prob)]
-        noised[to_mask] = mask_index
+        noised[to_mask] = mask_idx
         if len(to_random):
-            regular = np.arange(first_regular_index, vocab_size)
-            regular = regular[~np.isin(regular, [mask_index, *excluded])]
-            noised[to_random] = rng.choice(regular, size=len(to_random))
+            noised[to_random] = uniform_regular_tokens(
+                rng, len(to_random), first_regular_index, vocab_size, (mask_idx, *excluded)
+            )
         return noised
+
+
+def uniform_regular_tokens(rng, count, first_regular_index, vocab_size, excluded) -> np.ndarray:
+    """``count`` tokens drawn uniformly from ``[first_regular_index, vocab_size)`` minus ``excluded``.
+
+    The same draws as ``rng.choice`` over the array of allowed indices, without building that array (it has the
+    size of the vocabulary, and a data worker draws for every example): index ``i`` of the allowed ones is
+    ``first_regular_index + i`` shifted past each excluded index at or below it.
+    """
+    skipped = np.unique([e for e in excluded if first_regular_index <= e < vocab_size])
+    draws = rng.integers(0, vocab_size - first_regular_index - len(skipped), size=count) + first_regular_index
+    for index in skipped.tolist():  # ascending, so each shift sees the indices already skipped
+        draws += draws >= index
+    return draws

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset, data_utils
 
-from palm_plugin.data.pmlm_dataset import pseudo_symbol_exclusion
+from palm_plugin.data.symbols import replacement_exclusions
 from palm_plugin.data.token_masking import sample_rng
 from palm_plugin.modules.attention_masks import Objective
 
@@ -76,12 +76,12 @@ class UniLMPretrainingDataset(FairseqDataset):
         dictionary: ``bos()`` is [SOS], ``eos()`` [EOS].
         tokens_per_sample: the longest packed sequence, special tokens included.
         policy: selection and corruption (UniLM: ``TokenMaskingPolicy(0.15, span_length_probs=(0.8, 0.1, 0.1))``).
-        mask_index: the [MASK] symbol.
+        mask_idx: the [MASK] symbol.
         seed: with the epoch and the index, seeds each item.
         objective_probs: probabilities of (bidirectional, seq2seq, left-to-right, right-to-left).
     """
 
-    def __init__(self, sentences, dictionary, tokens_per_sample, policy, mask_index, seed,
+    def __init__(self, sentences, dictionary, tokens_per_sample, policy, mask_idx, seed,
                  objective_probs=OBJECTIVE_PROBS):
         if tokens_per_sample < 5:
             raise ValueError("--tokens-per-sample must be at least 5 ([SOS] A [EOS] B [EOS])")
@@ -89,8 +89,8 @@ class UniLMPretrainingDataset(FairseqDataset):
         self.dictionary = dictionary
         self.budget = tokens_per_sample - 3
         self.policy = policy
-        self.mask_index = mask_index
-        self.excluded_replacements = pseudo_symbol_exclusion(dictionary)
+        self.mask_idx = mask_idx
+        self.excluded_replacements = replacement_exclusions(dictionary)
         self.seed = seed
         self.objective_probs = np.asarray(objective_probs, dtype=np.float64)
         self.epoch = 1
@@ -115,10 +115,16 @@ class UniLMPretrainingDataset(FairseqDataset):
 
     def _other_document_text(self, chunk, length, rng):
         """``length`` tokens (or fewer) from the start of a random chunk of another document (NSP negatives)."""
-        candidates = np.flatnonzero(self.documents != self.documents[chunk])
-        if len(candidates) == 0:
+        # Chunks are numbered document by document: the other documents' chunks are all but one contiguous range,
+        # so the draw needs no scan of the corpus (the r-th chunk outside [first, last) in index order).
+        first, last = np.searchsorted(self.documents, self.documents[chunk], side="left"), np.searchsorted(
+            self.documents, self.documents[chunk], side="right"
+        )
+        others = len(self.documents) - (last - first)
+        if others == 0:
             return None
-        other = candidates[rng.integers(len(candidates))]
+        other = int(rng.integers(others))
+        other += (last - first) if other >= first else 0
         return np.concatenate(self._sentences(other))[:length]
 
     def __getitem__(self, index):
@@ -152,7 +158,7 @@ class UniLMPretrainingDataset(FairseqDataset):
         maskable = (tokens != bos) & (tokens != eos)
         selected = self.policy.select(maskable, rng)
         noised = self.policy.corrupt(
-            tokens, selected, rng, self.mask_index, self.dictionary.nspecial, len(self.dictionary),
+            tokens, selected, rng, self.mask_idx, self.dictionary.nspecial, len(self.dictionary),
             excluded=self.excluded_replacements,
         )
         return {
@@ -173,13 +179,13 @@ class UniLMPretrainingDataset(FairseqDataset):
             "id": torch.tensor([s["id"] for s in samples]),
             "nsentences": len(samples),
             "ntokens": sum(len(s["tokens"]) for s in samples),
-            "cloze_input": {
+            "net_input": {
                 "src_tokens": data_utils.collate_tokens([s["tokens"] for s in samples], pad),
                 "segment_ids": data_utils.collate_tokens([s["segments"] for s in samples], 0),
                 "objectives": torch.tensor([s["objective"] for s in samples]),
                 "source_lengths": torch.tensor([s["source_length"] for s in samples]),
             },
-            "cloze_target": data_utils.collate_tokens([s["target"] for s in samples], pad),
+            "target": data_utils.collate_tokens([s["target"] for s in samples], pad),
             "next_sentence_target": torch.tensor([s["next_sentence"] for s in samples]),
         }
 

@@ -3,9 +3,10 @@
 The network (embeddings, layers, equations 1-3) is :class:`palm_plugin.modules.unilm_encoder.UniLMEncoder`; this
 file adds the output heads and fairseq's interfaces:
 
-* :meth:`UniLMModel.forward`: training and scoring. Rows carry their objective (bidirectional / left-to-right /
-  right-to-left / seq2seq, section 2.3), from which :func:`palm_plugin.modules.attention_masks.unilm_mask` builds
-  the mask; or a caller (UniLMv2) passes its own mask. Predictions come from the masked-LM head whose softmax is
+* :meth:`UniLMModel.forward`: training and scoring, called as ``model(**sample["net_input"])``. The batch
+  describes its mask by compact fields (each row's objective, section 2.3; UniLMv2's factorization steps and token
+  kinds, or its seq2seq lengths), from which :func:`palm_plugin.modules.attention_masks.mask_from_fields` builds
+  it on the model's device. Predictions come from the masked-LM head whose softmax is
   tied to the token embeddings (section 2.4); the bidirectional rows also feed next sentence prediction.
 * an encoder/decoder pair for fairseq's ``SequenceGenerator`` (section 2.5, decoding): the "encoder" runs
   ``[SOS] S1 [EOS]`` once, bidirectionally, and keeps every layer's keys and values once per sentence; the
@@ -39,9 +40,9 @@ from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.modules.attention_masks import (
     bidirectional_mask,
     hide_padding,
+    mask_from_fields,
     seq2seq_decoding_mask,
     seq2seq_mask,
-    unilm_mask,
 )
 from palm_plugin.modules.unilm_encoder import UniLMEncoder
 
@@ -364,6 +365,9 @@ class UniLMModel(FairseqEncoderDecoderModel):
         attention_mask=None,
         objectives=None,
         source_lengths=None,
+        target_lengths=None,
+        steps=None,
+        kinds=None,
         masked_tokens=None,
         features_only=False,
         classification_head_name=None,
@@ -375,9 +379,12 @@ class UniLMModel(FairseqEncoderDecoderModel):
             src_tokens: ``(B, T)`` right-padded token ids.
             src_lengths: unused (fairseq's ``sentence_prediction`` passes it).
             segment_ids / position_ids: ``(B, T)``; default 0 / ``0 .. T-1``.
-            attention_mask: boolean ``(B, T, T)`` or ``(T, T)``; when None, built from ``objectives`` ``(B,)``
-                (:class:`~palm_plugin.modules.attention_masks.Objective`) and ``source_lengths`` ``(B,)``, or
-                bidirectional when those are None too. Padding is always hidden.
+            objectives, source_lengths, target_lengths ``(B,)``, steps, kinds ``(B, T)``: the compact fields the
+                tasks' datasets put in ``net_input``, from which the attention mask is built here
+                (:func:`~palm_plugin.modules.attention_masks.mask_from_fields`: UniLM's objectives, UniLMv2's seq2seq
+                layout, the pseudo-masked LM, or bidirectional when all are None).
+            attention_mask: boolean ``(B, T, T)`` or ``(T, T)``, an explicit mask instead of those fields (a caller's
+                own masks, e.g. tests). Padding is always hidden.
             masked_tokens: ``(B, T)`` bool: compute LM logits only at these positions.
             features_only: return the top states instead of logits.
             classification_head_name: return that head's ``(B, classes)`` output.
@@ -388,10 +395,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
         """
         padding = src_tokens.eq(self.padding_idx)
         if attention_mask is None:
-            if objectives is not None:
-                attention_mask = unilm_mask(objectives, source_lengths, padding)
-            else:
-                attention_mask = hide_padding(bidirectional_mask(src_tokens.size(1), src_tokens.device), padding)
+            attention_mask = mask_from_fields(padding, objectives, source_lengths, target_lengths, steps, kinds)
         else:
             attention_mask = hide_padding(attention_mask, padding)
         features, hiddens = self.stack(src_tokens, attention_mask, position_ids, segment_ids, return_all_hiddens=True)

@@ -92,6 +92,33 @@ def unilm_mask(objectives: torch.Tensor, source_lengths: torch.Tensor, padding_m
     return hide_padding(mask, padding_mask)
 
 
+def mask_from_fields(
+    padding_mask: torch.Tensor,
+    objectives=None,
+    source_lengths=None,
+    target_lengths=None,
+    steps=None,
+    kinds=None,
+) -> torch.Tensor:
+    """The mask a batch describes by its compact fields (what the datasets put in ``net_input``), padding hidden.
+
+    * ``steps`` and ``kinds`` ``(B, T)``: the pseudo-masked LM (:func:`pmlm_mask`);
+    * ``source_lengths`` and ``target_lengths`` ``(B,)``: UniLMv2's seq2seq layout (:func:`pseudo_seq2seq_mask`);
+    * ``objectives`` (and ``source_lengths``) ``(B,)``: UniLM's mixed objectives (:func:`unilm_mask`);
+    * none of them: bidirectional.
+
+    Only these ``(B,)`` / ``(B, T)`` fields cross the data loader; the ``(B, T, T)`` mask is built here, on the
+    model's device.
+    """
+    if steps is not None:
+        return pmlm_mask(steps, kinds, padding_mask)
+    if target_lengths is not None:
+        return pseudo_seq2seq_mask(source_lengths, target_lengths, padding_mask)
+    if objectives is not None:
+        return unilm_mask(objectives, source_lengths, padding_mask)
+    return hide_padding(bidirectional_mask(padding_mask.size(1), padding_mask.device), padding_mask)
+
+
 def hide_padding(mask: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
     """Remove padding keys from ``mask`` ``(B, T, T)`` or ``(T, T)``; padding rows keep only themselves."""
     keys_visible = ~padding_mask.unsqueeze(1)  # (B, 1, T)

@@ -32,7 +32,8 @@ from omegaconf import II, MISSING
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
-from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL, PseudoMaskedLMDataset
+from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset
+from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 
 logger = logging.getLogger(__name__)
@@ -122,8 +123,8 @@ class PseudoMaskedLMTask(FairseqTask):
         self.datasets[split] = PseudoMaskedLMDataset(
             PrependTokenDataset(blocks, self.dictionary.bos()),
             self.dictionary,
-            mask_index=self.mask_idx,
-            pseudo_index=self.pseudo_idx,
+            mask_idx=self.mask_idx,
+            pseudo_idx=self.pseudo_idx,
             masking=self.masking,
             replacement=self.replacement,
             seed=self.cfg.seed,

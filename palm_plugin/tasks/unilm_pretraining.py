@@ -57,7 +57,7 @@ class UniLMPretrainingTask(FairseqTask):
     def __init__(self, cfg: UniLMPretrainingConfig, dictionary):
         super().__init__(cfg)
         self.dictionary = dictionary
-        self.mask_index = dictionary.add_symbol("<mask>")
+        self.mask_idx = dictionary.add_symbol("<mask>")
         self.policy = TokenMaskingPolicy(
             mask_prob=cfg.mask_prob,
             mask_token_prob=cfg.mask_token_prob,
@@ -79,7 +79,7 @@ class UniLMPretrainingTask(FairseqTask):
             self.dictionary,
             self.cfg.tokens_per_sample,
             self.policy,
-            self.mask_index,
+            self.mask_idx,
             self.cfg.seed,
             self.objective_probs,
         )

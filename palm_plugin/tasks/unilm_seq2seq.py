@@ -8,26 +8,29 @@ Training packs ``[SOS] S1 [EOS] S2 [EOS]`` (``--max-source-positions`` / ``--max
 counted and logged), predicts ``--mask-prob`` of ``S2 [EOS]`` (80/10/10) with ``--criterion unilm_cloze``
 (``--label-smoothing 0.1`` in the paper). ``fairseq-generate`` decodes with the model's cached incremental decoder;
 ``fairseq-generate --score-reference`` scores the references (perplexity) with
-:class:`~palm_plugin.reference_scorer.UniLMReferenceScorer`.
+:class:`~palm_plugin.reference_scorer.UniLMReferenceScorer`; ``fairseq-interactive`` (and fairseq's hub
+interface) decodes raw text through :meth:`UniLMSeq2SeqTask.build_dataset_for_inference`.
 
 ``--pseudo-masks`` switches to UniLMv2's fine-tuning layout ``[source | target | pseudo target]`` (Bao et al.
 2020): the dataset is :class:`palm_plugin.data.pseudo_seq2seq_dataset.PseudoSeq2SeqDataset` (same constructor
 arguments and batch keys as :class:`~palm_plugin.data.unilm_seq2seq_dataset.UniLMSeq2SeqDataset`), the dictionary
-gets the pseudo symbol, and decoding feeds the pseudo symbol as placeholder.
+gets the pseudo symbol, and decoding feeds the pseudo symbol as placeholder (``--pseudo-mask-noise s2s_ft``:
+[MASK], the symbol s2s-ft's pseudo slots mostly hold).
 """
 import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
 
+import torch
 from fairseq import utils
-from fairseq.data import Dictionary, data_utils
-from fairseq.dataclass import FairseqDataclass
+from fairseq.data import Dictionary, ListDataset, data_utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
-from palm_plugin.data.pmlm_dataset import MASK_SYMBOL, PSEUDO_SYMBOL
-from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
+from palm_plugin.data.pseudo_seq2seq_dataset import NOISE_SCHEMES, PseudoSeq2SeqDataset
+from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.reference_scorer import UniLMReferenceScorer
@@ -78,6 +81,15 @@ class UniLMSeq2SeqConfig(FairseqDataclass):
             "from its pseudo token whatever this is (--mask-prob applies to the UniLM v1 layout only)"
         },
     )
+    pseudo_mask_noise: ChoiceEnum(NOISE_SCHEMES) = field(
+        default="exact",
+        metadata={
+            "help": "with --pseudo-masks: exact = ceil(target_mask_prob * n) target tokens corrupted, pseudo slots "
+            "always <pseudo> (the placeholder decoding feeds); s2s_ft = Microsoft's s2s-ft scheme: pseudo slots "
+            "[MASK] / random / true token by --mask-token-prob / --random-token-prob, each target token replaced by "
+            "its slot's token with probability --target-mask-prob, decoding placeholder [MASK]"
+        },
+    )
     seed: int = II("common.seed")
 
 
@@ -86,7 +98,7 @@ class UniLMSeq2SeqTask(FairseqTask):
     def __init__(self, cfg: UniLMSeq2SeqConfig, dictionary):
         super().__init__(cfg)
         self.dictionary = dictionary
-        self.mask_index = dictionary.add_symbol(MASK_SYMBOL)
+        self.mask_idx = dictionary.add_symbol(MASK_SYMBOL)
         if cfg.pseudo_masks:
             dictionary.add_symbol(PSEUDO_SYMBOL)
         self.policy = TokenMaskingPolicy(
@@ -128,18 +140,7 @@ class UniLMSeq2SeqTask(FairseqTask):
         target = data_utils.load_indexed_dataset(prefix + self.cfg.target_lang, self.dictionary)
         if source is None or target is None:
             raise FileNotFoundError(f"{prefix}{{{self.cfg.source_lang},{self.cfg.target_lang}}}.bin: cannot read")
-        dataset = self._dataset_class()(
-            source,
-            target,
-            self.dictionary,
-            self.cfg.max_source_positions,
-            self.cfg.max_target_positions,
-            self.policy,
-            self.mask_index,
-            self.cfg.source_segment,
-            self.cfg.target_segment,
-            self.cfg.seed,
-        )
+        dataset = self._dataset(source, target)
         counts = (
             f"{split}: {len(dataset)} pairs; truncated {dataset.truncated_sources} sources to --max-source-positions "
             f"{self.cfg.max_source_positions} and {dataset.truncated_targets} targets to --max-target-positions "
@@ -150,14 +151,28 @@ class UniLMSeq2SeqTask(FairseqTask):
         (logger.warning if changed else logger.info)(counts)
         self.datasets[split] = dataset
 
-    def _dataset_class(self):
+    def _dataset(self, source, target, generation=False):
         """The switch point between UniLM's layout and UniLMv2's (``--pseudo-masks``)."""
-        return PseudoSeq2SeqDataset if self.cfg.pseudo_masks else UniLMSeq2SeqDataset
+        arguments = (
+            source, target, self.dictionary, self.cfg.max_source_positions, self.cfg.max_target_positions,
+            self.policy, self.mask_idx, self.cfg.source_segment, self.cfg.target_segment, self.cfg.seed,
+        )
+        if self.cfg.pseudo_masks:
+            return PseudoSeq2SeqDataset(*arguments, generation=generation, noise=self.cfg.pseudo_mask_noise)
+        return UniLMSeq2SeqDataset(*arguments, generation=generation)
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        """Sources to decode (``fairseq-interactive``, hub interfaces): token tensors ending with [EOS], as
+        ``source_dictionary.encode_line`` gives them; batches hold the generation view (no target)."""
+        if constraints is not None:
+            raise ValueError("--constraints is not supported by the unilm decoder; decode without constraints")
+        return self._dataset(ListDataset(src_tokens, sizes=list(src_lengths)), None, generation=True)
 
     def build_model(self, cfg, from_checkpoint=False):
         if self.cfg.pseudo_masks:
             with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.ExitStack():
-                cfg.decoding_placeholder = PSEUDO_SYMBOL
+                # the symbol the pseudo slots held in training
+                cfg.decoding_placeholder = PSEUDO_SYMBOL if self.cfg.pseudo_mask_noise == "exact" else MASK_SYMBOL
         model = super().build_model(cfg, from_checkpoint)
         segments = model.cfg.num_segments
         if not (0 <= self.cfg.source_segment < segments and 0 <= self.cfg.target_segment < segments):
@@ -171,9 +186,29 @@ class UniLMSeq2SeqTask(FairseqTask):
     def build_generator(self, models, args, **kwargs):
         """fairseq's beam search over the models' cached decoder; with ``--score-reference``, the reference scorer
         (fairseq's own cannot call a UniLM, see :mod:`palm_plugin.reference_scorer`)."""
+        # fairseq-generate loads its split (load_dataset) before it builds the generator and draws the first batch
+        # after: switch the loaded datasets to the generation view here, so decoding collates no training rows.
+        for dataset in self.datasets.values():
+            dataset.generation = True
         if getattr(args, "score_reference", False):
             return UniLMReferenceScorer(self.dictionary, self.cfg.source_segment, self.cfg.target_segment)
         return super().build_generator(models, args, **kwargs)
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """fairseq-interactive passes ``src_tokens`` and ``src_lengths`` only: add the segments of this task."""
+        net_input = sample["net_input"]
+        if "target_segment" not in net_input:
+            if "objectives" in net_input or "target_lengths" in net_input:
+                raise RuntimeError(
+                    "a training batch reached the generator: build the generator (task.build_generator) before "
+                    "iterating over the dataset, or use task.build_dataset_for_inference"
+                )
+            src_tokens = net_input["src_tokens"]
+            net_input["source_segments"] = torch.full_like(src_tokens, self.cfg.source_segment)
+            net_input["target_segment"] = torch.full(
+                (src_tokens.size(0),), self.cfg.target_segment, dtype=torch.long, device=src_tokens.device
+            )
+        return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
 
     def max_positions(self):
         """The most positions a packed pair may take. fairseq resolves it with the model's positions and skips longer
