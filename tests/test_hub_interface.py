@@ -37,7 +37,7 @@ def data(tmp_path_factory):
     for split, count in {"train": 200, "valid": 8, "test": 9}.items():
         sources, targets = [], []
         for _ in range(count):
-            words = [f"w{int(i)}" if int(i) < 10 else "." for i in torch.randint(12, (int(torch.randint(3, 9, (1,),
+            words = [f"w{int(i)}" if int(i) < 11 else "." for i in torch.randint(12, (int(torch.randint(3, 9, (1,),
                                                                                                generator=generator)),),
                                                                                generator=generator)]
             sources.append(" ".join(words))
@@ -84,9 +84,13 @@ def test_api_generate_and_score_equal_fairseq_generate(data, trained, family):
     hypotheses = model.generate(sources, **DECODING)
     assert hypotheses == [expected[str(i)] for i in range(len(sources))]
     assert hypotheses == model.sample(sources, **DECODING) == model.translate(sources, **DECODING)
-    # the options change the output: without them (fairseq's defaults otherwise) some hypothesis differs
-    plain = model.generate(sources, beam=3, max_len_b=8, min_len=2)
-    assert plain != hypotheses
+    # the options took effect: scores carry the GNMT penalty, no bigram without "." repeats
+    for hypo in (h[0] for h in model.generate([model.encode(s) for s in sources], **DECODING)):
+        penalty = ((5 + len(hypo["tokens"])) / 6) ** DECODING["lenpen"]
+        assert float(hypo["score"]) == pytest.approx(float(hypo["positional_scores"].sum()) / penalty, abs=1e-5)
+    for text in hypotheses:
+        bigrams = [b for b in zip(text.split(), text.split()[1:]) if "." not in b]
+        assert len(bigrams) == len(set(bigrams)), text
 
     reference = generate_cli(data, family, trained[family], "--score-reference")
     positional = dict(re.findall(r"^P-(\d+)\t(.*)$", reference, flags=re.M))
