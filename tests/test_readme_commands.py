@@ -84,7 +84,8 @@ def write_words(path, rows, seed, lengths=(3, 9)):
     import random
 
     rng = random.Random(seed)
-    lines = [" ".join(f"w{rng.randrange(30)}" for _ in range(rng.randint(*lengths))) for _ in range(rows)]
+    words = [f"w{i}" for i in range(29)] + ["."]  # "." for the commands that let trigrams with "." repeat
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(*lengths))) for _ in range(rows)]
     path.write_text("\n".join(lines) + "\n")
     return lines
 
