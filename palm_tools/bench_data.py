@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from fairseq.data import Dictionary, indexed_dataset
 
-MASK_SYMBOL = "<mask>"
+from palm_plugin.data.symbols import MASK_SYMBOL
+
 LAYOUTS = ("block", "two_sentences", "continuation", "parallel")
 
 

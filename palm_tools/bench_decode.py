@@ -17,6 +17,7 @@ from typing import Callable, List
 
 import torch
 
+from palm_plugin.data.symbols import MASK_SYMBOL
 from palm_tools.bench_models import palm_arch, transformer_arch, translation_task, unilm_arch, unilm_seq2seq_task
 
 
@@ -51,7 +52,7 @@ def source_batch(built, unilm: bool, sentences: int, source_length: int, seed: i
     """A generation batch of ``sentences`` random sources of ``source_length`` tokens, in the task's layout."""
     dictionary = built.task.source_dictionary
     generator = torch.Generator().manual_seed(seed)
-    first = dictionary.index("<mask>") + 1
+    first = dictionary.index(MASK_SYMBOL) + 1
     words = torch.randint(first, len(dictionary) - 1, (sentences, source_length), generator=generator)
     words[:, -1] = dictionary.eos()
     net_input = {"src_tokens": words, "src_lengths": torch.full((sentences,), source_length)}

@@ -3,9 +3,10 @@
 Each configuration is a task set up as ``fairseq-train`` sets it up (``load_dataset("train")`` on synthetic
 binarized data, :mod:`palm_tools.bench_data`); what is timed is what a fairseq data-loader worker does for a batch:
 ``dataset[i]`` for each example, then ``dataset.collater``, on one thread (a worker is one process), for
-consecutive batches of ``batch`` examples. Every layout holds ``length`` tokens per example (special tokens
-included), so tokens/s = ``length`` x examples/s and the rows compare directly; fairseq's own ``masked_lm`` and
-``translation`` are the reference points.
+consecutive batches of ``batch`` examples. Time is the process's CPU time, so "per core" holds on a machine whose
+cores other processes share (wall-clock time would count their turns too). Every layout holds ``length`` tokens
+per example (special tokens included), so tokens/s = ``length`` x examples/s and the rows compare directly;
+fairseq's own ``masked_lm`` and ``translation`` are the reference points.
 """
 import time
 from dataclasses import dataclass
@@ -60,16 +61,17 @@ def training_dataset(data: str, args: List[str]):
 
 
 def examples_per_second(dataset, examples: int, batch: int, repeats: int) -> List[float]:
-    """Examples/s of ``repeats`` passes over the first ``examples`` items (items and collater, one thread)."""
+    """Examples per CPU second of ``repeats`` passes over the first ``examples`` items (items and collater, one
+    thread)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         rates = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = time.process_time()
             for first in range(0, examples, batch):
                 dataset.collater([dataset[i] for i in range(first, min(first + batch, examples))])
-            rates.append(examples / (time.perf_counter() - start))
+            rates.append(examples / (time.process_time() - start))
         return rates
     finally:
         torch.set_num_threads(threads)

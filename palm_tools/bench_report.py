@@ -38,8 +38,10 @@ def _ratio(numerator, denominator, field):
     return numerator[field] / denominator[field]
 
 
-def evaluate_targets(training: List[dict], decoding: List[dict], length: int, target_tokens: int) -> List[dict]:
-    """The issue's targets, each from rows of this run (``length``: training length, ``target_tokens``: decoding)."""
+def evaluate_targets(training: List[dict], decoding: List[dict], length: int, target_tokens: int,
+                     data: List[dict] = ()) -> List[dict]:
+    """The issues' targets, each from rows of this run (``length``: training length, ``target_tokens``: decoding,
+    ``data``: the data-pipeline rows)."""
     def train(key):
         return _find(training, key, length=length)
 
@@ -79,6 +81,11 @@ def evaluate_targets(training: List[dict], decoding: List[dict], length: int, ta
         if row["length"] == length and row["plugin"] and row["key"] != "palm_nocopy":
             targets.append(_target(f"{row['key']} training >= 50% of measured matmul throughput", row["mfu"], 0.5,
                                    True, f"training, length {length}: model FLOPs utilisation", row))
+    for row in data:
+        if row["plugin"]:
+            targets.append(_target(f"{row['key']} data pipeline >= 1M tokens/s per core", row["tokens_per_s"] / 1e6,
+                                   1.0, True, f"dataset + collater, length {row['length']}, one thread: million "
+                                   "tokens/s", row))
     return targets  # fmt: skip
 
 
@@ -109,6 +116,12 @@ METHOD = """### How it is measured
   M_1..M_K of the same batch, pass i feeds the text with steps < i restored and steps >= i corrupted, predicts M_i
   (pass 1 also predicts every masked token, the AE loss), backward after each pass, one update: K passes where
   PMLM needs one. It runs at lengths up to `naive_max_length`.
+- **Data pipeline**: what a fairseq data-loader worker does, on one thread: `dataset[i]` for each example, then
+  the task's `dataset.collater`, over consecutive batches, timed in process CPU seconds (per core, whatever else
+  runs on the machine), for each task set up as `fairseq-train` sets it up
+  (`load_dataset("train")` on the synthetic binarized data); every layout holds `data_length` tokens per example,
+  so tokens/s = `data_length` x examples/s. fairseq's own `masked_lm` and `translation` are measured in the same
+  run as reference points (`palm_tools/bench_pipeline.py`).
 - **Decoding**: fairseq's `SequenceGenerator` (beam search) with `--min-len T --max-len-a 0 --max-len-b T`, so
   every hypothesis has exactly T tokens; random sources of `source_tokens` tokens. UniLM's *full recomputation*
   baseline is the same model and generator with the generator's incremental path switched off: the decoder then
@@ -138,16 +151,16 @@ def merge(record: Dict, rerun: Dict) -> Dict:
         {key: rerun[key] for key in ("command", "date", "elapsed_s", "complete", "machine", "settings", "gemm")}
     )
     run = len(merged["reruns"]) + 1
-    for section, same in (("training", "length"), ("decoding", "target_tokens")):
-        rows = merged[section]
-        for row in rerun[section]:
+    for section, same in (("training", "length"), ("decoding", "target_tokens"), ("data", "length")):
+        rows = merged.setdefault(section, [])
+        for row in rerun.get(section, []):  # records written before a section existed lack it
             old = _find(rows, row["key"], **{same: row[same]})
             new = dict(row, run=run)
             if old is None:
                 rows.append(new)
             else:
                 rows[rows.index(old)] = new
-    measured = {row["key"] for row in rerun["training"] + rerun["decoding"]}
+    measured = {row["key"] for row in rerun["training"] + rerun["decoding"] + rerun.get("data", [])}
     merged["missing"] = [m for m in merged["missing"] if m["key"] not in measured] + rerun["missing"]
     return merged
 
@@ -163,8 +176,11 @@ def finish(result: Dict):
             if base is None:
                 row["baseline"] = None
     s = result["settings"]
+    for row in result.get("data", []):
+        base = _find(result["data"], "masked_lm", length=row["length"], run=row.get("run"))
+        row["vs_masked_lm"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
     result["targets"] = evaluate_targets(result["training"], result["decoding"], s["reference_length"],
-                                         max(s["target_tokens"]))  # fmt: skip
+                                         max(s["target_tokens"]), result.get("data", []))  # fmt: skip
 
 
 def _fmt(value, digits=2):
@@ -186,9 +202,9 @@ def _run_header(run: Dict) -> List[str]:
 
 def _repeats(result: Dict, key: str) -> str:
     """The record's setting ``key`` (a number of timed repeats), and that of each later run where it differs."""
-    value = result["settings"][key]
-    later = [f"run {run}: {rerun['settings'][key]}" for run, rerun in enumerate(result.get("reruns", []), start=2)
-             if rerun["settings"][key] != value]  # fmt: skip
+    value = result["settings"].get(key)  # records written before a setting existed lack it
+    later = [f"run {run}: {rerun['settings'].get(key)}" for run, rerun in enumerate(result.get("reruns", []), start=2)
+             if rerun["settings"].get(key) != value]  # fmt: skip
     return f"{value} ({', '.join(later)})" if later else str(value)
 
 
@@ -220,6 +236,15 @@ def markdown(result: Dict) -> str:
         versus = "-" if row["baseline"] is None else f"{_fmt(row['speed_vs_baseline'])}x speed of {row['baseline']}"
         lines.append(f"| {row['target_tokens']} | {_label(row)} | {row['sentences_per_s']:.3f} "
                      f"| {1 / row['sentences_per_s']:.2f} | {versus} |")
+    if result.get("data"):
+        first = result["data"][0]
+        lines += ["", f"### Data pipeline: each task's dataset + collater on one thread, batches of {first['batch']}, "
+                  f"median of {_repeats(result, 'data_repeats')} passes over {first['examples']} examples", "",
+                  "| length | configuration | examples/s | tokens/s | vs fairseq masked_lm |",
+                  "|---:|---|---:|---:|---:|"]
+        for row in result["data"]:
+            lines.append(f"| {row['length']} | {_label(row)} | {row['examples_per_s']:.0f} | "
+                         f"{row['tokens_per_s'] / 1e6:.2f}M | {_fmt(row['vs_masked_lm'])}x |")
     lines += ["", "### Targets", "", "| target | measured | threshold | result | how |", "|---|---:|---:|---|---|"]
     for t in result["targets"]:
         lines.append(f"| {t['target']} | {_fmt(t['value'], 3)} | {t['threshold']} | {t['status']} | {t['note']} |")

@@ -72,6 +72,8 @@ class NaivePARStep(TrainStep):
         if max_passes is not None:
             self.passes = self.passes[:max_passes]
         self.masked = sum(int(p[1].sum()) for p in self.passes[:1])  # pass 1 predicts every masked token (AE)
+        # the text's segments ([SOS] S1 [EOS] | S2 [EOS]): the text fills the first columns of the pmlm rows
+        self.segment_ids = batch["net_input"]["segment_ids"][:, : self.passes[0][0].size(1)]
 
     @staticmethod
     def build_passes(batch, pad):
@@ -100,7 +102,7 @@ class NaivePARStep(TrainStep):
         """Yield ``(ae_loss, par_loss)`` sums (nats) per pass; the caller backpropagates each before the next."""
         model = self.built.model
         for tokens, predicted, targets, of_this_step, first in self.passes:
-            logits, _ = model(tokens, masked_tokens=predicted)
+            logits, _ = model(tokens, segment_ids=self.segment_ids, masked_tokens=predicted)
             losses = F.cross_entropy(logits.float(), targets, reduction="none")
             yield (losses.sum() if first else losses.new_zeros(())), losses[of_this_step].sum()
 

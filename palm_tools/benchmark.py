@@ -10,6 +10,8 @@ noisy machine. It measures
 * decoding sentences/s with beam search at each ``--target-tokens``: ``unilm`` / ``unilm2`` cached vs full
   recomputation vs fairseq ``transformer``, and ``palm``;
 * the machine's fp32 matmul throughput (the denominator of MFU),
+* the data pipeline: examples/s and tokens/s per core of each task's own dataset + collater at ``--data-length``
+  (every task of the plugin beside fairseq's ``masked_lm`` and ``translation``; :mod:`palm_tools.bench_pipeline`),
 
 then prints a markdown table with PASS/MISS for the targets of issue #7, and writes JSON and a PNG chart. Models
 are built in-process through fairseq's APIs on synthetic data of the measured shapes
@@ -39,16 +41,19 @@ from palm_tools.bench_data import SyntheticCorpus, target_split
 from palm_tools.bench_decode import DECODE_SPECS, time_decoding
 from palm_tools.bench_flops import measure_matmul
 from palm_tools.bench_models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench_pipeline import DATA_SPECS, measure_data_pipeline
 from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes, timed
 
 # The full run fits in about 12 minutes on 2 CPU cores: one sequence per update, the naive PAR baseline (one pass
 # per factorization step) up to length 256, the recomputation baselines only at the longest target.
 QUICK = dict(size="tiny", lengths=[32, 64], batch_sequences=2, repeats=2, naive_repeats=1, naive_max_length=64,
              target_tokens=[8, 16], recompute_target_tokens=[8, 16], source_tokens=16, sentences=2, decode_repeats=2,
-             recompute_repeats=1, vocab_size=1000, gemm_size=512)
+             recompute_repeats=1, vocab_size=1000, gemm_size=512, data_length=64, data_examples=32, data_batch=8,
+             data_repeats=1)
 FULL = dict(size="base", lengths=[128, 256, 512, 768], batch_sequences=1, repeats=2, naive_repeats=1,
             naive_max_length=256, target_tokens=[64, 128], recompute_target_tokens=[128], source_tokens=32, sentences=1,
-            decode_repeats=1, recompute_repeats=1, vocab_size=32000, gemm_size=2048)  # fmt: skip
+            decode_repeats=1, recompute_repeats=1, vocab_size=32000, gemm_size=2048, data_length=512,
+            data_examples=512, data_batch=16, data_repeats=3)  # fmt: skip
 
 
 def parse_args(argv=None):
@@ -76,7 +81,13 @@ def parse_args(argv=None):
     parser.add_argument("--gemm-size", type=int, help="square GEMM size for the machine limit (default 2048)")
     parser.add_argument("--only", nargs="+", metavar="KEY",
                         help="measure only these configurations (keys: "
-                        + ", ".join([s.key for s in TRAIN_SPECS] + [s.key for s in DECODE_SPECS[1:]]) + ")")
+                        + ", ".join([s.key for s in TRAIN_SPECS] + [s.key for s in DECODE_SPECS[1:]]
+                                    + [f"data_{s.key}" for s in DATA_SPECS]) + ")")
+    parser.add_argument("--data-length", type=int, help="tokens per example of the data-pipeline table (default 512)")
+    parser.add_argument("--data-examples", type=int, help="examples per timed data-pipeline pass (default 512)")
+    parser.add_argument("--data-batch", type=int, help="examples per collated batch in the data pipeline (default 16)")
+    parser.add_argument("--data-repeats", type=int, help="timed passes per data-pipeline row (median; default 3)")
+    parser.add_argument("--no-data", action="store_true", help="skip the data-pipeline measurements")
     parser.add_argument("--no-training", action="store_true", help="skip the training measurements")
     parser.add_argument("--no-decoding", action="store_true", help="skip the decoding measurements")
     parser.add_argument("--output-dir", default="bench-results", help="where benchmark.{json,png,md} are written")
@@ -261,7 +272,7 @@ def measure(args, argv, json_path, record=None) -> dict:
         "command": "palm-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": 0.0, "complete": False, "machine": machine(),
         "settings": settings(args), "gemm": gemm,
-        "training": [], "decoding": [], "missing": [],
+        "training": [], "decoding": [], "data": [], "missing": [],
     }  # fmt: skip
 
     def checkpoint():
@@ -271,6 +282,11 @@ def measure(args, argv, json_path, record=None) -> dict:
 
     with tempfile.TemporaryDirectory() as root:
         corpus = SyntheticCorpus(root, args.vocab_size)
+        if not args.no_data:
+            log(f"data pipeline, length {args.data_length}")
+            result["data"] = measure_data_pipeline(corpus, args.data_length, args.data_examples, args.data_batch,
+                                                   args.data_repeats, wanted=lambda key: _wanted(args, f"data_{key}"))
+            checkpoint()
         if not args.no_training:
             measure_training(args, corpus, result, checkpoint)
         if not args.no_decoding:

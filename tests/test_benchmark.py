@@ -15,6 +15,7 @@ from palm_tools import bench_report, benchmark
 from palm_tools.bench_data import SyntheticCorpus
 from palm_tools.bench_decode import DECODE_SPECS, generate, generator_for, source_batch
 from palm_tools.bench_models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench_pipeline import DATA_SPECS, measure_data_pipeline, training_dataset
 from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes
 
 LENGTH = 32
@@ -44,6 +45,9 @@ def test_quick_run_writes_table_json_and_png(cli, tmp_path):
     assert record["missing"] == []
     trained = {(row["key"], row["length"]) for row in record["training"]}
     assert trained == {(spec.key, length) for spec in TRAIN_SPECS for length in (32, 64)}
+    assert {row["key"] for row in record["data"]} == {spec.key for spec in DATA_SPECS}
+    assert all(row["length"] == 64 and row["examples_per_s"] > 0 for row in record["data"])
+    assert "### Data pipeline" in result.stdout
     decoded = {(row["key"], row["target_tokens"]) for row in record["decoding"]}
     assert decoded == {(spec.key, t) for spec in DECODE_SPECS for t in (8, 16)}
     for row in record["training"]:
@@ -189,3 +193,23 @@ def test_merge_replaces_rows_and_takes_ratios_within_one_run():
     assert "palm, translation (fine-tuning, copy layer) [run 2]" in table
     with pytest.raises(ValueError, match="vocab_size"):
         bench_report.merge(first, _record("palm-bench --vocab-size 50", {}, vocab_size=50))
+
+
+def test_data_pipeline_rows_time_each_task_own_batches(corpus):
+    """Every configuration of the data table loads its task's own dataset (the plugin's four tasks, both seq2seq
+    layouts, fairseq's masked_lm and translation) and reports a rate per example of the requested length."""
+    expected_datasets = {
+        "masked_lm": "SortDataset", "translation": "LanguagePairDataset",
+        "continuation_pair": "ContinuationPairDataset", "pmlm": "PseudoMaskedLMDataset",
+        "unilm_pretraining": "UniLMPretrainingDataset", "unilm_seq2seq": "UniLMSeq2SeqDataset",
+        "unilm_seq2seq_pseudo": "PseudoSeq2SeqDataset",
+    }
+    for spec in DATA_SPECS:
+        dataset = training_dataset(corpus.path(spec.layout, LENGTH, 8), spec.args(LENGTH))
+        assert type(dataset).__name__ == expected_datasets[spec.key]
+        batch = dataset.collater([dataset[i] for i in range(4)])
+        assert batch["net_input"]["src_tokens"].size(0) == 4
+    rows = measure_data_pipeline(corpus, LENGTH, 8, 4, 2)
+    assert [row["key"] for row in rows] == [spec.key for spec in DATA_SPECS]
+    for row in rows:
+        assert len(row["rates"]) == 2 and row["tokens_per_s"] == row["examples_per_s"] * LENGTH > 0

@@ -109,3 +109,36 @@ def test_fine_tuning_dictionary_lines_up_with_pre_training(data_dir, tmp_path):
         (tmp_path / f"dict.{side}.txt").write_text((data_dir / "dict.txt").read_text())
     fine_tuning = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=True, seed=1))
     assert fine_tuning.dictionary.symbols == pre_training.dictionary.symbols
+
+
+def test_inputs_are_two_segments_of_contiguous_text(data_dir):
+    """Section 2.2: the pre-training input is "[SOS] S1 [EOS] S2 [EOS]" with segment ids 0 / 1; S1 S2 is
+    contiguous text of the corpus; appended [P] / original tokens take the segment (and position) of their token."""
+    task, dataset = load(data_dir, "ae_par", tokens_per_sample=40)
+    d = task.dictionary
+    with open(data_dir.parent / "train.txt") as f:
+        corpus = [d.index(w) for w in f.read().split()]  # the text without line breaks (blank lines: none)
+    corpus_text = " " + " ".join(map(str, corpus)) + " "
+    second_segments = 0
+    for epoch in (1, 2):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            item = dataset[index]
+            text = item["kinds"] == K.CONTEXT
+            tokens, segments, positions = item["source"], item["segments"], item["positions"]
+            # the text, with [M] / random replacements undone from the targets
+            original = torch.where(item["target"][text] != d.pad(), item["target"][text], tokens[text])
+            n = len(original)
+            assert positions[text].tolist() == list(range(n))  # positions run on through both segments
+            assert original[0] == d.bos() and original[-1] == d.eos()
+            first_eos = int(torch.nonzero(segments[text] == 1)[0]) - 1 if (segments[text] == 1).any() else n - 1
+            assert original[first_eos] == d.eos()
+            assert segments[text].tolist() == [0] * (first_eos + 1) + [1] * (n - first_eos - 1)
+            second_segments += int((segments[text] == 1).any())
+            words = [t for t in original.tolist() if t not in (d.bos(), d.eos())]
+            assert " " + " ".join(map(str, words)) + " " in corpus_text  # S1 S2 is contiguous text
+            appended = ~text
+            assert torch.equal(segments[appended], segments[text][positions[appended]])
+    assert second_segments == 2 * len(dataset)  # every block has a second segment
+    batch = dataset.collater([dataset[i] for i in range(4)])
+    assert batch["net_input"]["segment_ids"].eq(1).any()

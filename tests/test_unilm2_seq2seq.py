@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
+from omegaconf import OmegaConf
 
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
@@ -131,6 +132,62 @@ def test_target_noise_never_touches_pseudo_tokens_or_labels():
     assert corrupted > 30
 
 
+def test_s2s_ft_noise_fills_pseudo_slots_80_10_10_and_noises_each_target_token_independently():
+    """--pseudo-mask-noise s2s_ft (Microsoft's s2s-ft, mask_way v2): every pseudo slot holds [MASK] (80%), a random
+    token (10%) or the true token (10%); each target token, independently with probability target_mask_prob,
+    shows its own slot's token in the history (so the count per row varies, unlike the exact default)."""
+    dictionary = make_dictionary(words=200)
+    rows = 40
+    source, target = Sentences(dictionary, [6] * rows, seed=0), Sentences(dictionary, [25] * rows, seed=1)
+    policy = TokenMaskingPolicy(mask_prob=0.3, mask_token_prob=0.8, random_token_prob=0.1)
+    dataset = PseudoSeq2SeqDataset(source, target, dictionary, 64, 32, policy, dictionary.index(MASK_SYMBOL),
+                                   SOURCE_SEGMENT, TARGET_SEGMENT, 7, noise="s2s_ft")
+    mask, pseudo = dictionary.index(MASK_SYMBOL), dictionary.index(PSEUDO_SYMBOL)
+    slots, truths, histories, changed_per_row = [], [], [], []
+    for epoch in range(1, 6):
+        dataset.set_epoch(epoch)
+        batch = dataset.collater([dataset[i] for i in range(rows)])
+        tokens, labels = batch["net_input"]["src_tokens"], batch["target"]
+        for row in range(rows):
+            s, n = int(batch["net_input"]["source_lengths"][row]), int(batch["net_input"]["target_lengths"][row])
+            truth = labels[row, s + n : s + 2 * n]
+            slot, history = tokens[row, s + n : s + 2 * n], tokens[row, s : s + n]
+            slots.append(slot), truths.append(truth), histories.append(history)
+            changed_per_row.append(int(history.ne(truth).sum()))
+    slot, truth, history = torch.cat(slots), torch.cat(truths), torch.cat(histories)
+    total = len(slot)  # 5000 target tokens
+    assert abs(float(slot.eq(mask).float().mean()) - 0.8) < 0.03
+    assert abs(float(slot.eq(truth).float().mean()) - 0.1) < 0.02
+    random = slot.ne(mask) & slot.ne(truth)
+    assert abs(float(random.float().mean()) - 0.1) < 0.02
+    assert not slot.eq(pseudo).any() and (slot[random] >= dictionary.nspecial).all()
+    # the history shows either the true token or the token of its own slot
+    assert bool((history.eq(truth) | history.eq(slot)).all())
+    noised = slot.ne(truth)
+    assert abs(float(history[noised].ne(truth[noised]).float().mean()) - 0.3) < 0.03
+    assert len(set(changed_per_row)) > 3  # binomial counts, not ceil(p * n) every time
+    assert total == 5 * rows * 25
+
+
+def test_decoding_placeholder_follows_the_noise_scheme(tmp_path):
+    """The decoder feeds the symbol the pseudo slots held in training: <pseudo> (exact) or [MASK] (s2s_ft)."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    dictionary = make_dictionary()
+    for lang in ("src", "tgt"):
+        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
+    for noise, symbol in (("exact", PSEUDO_SYMBOL), ("s2s_ft", MASK_SYMBOL)):
+        task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(
+            data=str(tmp_path), pseudo_masks=True, pseudo_mask_noise=noise, source_segment=0, target_segment=1,
+            seed=1))
+        namespace = argparse.Namespace()
+        unilm2_tiny(namespace)
+        cfg = UniLMConfig.from_namespace(namespace)
+        cfg._name = "unilm"
+        model = task.build_model(OmegaConf.structured(cfg))
+        assert model.decoder.placeholder == task.dictionary.index(symbol)
+
+
 def decode_step_logits(model, batch, dictionary, cached):
     """Logits (B, T, V) of target token i given y_<i, from the model's decoder (placeholder [P])."""
     targets = [t[t.ne(dictionary.pad())] for t in batch["target"]]
@@ -216,7 +273,7 @@ def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
             "--max-target-positions", "8"]
     cli("fairseq-train", data, *task, "--arch", "unilm2_tiny", "--criterion", "unilm_cloze", "--optimizer", "adam",
         "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3", "--batch-size", "32", "--max-update", "900",
-        "--target-mask-prob", "0.1", "--mask-token-prob", "0", "--random-token-prob", "0", "--dropout", "0",
+        "--target-mask-prob", "0.1", "--leave-unmasked-prob", "1", "--random-token-prob", "0", "--dropout", "0",
         "--attention-dropout", "0", "--save-dir", tmp_path / "ckpt", "--no-epoch-checkpoints", "--log-format", "simple")
     result = cli("fairseq-generate", data, *task, "--path", tmp_path / "ckpt" / "checkpoint_last.pt", "--gen-subset",
                  "test", "--beam", "3", "--max-len-b", "8", "--batch-size", "4", "--required-batch-size-multiple", "1")
@@ -226,3 +283,37 @@ def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
     assert len(hypotheses) == len(references) == 10
     correct = sum(hypotheses[key] == references[key] for key in references)
     assert correct >= 8, f"only {correct} of 10 test targets generated:\n" + "\n".join(lines[-30:])
+
+
+@pytest.mark.parametrize("pseudo_masks", [False, True])
+def test_one_view_per_use_and_raw_sources_for_inference(tmp_path, pseudo_masks):
+    """Training batches hold the packed rows and labels only (no reference, no source-only view); generation
+    batches hold the source, its segments and the reference, and draw no noise; build_dataset_for_inference takes
+    encoded lines as fairseq-interactive gives them."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    dictionary = make_dictionary()
+    for lang in ("src", "tgt"):
+        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
+    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=pseudo_masks,
+                                                          source_segment=0, target_segment=1, seed=1))
+    dataset = task._dataset(Sentences(task.dictionary, [5, 8], 0), Sentences(task.dictionary, [4, 2], 1))
+    training = dataset.collater([dataset[0], dataset[1]])
+    assert set(training) == {"id", "nsentences", "ntokens", "net_input", "target"}
+    assert training["net_input"]["src_tokens"].shape == training["target"].shape  # packed rows and their labels
+    assert "src_lengths" not in training["net_input"] and "attention_mask" not in training["net_input"]
+    dataset.generation = True
+    item = dataset[1]
+    assert set(item) == {"id", "source", "reference"}  # no noise drawn
+    generation = dataset.collater([dataset[0], dataset[1]])
+    assert generation["target"][1, :2].tolist() == dataset.target[1].tolist()
+    assert generation["net_input"]["source_segments"].eq(0).all()
+    assert generation["net_input"]["target_segment"].eq(1).all()
+
+    lines = [torch.tensor([dictionary.index("w3"), dictionary.index("w4"), dictionary.eos()]),
+             torch.tensor([dictionary.index("w5"), dictionary.eos()])]
+    inference = task.build_dataset_for_inference(lines, [len(t) for t in lines])
+    batch = inference.collater([inference[0], inference[1]])
+    assert batch["target"] is None
+    assert batch["net_input"]["src_tokens"][0].tolist() == [dictionary.bos(), *lines[0].tolist()]
+    assert batch["net_input"]["src_tokens"][1].tolist() == [dictionary.bos(), *lines[1].tolist(), dictionary.pad()]

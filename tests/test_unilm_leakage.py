@@ -107,7 +107,7 @@ def mean(losses, positions):
 def seq2seq_dataset(sources, targets, d):
     return UniLMSeq2SeqDataset(
         indexed(sources, d), indexed(targets, d), d, max_source_positions=16, max_target_positions=16,
-        policy=TokenMaskingPolicy(mask_prob=0.15, mask_token_prob=1.0, random_token_prob=0.0),
+        masking=TokenMaskingPolicy(mask_prob=0.15, mask_token_prob=1.0, random_token_prob=0.0),
         mask_idx=d.index("<mask>"), source_segment=4, target_segment=5, seed=1,
     )
 
@@ -143,7 +143,7 @@ def one_direction_dataset(rows, d, objective_probs):
         items += [list(row), []]
     return UniLMPretrainingDataset(
         indexed(items, d), d, tokens_per_sample=2 * HALF + 3,
-        policy=TokenMaskingPolicy(mask_prob=0.15, mask_token_prob=1.0, random_token_prob=0.0),
+        masking=TokenMaskingPolicy(mask_prob=0.15, mask_token_prob=1.0, random_token_prob=0.0),
         mask_idx=d.index("<mask>"), seed=1, objective_probs=objective_probs,
     )
 

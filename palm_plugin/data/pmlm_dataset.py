@@ -6,7 +6,9 @@ For a text ``x`` whose masked positions are split into factorization steps ``M_1
     [ x with the masked tokens replaced 80/10/10 by [M] | for each step k = 1..K: |M_k| [P] tokens, then the
       |M_k| original tokens x_{M_k} ]
 
-Every appended token carries the position id of the token it stands for, so the Transformer sees it at that
+The text is UniLMv2's pre-training input ``[SOS] S1 [EOS] S2 [EOS]`` (section 2.2, :func:`sentence_pair`): two
+contiguous pieces of a block, segment ids 0 and 1, positions running on through both. Every appended token
+carries the position id (and the segment id) of the token it stands for, so the Transformer sees it at that
 position wherever it lies in the input. For the paper's example (x_1..x_6, steps {4, 5} -> {2})::
 
     tokens     x1 [M] x3 [M] [M] x6  [P] [P] x4 x5  [P] x2
@@ -33,7 +35,35 @@ from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 
 
-def pseudo_masked_example(tokens, steps, noised, pseudo_idx, append_pseudo=True, predict_masked_slots=True):
+def sentence_pair(text, bos, eos, rng):
+    """UniLMv2's pre-training input ``[SOS] S1 [EOS] S2 [EOS]`` (section 2.2) from a block of contiguous text.
+
+    Args:
+        text: int ``(T,)`` a block of fairseq's ``TokenBlockDataset``: whole sentences, each ending with [EOS] (with
+            ``--sample-break-mode none`` the last one may be cut, without its [EOS]).
+        rng: draws the cut: one of the sentence boundaries inside the block, uniformly; a block of one sentence is
+            cut between two of its tokens, uniformly. S1 and S2 are the two sides (each may hold several sentences).
+    Returns:
+        ``tokens`` ``(L,)`` with ``L <= T + 3`` and ``segments`` ``(L,)``: 0 on ``[SOS] S1 [EOS]``, 1 on
+        ``S2 [EOS]`` (BERT's segment ids; positions run on through both).
+    """
+    body = text[:-1] if len(text) and text[-1] == eos else text
+    inner = np.flatnonzero(body == eos)
+    inner = inner[(inner > 0) & (inner < len(body) - 1)]  # both sides keep a token
+    if len(inner):
+        cut = int(inner[rng.integers(len(inner))])
+        first, second = body[:cut], body[cut + 1 :]
+    else:
+        cut = int(rng.integers(1, len(body))) if len(body) > 1 else len(body)
+        first, second = body[:cut], body[cut:]
+    tokens = np.concatenate([[bos], first, [eos], second, [eos]]).astype(np.int64)
+    segments = np.zeros(len(tokens), dtype=np.int64)
+    segments[len(first) + 2 :] = 1
+    return tokens, segments
+
+
+def pseudo_masked_example(tokens, steps, noised, pseudo_idx, append_pseudo=True, predict_masked_slots=True,
+                          segments=None):
     """Lay out one example (numpy, no Python loop over tokens).
 
     Args:
@@ -41,10 +71,11 @@ def pseudo_masked_example(tokens, steps, noised, pseudo_idx, append_pseudo=True,
         steps: int ``(T,)`` factorization step of each token, -1 where not masked.
         noised: int ``(T,)`` ``tokens`` with the masked positions replaced 80/10/10.
         pseudo_idx: dictionary index of [P].
+        segments: int ``(T,)`` segment ids of the text (default 0); appended tokens take their token's.
     Returns:
         dict of int64 arrays of length ``L = T + 2 * (number of masked tokens)`` (``T`` without
-        ``append_pseudo``): ``source``, ``positions``, ``steps``, ``kinds``, and ``target`` (-1 where nothing is
-        predicted; the dataset turns it into padding).
+        ``append_pseudo``): ``source``, ``positions``, ``segments``, ``steps``, ``kinds``, and ``target`` (-1 where
+        nothing is predicted; the dataset turns it into padding).
     """
     length = len(tokens)
     masked = np.flatnonzero(steps >= 0)
@@ -55,6 +86,7 @@ def pseudo_masked_example(tokens, steps, noised, pseudo_idx, append_pseudo=True,
     example = {
         "source": noised.astype(np.int64),
         "positions": np.arange(length, dtype=np.int64),
+        "segments": np.zeros(length, dtype=np.int64) if segments is None else np.asarray(segments, dtype=np.int64),
         "steps": np.zeros(length, dtype=np.int64),
         "kinds": np.full(length, PseudoMaskKind.CONTEXT, dtype=np.int64),
         "target": target,
@@ -76,6 +108,8 @@ def pseudo_masked_example(tokens, steps, noised, pseudo_idx, append_pseudo=True,
     appended["source"][original_slot] = tokens[masked]
     appended["positions"][pseudo_slot] = masked
     appended["positions"][original_slot] = masked
+    appended["segments"][pseudo_slot] = example["segments"][masked]
+    appended["segments"][original_slot] = example["segments"][masked]
     appended["steps"][pseudo_slot] = masked_steps
     appended["steps"][original_slot] = masked_steps
     appended["kinds"][pseudo_slot] = PseudoMaskKind.PSEUDO
@@ -86,8 +120,11 @@ def pseudo_masked_example(tokens, steps, noised, pseudo_idx, append_pseudo=True,
 
 
 class PseudoMaskedLMDataset(FairseqDataset):
-    """Pseudo-masked LM examples over blocks of text (``[BOS] tokens ... [EOS]``, e.g. fairseq's
-    ``TokenBlockDataset`` + ``PrependTokenDataset``).
+    """Pseudo-masked LM examples over blocks of text.
+
+    With ``sentence_pairs`` (the ``pmlm`` task) the items of ``dataset`` are blocks of contiguous text (fairseq's
+    ``TokenBlockDataset``), laid out as ``[SOS] S1 [EOS] S2 [EOS]`` (:func:`sentence_pair`); without, each item is
+    used as it is (``[BOS] tokens ... [EOS]``, one segment).
 
     Randomness: ``sample_rng(seed, epoch, index)`` per item, so masks do not depend on workers or resuming.
 
@@ -108,6 +145,7 @@ class PseudoMaskedLMDataset(FairseqDataset):
         append_pseudo: bool = True,
         predict_masked_slots: bool = True,
         shuffle: bool = True,
+        sentence_pairs: bool = False,
     ):
         if not (append_pseudo or predict_masked_slots):
             raise ValueError("a pseudo-masked LM needs at least one loss: autoencoding or (partially) autoregressive")
@@ -122,7 +160,9 @@ class PseudoMaskedLMDataset(FairseqDataset):
         self.predict_masked_slots = predict_masked_slots
         self.shuffle = shuffle
         self.epoch = 1
-        self.sizes = np.asarray(dataset.sizes, dtype=np.int64)
+        self.sentence_pairs = sentence_pairs
+        # With sentence pairs a block of T tokens becomes at most T + 3 ([SOS], an [EOS] at the cut and at the end).
+        self.sizes = np.asarray(dataset.sizes, dtype=np.int64) + (3 if sentence_pairs else 0)
         self._num_tokens = self.sizes.copy()
         if append_pseudo:
             self._num_tokens += 2 * (masking.budget(self.sizes) + masking.max_block_length - 1)
@@ -144,6 +184,9 @@ class PseudoMaskedLMDataset(FairseqDataset):
     def __getitem__(self, index):
         tokens = self.dataset[index].numpy().astype(np.int64)
         rng = sample_rng(self.seed, self.epoch, index)
+        segments = None
+        if self.sentence_pairs:
+            tokens, segments = sentence_pair(tokens, self.dictionary.bos(), self.dictionary.eos(), rng)
         maskable = (tokens != self._unmaskable[0]) & (tokens != self._unmaskable[1]) & (tokens != self._unmaskable[2])
         steps = self.masking.factorization_steps(maskable, rng)
         noised = self.replacement.corrupt(
@@ -156,7 +199,7 @@ class PseudoMaskedLMDataset(FairseqDataset):
             excluded=(self.pseudo_idx,),
         )
         example = pseudo_masked_example(
-            tokens, steps, noised, self.pseudo_idx, self.append_pseudo, self.predict_masked_slots
+            tokens, steps, noised, self.pseudo_idx, self.append_pseudo, self.predict_masked_slots, segments
         )
         example["target"][example["target"] < 0] = self.dictionary.pad()
         item = {key: torch.from_numpy(value) for key, value in example.items()}
@@ -166,8 +209,8 @@ class PseudoMaskedLMDataset(FairseqDataset):
     def collater(self, samples):
         """Right-pad every field; returns fairseq's batch dict.
 
-        ``net_input`` (the model's keyword arguments): ``src_tokens``, ``position_ids``, ``steps``, ``kinds``
-        ``(B, L)``, from which the model builds the mask; ``target`` ``(B, L)`` (pad where
+        ``net_input`` (the model's keyword arguments): ``src_tokens``, ``position_ids``, ``segment_ids``,
+        ``steps``, ``kinds`` ``(B, L)``, from which the model builds the mask; ``target`` ``(B, L)`` (pad where
         nothing is predicted); ``ntokens`` counts input tokens, ``nsentences`` texts.
         """
         if len(samples) == 0:
@@ -185,6 +228,7 @@ class PseudoMaskedLMDataset(FairseqDataset):
             "net_input": {
                 "src_tokens": src_tokens,
                 "position_ids": merge("positions", 0),
+                "segment_ids": merge("segments", 0),
                 "steps": merge("steps", 0),
                 "kinds": merge("kinds", int(PseudoMaskKind.CONTEXT)),
             },

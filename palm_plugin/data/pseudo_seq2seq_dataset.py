@@ -14,7 +14,7 @@ with ``decoding_placeholder = <pseudo>``). Loss on the pseudo rows only.
 
 Noise on the target tokens (the history the pseudo rows condition on), two schemes (``noise``):
 
-* ``exact`` (the default): the policy picks exactly ``ceil(target_mask_prob * n)`` of the target tokens and
+* ``exact`` (the default): the masking policy picks exactly ``ceil(target_mask_prob * n)`` of the target tokens and
   corrupts them 80/10/10 ([MASK] / random / unchanged); the pseudo slots are always [P], the symbol the decoder
   feeds, so training and decoding see the same placeholder;
 * ``s2s_ft`` (Microsoft's s2s-ft, ``mask_way v2``): each pseudo slot gets [MASK] 80% / a random token 10% / the
@@ -35,7 +35,7 @@ NOISE_SCHEMES = ("exact", "s2s_ft")
 
 
 class PseudoSeq2SeqDataset(UniLMSeq2SeqDataset):
-    """Same constructor as :class:`UniLMSeq2SeqDataset` plus ``noise`` (:data:`NOISE_SCHEMES`); ``policy`` is the
+    """Same constructor as :class:`UniLMSeq2SeqDataset` plus ``noise`` (:data:`NOISE_SCHEMES`); ``masking`` is the
     noise on the target tokens (module docstring: ``mask_prob`` is ``target_mask_prob``).
 
     Training batches: ``net_input`` holds the packed tokens, ``segment_ids`` and ``position_ids`` ``(B, L)`` and
@@ -58,11 +58,11 @@ class PseudoSeq2SeqDataset(UniLMSeq2SeqDataset):
 
     def training_item(self, source, target, rng):
         if self.noise == "exact":
-            noised = self._corrupt(target, self.policy.select(np.ones(len(target), dtype=bool), rng), rng)
+            noised = self._corrupt(target, self.masking.select(np.ones(len(target), dtype=bool), rng), rng)
             slots = np.full(len(target), self.pseudo_idx, dtype=np.int64)
         else:
             slots = self._corrupt(target, np.ones(len(target), dtype=bool), rng)
-            noised = np.where(rng.random(len(target)) < self.policy.mask_prob, slots, target)
+            noised = np.where(rng.random(len(target)) < self.masking.mask_prob, slots, target)
         return {"noised_target": torch.from_numpy(noised), "pseudo_slots": torch.from_numpy(slots)}
 
     def training_batch(self, samples):

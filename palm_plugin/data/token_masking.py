@@ -43,12 +43,14 @@ class TokenMaskingPolicy:
     span_length_probs: Sequence[float] = (1.0,)
 
     @classmethod
-    def from_config(cls, mask_prob: float, cfg: BertReplacementConfig) -> "TokenMaskingPolicy":
-        """The policy of ``mask_prob`` and a :class:`BertReplacementConfig` (the rest of the masked tokens: [MASK])."""
+    def from_config(cls, mask_prob: float, cfg: BertReplacementConfig, **options) -> "TokenMaskingPolicy":
+        """The policy of ``mask_prob`` and a :class:`BertReplacementConfig` (the rest of the masked tokens: [MASK]);
+        ``options``: further fields (``span_length_probs``)."""
         return cls(
             mask_prob=mask_prob,
             mask_token_prob=1.0 - cfg.leave_unmasked_prob - cfg.random_token_prob,
             random_token_prob=cfg.random_token_prob,
+            **options,
         )
 
     def __post_init__(self):

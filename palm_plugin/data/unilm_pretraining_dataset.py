@@ -75,20 +75,20 @@ class UniLMPretrainingDataset(FairseqDataset):
         sentences: fairseq indexed dataset, one sentence per item (ending with [EOS]).
         dictionary: ``bos()`` is [SOS], ``eos()`` [EOS].
         tokens_per_sample: the longest packed sequence, special tokens included.
-        policy: selection and corruption (UniLM: ``TokenMaskingPolicy(0.15, span_length_probs=(0.8, 0.1, 0.1))``).
+        masking: selection and corruption (UniLM: ``TokenMaskingPolicy(0.15, span_length_probs=(0.8, 0.1, 0.1))``).
         mask_idx: the [MASK] symbol.
         seed: with the epoch and the index, seeds each item.
         objective_probs: probabilities of (bidirectional, seq2seq, left-to-right, right-to-left).
     """
 
-    def __init__(self, sentences, dictionary, tokens_per_sample, policy, mask_idx, seed,
+    def __init__(self, sentences, dictionary, tokens_per_sample, masking, mask_idx, seed,
                  objective_probs=OBJECTIVE_PROBS):
         if tokens_per_sample < 5:
             raise ValueError("--tokens-per-sample must be at least 5 ([SOS] A [EOS] B [EOS])")
         self.sentences = sentences
         self.dictionary = dictionary
         self.budget = tokens_per_sample - 3
-        self.policy = policy
+        self.masking = masking
         self.mask_idx = mask_idx
         self.excluded_replacements = replacement_exclusions(dictionary)
         self.seed = seed
@@ -156,8 +156,8 @@ class UniLMPretrainingDataset(FairseqDataset):
             segments = np.concatenate([np.full(source_length, first_segment), np.full(len(second) + 1, second_segment)])
         tokens = tokens.astype(np.int64)
         maskable = (tokens != bos) & (tokens != eos)
-        selected = self.policy.select(maskable, rng)
-        noised = self.policy.corrupt(
+        selected = self.masking.select(maskable, rng)
+        noised = self.masking.corrupt(
             tokens, selected, rng, self.mask_idx, self.dictionary.nspecial, len(self.dictionary),
             excluded=self.excluded_replacements,
         )

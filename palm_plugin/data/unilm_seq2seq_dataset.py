@@ -43,7 +43,7 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         dictionary: the shared dictionary (``bos()`` is [SOS], ``eos()`` [EOS]).
         max_source_positions: the longest ``[SOS] S1 [EOS]``; longer sources lose their end.
         max_target_positions: the longest ``S2 [EOS]``; longer targets lose their end (the final [EOS] stays).
-        policy: which target tokens are predicted and how they are corrupted.
+        masking: which target tokens are predicted and how they are corrupted.
         mask_idx: the [MASK] symbol.
         source_segment, target_segment: segment ids of the two parts.
         seed: with the epoch and the index, seeds each sample's masking.
@@ -57,7 +57,7 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         dictionary,
         max_source_positions,
         max_target_positions,
-        policy: TokenMaskingPolicy,
+        masking: TokenMaskingPolicy,
         mask_idx,
         source_segment,
         target_segment,
@@ -71,7 +71,7 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         self.source, self.target = source, target
         self.dictionary = dictionary
         self.max_source_positions, self.max_target_positions = max_source_positions, max_target_positions
-        self.policy = policy
+        self.masking = masking
         self.mask_idx = mask_idx
         self.source_segment, self.target_segment = source_segment, target_segment
         self.seed = seed
@@ -114,7 +114,7 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         return item
 
     def _corrupt(self, target, selected, rng):
-        return self.policy.corrupt(
+        return self.masking.corrupt(
             target, selected, rng, self.mask_idx, self.dictionary.nspecial, len(self.dictionary),
             excluded=self.excluded_replacements,
         )
@@ -122,7 +122,7 @@ class UniLMSeq2SeqDataset(FairseqDataset):
     def training_item(self, source, target, rng) -> dict:
         """The training fields of one pair: the packed corrupted row and its labels (numpy), and for inspection the
         noised target and the selected positions."""
-        selected = self.policy.select(np.ones(len(target), dtype=bool), rng)
+        selected = self.masking.select(np.ones(len(target), dtype=bool), rng)
         noised = self._corrupt(target, selected, rng)
         pad = self.dictionary.pad()
         return {

@@ -1,6 +1,6 @@
 """UniLM (Dong et al. 2019): one shared Transformer whose self-attention mask selects the language model.
 
-The network (embeddings, layers, equations 1-3) is :class:`palm_plugin.modules.unilm_encoder.UniLMEncoder`; this
+The network (embeddings, layers, equations 1-3) is :class:`palm_plugin.modules.unilm_transformer.UniLMTransformer`; this
 file adds the output heads and fairseq's interfaces:
 
 * :meth:`UniLMModel.forward`: training and scoring, called as ``model(**sample["net_input"])``. The batch
@@ -36,6 +36,7 @@ from fairseq.models import (
     register_model_architecture,
 )
 
+from palm_plugin.data.symbols import MASK_SYMBOL
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.modules.attention_masks import (
     bidirectional_mask,
@@ -44,7 +45,7 @@ from palm_plugin.modules.attention_masks import (
     seq2seq_decoding_mask,
     seq2seq_mask,
 )
-from palm_plugin.modules.unilm_encoder import UniLMEncoder
+from palm_plugin.modules.unilm_transformer import UniLMTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class UniLMConfig(FairseqDataclass):
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}
     )
     decoding_placeholder: str = field(
-        default="<mask>",
+        default=MASK_SYMBOL,
         metadata={"help": "symbol fed at the position being predicted while decoding ([MASK]; UniLMv2: its pseudo token)"},
     )
 
@@ -114,7 +115,7 @@ class UniLMSourceEncoder(FairseqEncoder):
     only when sentences are dropped or the order mixes sentences.
     """
 
-    def __init__(self, dictionary, stack: UniLMEncoder):
+    def __init__(self, dictionary, stack: UniLMTransformer):
         super().__init__(dictionary)
         self.stack = stack
         self.padding_idx = dictionary.pad()
@@ -174,7 +175,7 @@ class UniLMIncrementalDecoder(FairseqIncrementalDecoder):
     again (so the parameters are stored once).
     """
 
-    def __init__(self, dictionary, stack: UniLMEncoder, lm_head: UniLMLMHead, cfg: UniLMConfig):
+    def __init__(self, dictionary, stack: UniLMTransformer, lm_head: UniLMLMHead, cfg: UniLMConfig):
         super().__init__(dictionary)
         self.__dict__["stack"] = stack
         self.__dict__["lm_head"] = lm_head
@@ -299,7 +300,7 @@ class UniLMIncrementalDecoder(FairseqIncrementalDecoder):
 @register_model("unilm", dataclass=UniLMConfig)
 class UniLMModel(FairseqEncoderDecoderModel):
     def __init__(self, cfg: UniLMConfig, dictionary):
-        stack = UniLMEncoder(
+        stack = UniLMTransformer(
             vocab_size=len(dictionary),
             padding_idx=dictionary.pad(),
             dim=cfg.encoder_embed_dim,
@@ -353,7 +354,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
         return cls(cfg, task.source_dictionary)
 
     @property
-    def stack(self) -> UniLMEncoder:
+    def stack(self) -> UniLMTransformer:
         return self.encoder.stack
 
     def forward(

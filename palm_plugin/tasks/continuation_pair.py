@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks import register_task
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
+from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +50,13 @@ class ContinuationPairConfig(BertReplacementConfig):
 
 
 @register_task("continuation_pair", dataclass=ContinuationPairConfig)
-class ContinuationPairTask(FairseqTask):
+class ContinuationPairTask(SharedDictionaryTask):
     """PALM's (context, continuation) pre-training task over one shared dictionary (with ``<mask>``)."""
 
     trains_encoder_mlm = True  # tells the palm model to build its MLM head
 
     def __init__(self, cfg: ContinuationPairConfig, dictionary: Dictionary):
-        super().__init__(cfg)
-        self.dictionary = dictionary
-        # Like fairseq's masked_lm: the existing index when dict.txt lists <mask>, else appended.
-        self.mask_idx = dictionary.add_symbol("<mask>")
+        super().__init__(cfg, dictionary)
         self.masking = TokenMaskingPolicy.from_config(cfg.mask_prob, cfg)
 
     @classmethod
@@ -105,11 +103,3 @@ class ContinuationPairTask(FairseqTask):
 
     def max_positions(self):
         return self.cfg.max_source_tokens + 1, self.cfg.max_target_tokens + 1
-
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary

@@ -1,9 +1,10 @@
 """``pmlm``: UniLMv2 pre-training with the pseudo-masked LM (Bao et al. 2020, sections 3.1-3.3).
 
 Data: fairseq-preprocess'ed monolingual text (``--only-source``; documents separated by a blank line), cut into
-blocks of ``--tokens-per-sample`` (a block never crosses a document boundary with the default
-``complete_doc``), with ``[BOS]`` in front, as fairseq's ``masked_lm`` does. Each block is masked by blockwise
-masking (Algorithm 1) in a random factorization order and laid out as a pseudo-masked example
+blocks of ``--tokens-per-sample - 3`` tokens (a block never crosses a document boundary with the default
+``complete_doc``), each laid out as the paper's ``[SOS] S1 [EOS] S2 [EOS]`` (section 2.2; segments 0 and 1, cut at
+a random sentence boundary inside the block, :func:`palm_plugin.data.pmlm_dataset.sentence_pair`). Each block is
+masked by blockwise masking (Algorithm 1) in a random factorization order and laid out as a pseudo-masked example
 (:mod:`palm_plugin.data.pmlm_dataset`); train with ``--criterion pmlm_ae_par`` on a ``unilm2_*`` arch.
 
 The dictionary gets ``<mask>`` ([M]) and ``<pseudo>`` ([P]) if ``dict.txt`` lacks them, in that order (the
@@ -24,17 +25,18 @@ ae_ar      L_AE + L_PAR with single-token steps                    single tokens
 import logging
 from dataclasses import dataclass, field
 
-from fairseq.data import Dictionary, PrependTokenDataset, TokenBlockDataset, TruncateDataset
+from fairseq.data import Dictionary, TokenBlockDataset, TruncateDataset
 from fairseq.dataclass import ChoiceEnum
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import SAMPLE_BREAK_MODE_CHOICES
 from omegaconf import II, MISSING
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset
-from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
+from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,8 @@ class PseudoMaskedLMConfig(BertReplacementConfig):
                   "sentences, never across a document boundary (a blank line in the raw text)"},
     )
     tokens_per_sample: int = field(
-        default=512, metadata={"help": "block length including [BOS] (the paper: 512); appended tokens reuse positions"}
+        default=512,
+        metadata={"help": "longest [SOS] S1 [EOS] S2 [EOS] input (the paper: 512); appended tokens reuse positions"},
     )
     objective: OBJECTIVE_CHOICES = field(
         default="ae_par", metadata={"help": "pre-training objectives (the paper's Table 6): ae_par, ae, par, ar, ae_ar"}
@@ -76,13 +79,11 @@ class PseudoMaskedLMConfig(BertReplacementConfig):
 
 
 @register_task("pmlm", dataclass=PseudoMaskedLMConfig)
-class PseudoMaskedLMTask(FairseqTask):
+class PseudoMaskedLMTask(SharedDictionaryTask):
     cfg: PseudoMaskedLMConfig
 
     def __init__(self, cfg: PseudoMaskedLMConfig, dictionary: Dictionary):
-        super().__init__(cfg)
-        self.dictionary = dictionary
-        self.mask_idx = dictionary.add_symbol(MASK_SYMBOL)
+        super().__init__(cfg, dictionary)
         self.pseudo_idx = dictionary.add_symbol(PSEUDO_SYMBOL)
         predict_masked_slots, append_pseudo, spans = OBJECTIVES[cfg.objective]
         self.predict_masked_slots = predict_masked_slots
@@ -101,7 +102,7 @@ class PseudoMaskedLMTask(FairseqTask):
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         dataset = load_sentences(self.cfg.data, split, epoch, self.dictionary, combine)
-        block_size = self.cfg.tokens_per_sample - 1  # one less for [BOS]
+        block_size = self.cfg.tokens_per_sample - 3  # room for [SOS] and the [EOS] of both segments
         too_long = int((dataset.sizes > block_size).sum())
         if too_long and self.cfg.sample_break_mode != "none":
             # These modes never split a line, so a longer line would make a block longer than the model's positions
@@ -121,7 +122,7 @@ class PseudoMaskedLMTask(FairseqTask):
         )
         logger.info(f"loaded {len(blocks)} blocks from {split_prefix(self.cfg.data, split, epoch)}")
         self.datasets[split] = PseudoMaskedLMDataset(
-            PrependTokenDataset(blocks, self.dictionary.bos()),
+            blocks,
             self.dictionary,
             mask_idx=self.mask_idx,
             pseudo_idx=self.pseudo_idx,
@@ -130,15 +131,8 @@ class PseudoMaskedLMTask(FairseqTask):
             seed=self.cfg.seed,
             append_pseudo=self.append_pseudo,
             predict_masked_slots=self.predict_masked_slots,
+            sentence_pairs=True,
         )
-
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary
 
     def max_positions(self):
         return self.cfg.tokens_per_sample

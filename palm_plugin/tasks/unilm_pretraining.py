@@ -8,13 +8,13 @@ import logging
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from fairseq.dataclass import FairseqDataclass
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks import register_task
 from omegaconf import II, MISSING
 
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
-from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 from palm_plugin.data.unilm_pretraining_dataset import NUM_OBJECTIVE_SEGMENTS, UniLMPretrainingDataset
+from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
 
@@ -28,16 +28,12 @@ def _floats(text, option):
 
 
 @dataclass
-class UniLMPretrainingConfig(FairseqDataclass):
+class UniLMPretrainingConfig(BertReplacementConfig):
     data: str = field(default=MISSING, metadata={"help": "directory of fairseq-preprocess --only-source output"})
     tokens_per_sample: int = field(
         default=512, metadata={"help": "longest packed sequence [SOS] A [EOS] B [EOS], special tokens included"}
     )
     mask_prob: float = field(default=0.15, metadata={"help": "fraction of the text tokens to predict"})
-    mask_token_prob: float = field(default=0.8, metadata={"help": "fraction of predicted tokens replaced by [MASK]"})
-    random_token_prob: float = field(
-        default=0.1, metadata={"help": "fraction of predicted tokens replaced by a random token (rest: unchanged)"}
-    )
     span_length_probs: str = field(
         default="0.8,0.1,0.1",
         metadata={
@@ -53,16 +49,11 @@ class UniLMPretrainingConfig(FairseqDataclass):
 
 
 @register_task("unilm_pretraining", dataclass=UniLMPretrainingConfig)
-class UniLMPretrainingTask(FairseqTask):
+class UniLMPretrainingTask(SharedDictionaryTask):
     def __init__(self, cfg: UniLMPretrainingConfig, dictionary):
-        super().__init__(cfg)
-        self.dictionary = dictionary
-        self.mask_idx = dictionary.add_symbol("<mask>")
-        self.policy = TokenMaskingPolicy(
-            mask_prob=cfg.mask_prob,
-            mask_token_prob=cfg.mask_token_prob,
-            random_token_prob=cfg.random_token_prob,
-            span_length_probs=_floats(cfg.span_length_probs, "--span-length-probs"),
+        super().__init__(cfg, dictionary)
+        self.masking = TokenMaskingPolicy.from_config(
+            cfg.mask_prob, cfg, span_length_probs=_floats(cfg.span_length_probs, "--span-length-probs")
         )
         self.objective_probs = _floats(cfg.objective_probs, "--objective-probs")
         if len(self.objective_probs) != 4 or abs(sum(self.objective_probs) - 1) > 1e-6:
@@ -78,7 +69,7 @@ class UniLMPretrainingTask(FairseqTask):
             sentences,
             self.dictionary,
             self.cfg.tokens_per_sample,
-            self.policy,
+            self.masking,
             self.mask_idx,
             self.cfg.seed,
             self.objective_probs,
@@ -108,11 +99,3 @@ class UniLMPretrainingTask(FairseqTask):
 
     def max_positions(self):
         return self.cfg.tokens_per_sample
-
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary

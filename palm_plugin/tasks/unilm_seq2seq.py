@@ -25,21 +25,22 @@ from dataclasses import dataclass, field
 import torch
 from fairseq import utils
 from fairseq.data import Dictionary, ListDataset, data_utils
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.tasks import FairseqTask, register_task
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
 from palm_plugin.data.pseudo_seq2seq_dataset import NOISE_SCHEMES, PseudoSeq2SeqDataset
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
-from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.reference_scorer import UniLMReferenceScorer
+from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class UniLMSeq2SeqConfig(FairseqDataclass):
+class UniLMSeq2SeqConfig(BertReplacementConfig):
     data: str = field(default=MISSING, metadata={"help": "directory of fairseq-preprocess output (translation layout)"})
     source_lang: str = field(
         default="src", metadata={"help": "source language suffix of the data files", "argparse_alias": "-s"}
@@ -60,10 +61,6 @@ class UniLMSeq2SeqConfig(FairseqDataclass):
     mask_prob: float = field(
         default=0.7, metadata={"help": "fraction of S2 [EOS] to predict (paper: 0.7 summaries/QG, 0.5 QA/dialog)"}
     )
-    mask_token_prob: float = field(default=0.8, metadata={"help": "fraction of predicted tokens replaced by [MASK]"})
-    random_token_prob: float = field(
-        default=0.1, metadata={"help": "fraction of predicted tokens replaced by a random token (rest: unchanged)"}
-    )
     source_segment: int = field(
         default=4, metadata={"help": "segment id of the source (UniLM v1: 4; UniLMv2 / BERT checkpoints: 0)"}
     )
@@ -76,7 +73,7 @@ class UniLMSeq2SeqConfig(FairseqDataclass):
     target_mask_prob: float = field(
         default=0.5,
         metadata={
-            "help": "with --pseudo-masks: fraction of the target history corrupted (by --mask-token-prob / "
+            "help": "with --pseudo-masks: fraction of the target history corrupted (80/10/10, --leave-unmasked-prob / "
             "--random-token-prob) so the model tolerates its own decoding errors; every target token is predicted "
             "from its pseudo token whatever this is (--mask-prob applies to the UniLM v1 layout only)"
         },
@@ -86,26 +83,20 @@ class UniLMSeq2SeqConfig(FairseqDataclass):
         metadata={
             "help": "with --pseudo-masks: exact = ceil(target_mask_prob * n) target tokens corrupted, pseudo slots "
             "always <pseudo> (the placeholder decoding feeds); s2s_ft = Microsoft's s2s-ft scheme: pseudo slots "
-            "[MASK] / random / true token by --mask-token-prob / --random-token-prob, each target token replaced by "
-            "its slot's token with probability --target-mask-prob, decoding placeholder [MASK]"
+            "[MASK] / random / true token (80/10/10, --leave-unmasked-prob / --random-token-prob), each target "
+            "token replaced by its slot's token with probability --target-mask-prob, decoding placeholder [MASK]"
         },
     )
     seed: int = II("common.seed")
 
 
 @register_task("unilm_seq2seq", dataclass=UniLMSeq2SeqConfig)
-class UniLMSeq2SeqTask(FairseqTask):
+class UniLMSeq2SeqTask(SharedDictionaryTask):
     def __init__(self, cfg: UniLMSeq2SeqConfig, dictionary):
-        super().__init__(cfg)
-        self.dictionary = dictionary
-        self.mask_idx = dictionary.add_symbol(MASK_SYMBOL)
+        super().__init__(cfg, dictionary)
         if cfg.pseudo_masks:
             dictionary.add_symbol(PSEUDO_SYMBOL)
-        self.policy = TokenMaskingPolicy(
-            mask_prob=cfg.target_mask_prob if cfg.pseudo_masks else cfg.mask_prob,
-            mask_token_prob=cfg.mask_token_prob,
-            random_token_prob=cfg.random_token_prob,
-        )
+        self.masking = TokenMaskingPolicy.from_config(cfg.target_mask_prob if cfg.pseudo_masks else cfg.mask_prob, cfg)
 
     @classmethod
     def setup_task(cls, cfg: UniLMSeq2SeqConfig, **kwargs):
@@ -155,7 +146,7 @@ class UniLMSeq2SeqTask(FairseqTask):
         """The switch point between UniLM's layout and UniLMv2's (``--pseudo-masks``)."""
         arguments = (
             source, target, self.dictionary, self.cfg.max_source_positions, self.cfg.max_target_positions,
-            self.policy, self.mask_idx, self.cfg.source_segment, self.cfg.target_segment, self.cfg.seed,
+            self.masking, self.mask_idx, self.cfg.source_segment, self.cfg.target_segment, self.cfg.seed,
         )
         if self.cfg.pseudo_masks:
             return PseudoSeq2SeqDataset(*arguments, generation=generation, noise=self.cfg.pseudo_mask_noise)
@@ -200,8 +191,10 @@ class UniLMSeq2SeqTask(FairseqTask):
         if "target_segment" not in net_input:
             if "objectives" in net_input or "target_lengths" in net_input:
                 raise RuntimeError(
-                    "a training batch reached the generator: build the generator (task.build_generator) before "
-                    "iterating over the dataset, or use task.build_dataset_for_inference"
+                    "a training batch reached the generator: the data loader started before the task built its "
+                    "generator (with fairseq-generate: --data-buffer-size 0 and --num-workers > 0); keep the default "
+                    "--data-buffer-size, or --num-workers 0, or in Python call task.build_generator before iterating "
+                    "(or use task.build_dataset_for_inference)"
                 )
             src_tokens = net_input["src_tokens"]
             net_input["source_segments"] = torch.full_like(src_tokens, self.cfg.source_segment)
@@ -215,11 +208,3 @@ class UniLMSeq2SeqTask(FairseqTask):
         pairs (:meth:`UniLMSeq2SeqDataset.filter_indices_by_size`) with a count in training, instead of a position
         error mid-epoch when --max-source-positions + --max-target-positions exceed the model's."""
         return self.cfg.max_source_positions + self.cfg.max_target_positions
-
-    @property
-    def source_dictionary(self):
-        return self.dictionary
-
-    @property
-    def target_dictionary(self):
-        return self.dictionary

@@ -136,7 +136,7 @@ class UniLMLayer(nn.Module):
         return self._finish(x, context), (k_new, v_new)
 
 
-class UniLMEncoder(nn.Module):
+class UniLMTransformer(nn.Module):
     """Embeddings + ``layers`` :class:`UniLMLayer` blocks; the one network every UniLM objective shares.
 
     ``relative_position_buckets > 0`` adds UniLMv2's relative position bias
