@@ -63,7 +63,7 @@ FROM_SCRATCH="${FROM_SCRATCH:-0}"
 # The recipes' hyper-parameters; the values set in the environment are kept here and applied (in main) after the
 # recipe and SMOKE=1 set theirs.
 HYPERPARAMETERS="LR TOTAL_BATCH EPOCHS MAX_UPDATE WARMUP_RATIO MASK_PROB LABEL_SMOOTHING WEIGHT_DECAY MAX_SOURCE
-  MAX_TARGET BEAM LENPEN MIN_LEN MAX_LEN_B NO_REPEAT_NGRAM"
+  MAX_TARGET BEAM LENPEN LENPEN_STYLE MIN_LEN MAX_LEN_B NO_REPEAT_NGRAM NGRAM_IGNORE"
 FROM_ENVIRONMENT="$(for v in $HYPERPARAMETERS; do [[ -n "${!v:-}" ]] && printf '%s=%q; ' "$v" "${!v}"; done || true)"
 
 log() { echo "[$BENCHMARK/$MODEL] $*" >&2; }
@@ -152,6 +152,14 @@ bpe_args() {  # how fairseq-generate turns subwords back into text
   esac
 }
 
+ignore_symbols() {  # NGRAM_IGNORE's words as dictionary symbols: GPT-2's dictionary holds BPE ids
+  case "$VOCAB" in
+    gpt2) "$PYTHON" -c 'import json, sys; ids = json.load(open(sys.argv[1]))
+print("|".join(str(ids[w]) for w in sys.argv[2].split("|")))' "$GPT2_DIR/encoder.json" "$NGRAM_IGNORE" ;;
+    *) echo "$NGRAM_IGNORE" ;;
+  esac
+}
+
 binarize() {
   local dict
   dict="$(dictionary)"
@@ -223,8 +231,12 @@ decode() {
   mkdir -p "$WORK/gen"
   local device=()
   [[ "$NGPUS" == 0 ]] && device=(--cpu)
-  local search=(--beam "$BEAM" --lenpen "$LENPEN" --min-len "$MIN_LEN" --max-len-b "$MAX_LEN_B")
+  # LENPEN_STYLE: fairseq (divide by len ** LENPEN) or gnmt (by ((5 + len) / 6) ** LENPEN, s2s-ft's formula);
+  # NGRAM_IGNORE: words ('|'-separated) whose n-grams NO_REPEAT_NGRAM never blocks (s2s-ft's --forbid_ignore_word)
+  local search=(--beam "$BEAM" --lenpen "$LENPEN" --lenpen-style "${LENPEN_STYLE:-fairseq}" --min-len "$MIN_LEN"
+                --max-len-b "$MAX_LEN_B")
   [[ "${NO_REPEAT_NGRAM:-0}" != 0 ]] && search+=(--no-repeat-ngram-size "$NO_REPEAT_NGRAM")
+  [[ "${NO_REPEAT_NGRAM:-0}" != 0 && -n "${NGRAM_IGNORE:-}" ]] && search+=(--no-repeat-ngram-ignore "$(ignore_symbols)")
   [[ "${SCORE_REFERENCE:-0}" == 1 ]] && search=(--score-reference)
   # shellcheck disable=SC2046
   # translation would refuse test examples whose reference is longer than training allowed: decoding does not

@@ -24,10 +24,16 @@ case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
           MAX_SOURCE=512; MAX_TARGET=160; BEAM=5; LENPEN=1.0; MAX_LEN_B=160 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=30; WARMUP_RATIO=0.02; MASK_PROB=0.7
-          MAX_SOURCE=640; MAX_TARGET=128; BEAM=5; LENPEN=1.0; MAX_LEN_B=128 ;;
+          MAX_SOURCE=640; MAX_TARGET=128; BEAM=5; LENPEN=0; MAX_LEN_B=128 ;;
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02
-          MAX_SOURCE=608; MAX_TARGET=160; BEAM=5; LENPEN=0.7; MAX_LEN_B=160 ;;
+          MAX_SOURCE=608; MAX_TARGET=160; BEAM=5; LENPEN=0.7; LENPEN_STYLE=gnmt; MAX_LEN_B=160 ;;
 esac
+# Decoding of unilm/unilm2 follows the authors' code: UniLM v1's decode_seq2seq.py (unilm-v1 README, CNN/DM) sums
+# log-probabilities (--length_penalty 0: LENPEN=0) and blocks repeated trigrams except those holding "."
+# (--forbid_ignore_word ".|[X_SEP]"; our data has no [X_SEP] separator); UniLMv2's s2s-ft divides by the GNMT
+# penalty ((5 + len) / 6) ** 0.7 (LENPEN_STYLE=gnmt) and blocks trigrams alike. Ours: MIN_LEN 1 (the s2s-ft README
+# uses --min_len 48 for UniLM v1.2).
+if [[ "$MODEL" != palm ]]; then NGRAM_IGNORE="."; fi
 
 # The stories are on Google Drive (https://cs.nyu.edu/~kcho/DMQA/): download cnn_stories.tgz and
 # dailymail_stories.tgz there and unpack them into $DOWNLOAD (giving cnn/stories and dailymail/stories).

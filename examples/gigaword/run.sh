@@ -17,10 +17,14 @@ case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
           MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=1.0; MAX_LEN_B=32 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=64; EPOCHS=30; WARMUP_RATIO=0.02; MASK_PROB=0.7
-          MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=1.0; MAX_LEN_B=32 ;;
+          MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=0; MAX_LEN_B=32 ;;
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02
-          MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=1.0; MAX_LEN_B=32 ;;
+          MAX_SOURCE=192; MAX_TARGET=64; BEAM=5; LENPEN=0; MAX_LEN_B=32 ;;
 esac
+# Decoding of unilm/unilm2 follows the authors' code: UniLM v1's decode_seq2seq.py (unilm-v1 README, Gigaword) sums
+# log-probabilities (--length_penalty 0: LENPEN=0), outputs at most 32 tokens and blocks repeated trigrams except
+# those holding "." (--forbid_ignore_word "."); UniLMv2 (no Gigaword setting) decodes the same way.
+if [[ "$MODEL" != palm ]]; then NGRAM_IGNORE="."; fi
 
 # harvardnlp's release of Rush et al.'s data (summary.tar.gz, on Google Drive: https://github.com/harvardnlp/sent-summary)
 # unpacks to sumdata/train/{train,valid}.{article,title}*.txt and Giga/{input,task1_ref0}.txt under $DOWNLOAD.

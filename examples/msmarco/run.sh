@@ -28,10 +28,12 @@ case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
           MAX_SOURCE=512; MAX_TARGET=128; BEAM=5; LENPEN=1.0; MAX_LEN_B=128 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1; MASK_PROB=0.5
-          MAX_SOURCE=470; MAX_TARGET=128; BEAM=3; LENPEN=1.0; MAX_LEN_B=128 ;;
+          MAX_SOURCE=470; MAX_TARGET=128; BEAM=3; LENPEN=0; MAX_LEN_B=128 ;;
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1
-          MAX_SOURCE=470; MAX_TARGET=128; BEAM=3; LENPEN=1.0; MAX_LEN_B=128 ;;
+          MAX_SOURCE=470; MAX_TARGET=128; BEAM=3; LENPEN=0; MAX_LEN_B=128 ;;
 esac
+# Decoding of unilm/unilm2: the authors' decode_seq2seq.py sums log-probabilities by default (--length_penalty 0:
+# LENPEN=0); no n-gram blocking for QA. Ours: MIN_LEN 1 and the answer cap MAX_LEN_B.
 
 download() {
   local split

@@ -20,10 +20,13 @@ case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
           MAX_SOURCE=512; MAX_TARGET=48; BEAM=5; LENPEN=1.0; MAX_LEN_B=48 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=2e-5; TOTAL_BATCH=32; EPOCHS=10; WARMUP_RATIO=0.1; MASK_PROB=0.7
-          MAX_SOURCE=464; MAX_TARGET=48; BEAM=5; LENPEN=1.0; MAX_LEN_B=48 ;;
+          MAX_SOURCE=464; MAX_TARGET=48; BEAM=5; LENPEN=0; MAX_LEN_B=48 ;;
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=2e-5; TOTAL_BATCH=48; EPOCHS=16; WARMUP_RATIO=0.1
-          MAX_SOURCE=464; MAX_TARGET=48; BEAM=8; LENPEN=1.3; MAX_LEN_B=48 ;;
+          MAX_SOURCE=464; MAX_TARGET=48; BEAM=8; LENPEN=1.3; LENPEN_STYLE=gnmt; MAX_LEN_B=48 ;;
 esac
+# Decoding of unilm/unilm2: UniLM v1's decode_seq2seq.py (unilm-v1 README, SQuAD QG) sums log-probabilities
+# (--length_penalty 0: LENPEN=0; its README decodes with beam 1, we keep the paper's beam 5); UniLMv2's length
+# penalty 1.3 (Table 10) is s2s-ft's GNMT penalty ((5 + len) / 6) ** 1.3 (LENPEN_STYLE=gnmt). No n-gram blocking.
 
 # Du et al.'s article lists (doclist-train.txt, doclist-test.txt from https://github.com/xinyadu/nqg, data/raw)
 # must be put in $DOWNLOAD by hand.

@@ -12,10 +12,15 @@ case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
           MAX_SOURCE=512; MAX_TARGET=48; BEAM=5; LENPEN=1.0; MAX_LEN_B=48 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=30; WARMUP_RATIO=0.02; MASK_PROB=0.7
-          MAX_SOURCE=720; MAX_TARGET=48; BEAM=5; LENPEN=1.0; MAX_LEN_B=48 ;;
+          MAX_SOURCE=720; MAX_TARGET=48; BEAM=5; LENPEN=0; MAX_LEN_B=48 ;;
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02
-          MAX_SOURCE=720; MAX_TARGET=48; BEAM=5; LENPEN=0.6; MAX_LEN_B=48 ;;
+          MAX_SOURCE=720; MAX_TARGET=48; BEAM=5; LENPEN=0.6; LENPEN_STYLE=gnmt; MAX_LEN_B=48 ;;
 esac
+# Decoding of unilm/unilm2 follows the authors' code: s2s-ft divides by the GNMT penalty ((5 + len) / 6) ** 0.6
+# (LENPEN_STYLE=gnmt; its README's UniLMv2 XSum example decodes with beam 8 and 0.9, we keep Table 10's values)
+# and blocks repeated trigrams except those holding "." (--forbid_ignore_word "."); UniLM v1 as on CNN/DM
+# (--length_penalty 0: LENPEN=0). Ours: MIN_LEN 1 (as s2s-ft's XSum example).
+if [[ "$MODEL" != palm ]]; then NGRAM_IGNORE="."; fi
 
 download() {
   fetch https://raw.githubusercontent.com/EdinburghNLP/XSum/master/XSum-Dataset/XSum-TRAINING-DEV-TEST-SPLIT-90-5-5.json \

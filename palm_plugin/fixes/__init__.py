@@ -13,8 +13,10 @@ from palm_plugin.fixes import (
     bf16_on_cpu,
     checkpoint_copy,
     distributed,
+    generation_options,
     ngram_repeat_block,
     option_help,
+    quiet_warnings,
     safe_loading,
     saved_model_build,
 )
@@ -26,6 +28,8 @@ FIXES = (
     (batch_remainder, "--required-batch-size-multiple drops the last batch (fairseq #5036)"),
     (option_help, "--help lists no task, model or criterion options"),
     (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),
+    (generation_options, "no GNMT length penalty (--lenpen-style gnmt) or n-gram blocking that ignores tokens"),
+    (quiet_warnings, "hydra deprecation and CPU pin_memory warnings on every command"),
     (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
     (saved_model_build, "models cannot tell a build for a saved checkpoint from a new one (--roberta-path re-read)"),
 )

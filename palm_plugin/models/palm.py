@@ -142,6 +142,13 @@ class PalmModel(FairseqEncoderDecoderModel):
             self.register_buffer(REINIT_MARKER, torch.ones(()))
 
     @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".", **kwargs):
+        """The plugin's hub interface (:func:`palm_plugin.models.hub_interface.from_pretrained`)."""
+        from palm_plugin.models.hub_interface import from_pretrained
+
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
+    @classmethod
     def build_model(cls, cfg, task):
         dictionary = task.source_dictionary
         if task.target_dictionary is not None and task.target_dictionary != dictionary:

@@ -343,6 +343,13 @@ class UniLMModel(FairseqEncoderDecoderModel):
             nn.init.zeros_(module.weight[module.padding_idx])
 
     @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".", **kwargs):
+        """The plugin's hub interface (:func:`palm_plugin.models.hub_interface.from_pretrained`)."""
+        from palm_plugin.models.hub_interface import from_pretrained
+
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
+    @classmethod
     def build_model(cls, cfg, task):
         return cls(cfg, task.source_dictionary)
 

@@ -42,8 +42,12 @@ logger = logging.getLogger(__name__)
 @dataclass
 class UniLMSeq2SeqConfig(BertReplacementConfig):
     data: str = field(default=MISSING, metadata={"help": "directory of fairseq-preprocess output (translation layout)"})
-    source_lang: str = field(default="src", metadata={"help": "source language suffix of the data files"})
-    target_lang: str = field(default="tgt", metadata={"help": "target language suffix of the data files"})
+    source_lang: str = field(
+        default="src", metadata={"help": "source language suffix of the data files", "argparse_alias": "-s"}
+    )
+    target_lang: str = field(
+        default="tgt", metadata={"help": "target language suffix of the data files", "argparse_alias": "-t"}
+    )
     max_source_positions: int = field(
         default=384, metadata={"help": "longest [SOS] S1 [EOS]; longer sources are cut at the end"}
     )

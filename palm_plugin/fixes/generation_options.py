@@ -1,0 +1,149 @@
+"""Decoding options of the authors' code (s2s-ft, UniLMv2's appendix) for every fairseq generator.
+
+fairseq's beam search divides a finished hypothesis' log-probability by ``len ** --lenpen``; s2s-ft (UniLM v1.2,
+UniLMv2, MiniLM) divides by the GNMT length penalty ``((5 + len) / 6) ** alpha`` (Wu et al. 2016), ``len`` counting
+the final [EOS] in both. s2s-ft's trigram blocking (``--forbid_duplicate_ngrams --forbid_ignore_word "."``) never
+blocks an n-gram that holds one of the given tokens; fairseq's ``--no-repeat-ngram-size`` blocks every repeat.
+
+:func:`install` adds two fields to fairseq's ``GenerationConfig`` (so ``fairseq-generate``, ``fairseq-interactive``
+and the hub interface's ``generate(..., lenpen_style="gnmt")`` accept them; the plugin is imported inside
+``options.get_parser``, before ``add_generation_args`` reads the dataclass) and makes ``FairseqTask.build_generator``
+apply them to the ``SequenceGenerator`` it builds, for fairseq's own tasks (PALM decodes with ``translation``) and the
+plugin's alike.
+"""
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from palm_plugin.fixes.ngram_repeat_block import PrefixNGramRepeatBlock
+
+logger = logging.getLogger(__name__)
+
+LENPEN_STYLES = ("fairseq", "gnmt")
+
+
+@dataclass
+class PluginGenerationOptions(FairseqDataclass):
+    """The fields :func:`install` adds to fairseq's ``GenerationConfig``."""
+
+    lenpen_style: ChoiceEnum(LENPEN_STYLES) = field(
+        default="fairseq",
+        metadata={
+            "help": "how --lenpen normalises finished hypotheses: 'fairseq' divides the log-probability by "
+            "len ** lenpen; 'gnmt' by ((5 + len) / 6) ** lenpen, the GNMT penalty of s2s-ft's --length_penalty "
+            "(len counts the final </s> in both)"
+        },
+    )
+    no_repeat_ngram_ignore: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "with --no-repeat-ngram-size: never block an n-gram holding one of these target dictionary "
+            "symbols, separated by '|' (s2s-ft's --forbid_ignore_word '.'). Symbols are as in dict.txt, after "
+            "BPE: with fairseq's GPT-2 BPE '.' is 13"
+        },
+    )
+
+
+class IgnoringNGramRepeatBlock(PrefixNGramRepeatBlock):
+    """Blocks a token that would repeat an n-gram of the hypothesis unless the n-gram holds an ignored token.
+
+    This is s2s-ft's rule: no blocking when the last ``n - 1`` tokens hold an ignored token, and an earlier match of
+    them blocks its next token only if that token is not ignored. Vectorised, so it runs on the device of the scores.
+    """
+
+    def __init__(self, no_repeat_ngram_size: int, ignored_tokens):
+        super().__init__(no_repeat_ngram_size, use_extension=False)
+        self.register_buffer("ignored", torch.tensor(sorted(ignored_tokens), dtype=torch.long), persistent=False)
+
+    def forward(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
+        """``tokens`` ``(bsz * beam, L)`` the generator's buffer; ``lprobs`` ``(bsz * beam, V)``, updated in place."""
+        n = self.no_repeat_ngram_size
+        prefix = tokens[:, : step + 1]
+        if prefix.size(1) < n:
+            return lprobs
+        ngrams = prefix.unfold(1, n, 1)  # (rows, windows, n): every n-gram generated so far
+        tail = prefix[:, prefix.size(1) - n + 1 :]  # the n - 1 tokens the next one would extend
+        ignored = torch.isin(ngrams, self.ignored.to(tokens.device))
+        banned = (ngrams[:, :, :-1] == tail.unsqueeze(1)).all(-1) & ~ignored.any(-1)
+        rows, windows = banned.nonzero(as_tuple=True)
+        lprobs[rows, ngrams[rows, windows, -1]] = -math.inf
+        return lprobs
+
+
+def _apply(generator, args, dictionary) -> None:
+    """Configure ``generator`` (built by fairseq from the generation options ``args``) with the plugin's options."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    style = getattr(args, "lenpen_style", "fairseq")
+    if style not in LENPEN_STYLES:
+        raise ValueError(f"--lenpen-style {style!r}: choose one of {', '.join(LENPEN_STYLES)}")
+    ignore = getattr(args, "no_repeat_ngram_ignore", None)
+    if not isinstance(generator, SequenceGenerator):  # --score-reference, sampling-free scorers: nothing to decode
+        return
+    if style == "gnmt" and not generator.normalize_scores:
+        raise ValueError("--lenpen-style gnmt normalises scores: leave out --unnormalized")
+    generator.gnmt_length_penalty = style == "gnmt"
+    if ignore:
+        n = getattr(args, "no_repeat_ngram_size", 0)
+        if not n:
+            raise ValueError("--no-repeat-ngram-ignore needs --no-repeat-ngram-size (s2s-ft: 3)")
+        symbols = ignore.split("|")
+        missing = [s for s in symbols if dictionary.index(s) == dictionary.unk() and s != dictionary.unk_word]
+        if missing:
+            raise ValueError(
+                f"--no-repeat-ngram-ignore: {' '.join(missing)} not in the target dictionary; give symbols as they "
+                f"appear in dict.txt (after BPE)"
+            )
+        generator.repeat_ngram_blocker = IgnoringNGramRepeatBlock(n, [dictionary.index(s) for s in symbols])
+
+
+def _add_fields(target, source) -> None:
+    """Add the dataclass fields of ``source`` to the existing dataclass ``target`` (defaults as class attributes and
+    types as annotations, where dataclasses keep them), so fairseq's parser and omegaconf see them."""
+    for f in dataclasses.fields(source):
+        if f.name not in target.__dataclass_fields__:
+            target.__dataclass_fields__[f.name] = f
+            target.__annotations__[f.name] = f.type
+            setattr(target, f.name, f.default)
+
+
+def install():
+    """Add the options to ``GenerationConfig`` and apply them in ``build_generator`` (idempotent)."""
+    from fairseq.dataclass.configs import GenerationConfig
+    from fairseq.dataclass.initialize import hydra_init
+    from fairseq.sequence_generator import SequenceGenerator
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    build_generator = FairseqTask.build_generator
+    if getattr(build_generator, "__palm_plugin__", False):
+        return
+    _add_fields(GenerationConfig, PluginGenerationOptions)
+    hydra_init()  # fairseq stored the config schema at import; store it again with the new fields
+
+    def build_generator_with_options(self, models, args, *rest, **kwargs):
+        generator = build_generator(self, models, args, *rest, **kwargs)
+        _apply(generator, args, self.target_dictionary)
+        return generator
+
+    finalize_hypos = SequenceGenerator.finalize_hypos
+
+    def finalize_hypos_with_gnmt(self, step, *rest, **kwargs):
+        # fairseq divides by (step + 1) ** len_penalty; this exponent makes that ((5 + step + 1) / 6) ** alpha.
+        # At step 0 both penalties are 1.
+        if not getattr(self, "gnmt_length_penalty", False) or step == 0:
+            return finalize_hypos(self, step, *rest, **kwargs)
+        alpha = self.len_penalty
+        self.len_penalty = alpha * math.log((6 + step) / 6) / math.log(step + 1)
+        try:
+            return finalize_hypos(self, step, *rest, **kwargs)
+        finally:
+            self.len_penalty = alpha
+
+    build_generator_with_options.__palm_plugin__ = True
+    FairseqTask.build_generator = build_generator_with_options
+    SequenceGenerator.finalize_hypos = finalize_hypos_with_gnmt

@@ -1,0 +1,169 @@
+"""The decoding options of the authors' code (palm_plugin/fixes/generation_options.py) in fairseq's beam search:
+the GNMT length penalty on hand-computed beam scores, and s2s-ft's n-gram blocking that ignores given tokens."""
+import math
+import random
+from argparse import Namespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.data import Dictionary
+from fairseq.dataclass.configs import GenerationConfig
+from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder
+from fairseq.tasks import FairseqTask
+
+import palm_plugin  # noqa: F401  (installs the options)
+from palm_plugin.fixes.generation_options import IgnoringNGramRepeatBlock
+
+WORDS = ["a", "b", "c", ".", "d"]
+
+
+def dictionary():
+    d = Dictionary()
+    for word in WORDS:
+        d.add_symbol(word)
+    return d
+
+
+class MarkovModel(FairseqEncoderDecoderModel):
+    """Next-token probabilities depend on the previous token only: ``table[previous] = {token: probability}``, the
+    rest of the probability spread evenly over the other tokens (never </s> before a listed one)."""
+
+    def __init__(self, d, table):
+        encoder = _Encoder(d)
+        super().__init__(encoder, _Decoder(d, table))
+
+
+class _Encoder(FairseqEncoder):
+    def forward(self, src_tokens, src_lengths=None):
+        return {"src_tokens": [src_tokens]}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        return {"src_tokens": [encoder_out["src_tokens"][0].index_select(0, new_order)]}
+
+
+class _Decoder(FairseqIncrementalDecoder):
+    def __init__(self, d, table):
+        super().__init__(d)
+        rows = torch.zeros(len(d), len(d))
+        for previous in range(len(d)):
+            listed = {d.index(w) if w != "</s>" else d.eos(): p for w, p in table.get(d[previous], {}).items()}
+            others = [t for t in range(len(d)) if t not in listed and t not in (d.pad(), d.bos(), d.eos())]
+            rows[previous, others] = (1 - sum(listed.values())) / len(others)
+            for token, p in listed.items():
+                rows[previous, token] = p
+        self.log_table = rows.log()
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
+        return self.log_table[prev_output_tokens[:, -1:]], {"attn": None}
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        return net_output[0] if log_probs else net_output[0].exp()
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        pass
+
+    def max_positions(self):
+        return 1024
+
+
+class ToyTask(FairseqTask):
+    def __init__(self, d):
+        super().__init__(Namespace())
+        self.d = d
+
+    @property
+    def source_dictionary(self):
+        return self.d
+
+    @property
+    def target_dictionary(self):
+        return self.d
+
+
+def decode(table, **options):
+    """Beam search of the Markov model through ``FairseqTask.build_generator``; returns (words, score) per hypothesis."""
+    d = dictionary()
+    args = GenerationConfig()
+    for key, value in options.items():
+        setattr(args, key, value)
+    model = MarkovModel(d, table).eval()
+    generator = ToyTask(d).build_generator([model], args)
+    sample = {"net_input": {"src_tokens": torch.tensor([[d.index("a"), d.eos()]]), "src_lengths": torch.tensor([2])}}
+    hypos = generator.generate([model], sample)[0]
+    return [(d.string(h["tokens"][:-1]), float(h["score"])) for h in hypos]
+
+
+# Two ways to end: "a </s>" (log-probability log .5 + log .5) and "b c </s>" (log .4 + log .6 + log .6).
+TWO_ENDINGS = {"</s>": {"a": 0.5, "b": 0.4}, "a": {"</s>": 0.5}, "b": {"c": 0.6}, "c": {"</s>": 0.6}}
+SHORT = math.log(0.5) + math.log(0.5)
+LONG = math.log(0.4) + math.log(0.6) + math.log(0.6)
+
+
+def test_fairseq_length_penalty_divides_by_length():
+    hypos = decode(TWO_ENDINGS, beam=2, lenpen=1.0)
+    assert [w for w, _ in hypos] == ["b c", "a"]  # -1.938 / 3 = -0.646 beats -1.386 / 2 = -0.693
+    assert hypos[0][1] == pytest.approx(LONG / 3, abs=1e-6)
+    assert hypos[1][1] == pytest.approx(SHORT / 2, abs=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.6])
+def test_gnmt_length_penalty_on_hand_computed_scores(alpha):
+    """((5 + len) / 6) ** alpha with len counting </s>: "a </s>" 7/6, "b c </s>" 8/6."""
+    hypos = decode(TWO_ENDINGS, beam=2, lenpen=alpha, lenpen_style="gnmt")
+    expected = {"a": SHORT / (7 / 6) ** alpha, "b c": LONG / (8 / 6) ** alpha}
+    assert dict(hypos) == pytest.approx(expected, abs=1e-6)
+    assert [w for w, _ in hypos] == sorted(expected, key=expected.get, reverse=True)
+    assert hypos[0][0] == "a"  # alpha 1: -1.188 beats -1.454; alpha 0.6: -1.267 beats -1.628
+
+
+def test_gnmt_with_unnormalized_scores_is_refused():
+    with pytest.raises(ValueError, match="--unnormalized"):
+        decode(TWO_ENDINGS, beam=2, lenpen_style="gnmt", unnormalized=True)
+
+
+# The likeliest continuation cycles "a . a . ..."; the runner-up is always </s>.
+CYCLE = {"</s>": {"a": 0.9}, "a": {".": 0.6, "</s>": 0.3}, ".": {"a": 0.6, "</s>": 0.3}}
+
+
+def test_ignored_token_lifts_the_block_only_on_ngrams_that_hold_it():
+    free = decode(CYCLE, beam=1, max_len_b=8)[0][0]
+    assert free == "a . a . a . a ."  # no blocking: the cycle until the length limit
+    blocked = decode(CYCLE, beam=1, max_len_b=8, no_repeat_ngram_size=3)[0][0]
+    assert blocked == "a . a ."  # "a . a" may not come twice: </s> instead
+    ignoring = decode(CYCLE, beam=1, max_len_b=8, no_repeat_ngram_size=3, no_repeat_ngram_ignore=".")[0][0]
+    assert ignoring == free  # every trigram of the cycle holds "."
+    # a repeat without "." stays blocked: "a b c" cannot come twice
+    abc = {"</s>": {"a": 0.9}, "a": {"b": 0.6, "</s>": 0.3}, "b": {"c": 0.6, "</s>": 0.3}, "c": {"a": 0.6, "</s>": 0.3}}
+    assert decode(abc, beam=1, max_len_b=8, no_repeat_ngram_size=3, no_repeat_ngram_ignore=".")[0][0] == "a b c a b"
+
+
+def s2s_ft_banned(seq, n, ignore):
+    """s2s-ft's get_dup_ngram_candidates (decode_seq2seq beam search), restated: tokens banned after ``seq``."""
+    if len(seq) < n:
+        return set()
+    tail = seq[len(seq) - n + 1 :]
+    if any(t in ignore for t in tail):
+        return set()
+    return {seq[i + n - 1] for i in range(len(seq) - n + 1) if seq[i : i + n - 1] == tail and seq[i + n - 1] not in ignore}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_blocker_bans_what_s2s_ft_bans(n):
+    rng = random.Random(n)
+    vocabulary, ignore = 8, {4, 6}
+    blocker = IgnoringNGramRepeatBlock(n, ignore)
+    for _ in range(200):
+        step = rng.randrange(0, 12)
+        rows = [[2] + [rng.randrange(4, vocabulary) for _ in range(step)] for _ in range(3)]
+        buffer = torch.tensor([r + [1] * 3 for r in rows])  # the generator's buffer: padding after the step
+        lprobs = blocker(buffer, torch.zeros(3, vocabulary), 3, 1, step)
+        for row, scores in zip(rows, lprobs):  # s2s-ft's sequences leave out the start symbol
+            assert set(scores.eq(-math.inf).nonzero().flatten().tolist()) == s2s_ft_banned(row[1:], n, ignore)
+
+
+def test_ignore_without_blocking_or_unknown_symbol_is_refused():
+    with pytest.raises(ValueError, match="needs --no-repeat-ngram-size"):
+        decode(CYCLE, beam=1, no_repeat_ngram_ignore=".")
+    with pytest.raises(ValueError, match="zz not in the target dictionary"):
+        decode(CYCLE, beam=1, no_repeat_ngram_size=3, no_repeat_ngram_ignore=".|zz")

@@ -1,0 +1,103 @@
+"""The Python API (palm_plugin/models/hub_interface.py) against fairseq's command-line tools on tiny models trained by
+real fairseq-train runs: ``generate`` gives fairseq-generate's hypotheses, ``score`` fairseq-generate
+--score-reference's scores, for palm, unilm and unilm2, with the plugin's decoding options."""
+import math
+import re
+
+import pytest
+import torch
+
+from tests.conftest import REPO, run_cli
+
+USER_DIR = REPO / "palm_plugin"
+
+# (training options, task options shared by fairseq-train and fairseq-generate)
+FAMILIES = {
+    "palm": (["--arch", "palm_tiny", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"],
+             ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"]),
+    "unilm": (["--arch", "unilm_tiny", "--criterion", "unilm_cloze", "--label-smoothing", "0.1", "--mask-prob", "0.5"],
+              ["--task", "unilm_seq2seq", "--max-source-positions", "12", "--max-target-positions", "10"]),
+    "unilm2": (["--arch", "unilm2_tiny", "--criterion", "unilm_cloze", "--label-smoothing", "0.1"],
+               ["--task", "unilm_seq2seq", "--pseudo-masks", "--source-segment", "0", "--target-segment", "1",
+                "--max-source-positions", "12", "--max-target-positions", "10"]),
+}
+DECODING = {"beam": 3, "lenpen": 0.8, "lenpen_style": "gnmt", "no_repeat_ngram_size": 2, "no_repeat_ngram_ignore": ".",
+            "max_len_b": 8, "min_len": 2}
+
+
+def flags(options):
+    return [a for key, value in options.items() for a in (f"--{key.replace('_', '-')}", value)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Pairs whose target is the source's first words, with "." between some of them; fairseq-preprocess output."""
+    root = tmp_path_factory.mktemp("hub")
+    generator = torch.Generator().manual_seed(0)
+    for split, count in {"train": 200, "valid": 8, "test": 9}.items():
+        sources, targets = [], []
+        for _ in range(count):
+            words = [f"w{int(i)}" if int(i) < 11 else "." for i in torch.randint(12, (int(torch.randint(3, 9, (1,),
+                                                                                               generator=generator)),),
+                                                                               generator=generator)]
+            sources.append(" ".join(words))
+            targets.append(" ".join(words[:4]))
+        (root / f"{split}.src").write_text("\n".join(sources) + "\n")
+        (root / f"{split}.tgt").write_text("\n".join(targets) + "\n")
+    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "train",
+            "--validpref", root / "valid", "--testpref", root / "test", "--destdir", root / "bin",
+            "--joined-dictionary", "--workers", "1")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(data):
+    """One checkpoint per family after a few updates of real fairseq-train."""
+    checkpoints = {}
+    for family, (train, task) in FAMILIES.items():
+        save_dir = data / f"ckpt_{family}"
+        run_cli("fairseq-train", data / "bin", "--user-dir", USER_DIR, *task, *train, "--optimizer", "adam",
+                "--lr", "3e-3", "--batch-size", "16", "--max-update", "30", "--save-dir", save_dir,
+                "--no-epoch-checkpoints", "--cpu", "--log-format", "simple", "--seed", "1")
+        checkpoints[family] = save_dir
+    return checkpoints
+
+
+def generate_cli(data, family, checkpoint_dir, *extra):
+    result = run_cli("fairseq-generate", data / "bin", "--user-dir", USER_DIR, *FAMILIES[family][1], "--path",
+                     checkpoint_dir / "checkpoint_last.pt", "--gen-subset", "test", "--batch-size", "4",
+                     "--required-batch-size-multiple", "1", "--cpu", *extra)
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_api_generate_and_score_equal_fairseq_generate(data, trained, family):
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    model = from_pretrained(trained[family], checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data / "bin"))
+    sources = (data / "test.src").read_text().splitlines()
+    targets = (data / "test.tgt").read_text().splitlines()
+
+    expected = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", generate_cli(data, family, trained[family], *flags(DECODING)),
+                               flags=re.M))
+    hypotheses = model.generate(sources, **DECODING)
+    assert hypotheses == [expected[str(i)] for i in range(len(sources))]
+    assert hypotheses == model.sample(sources, **DECODING) == model.translate(sources, **DECODING)
+    # the options took effect: scores carry the GNMT penalty, no bigram without "." repeats
+    for hypo in (h[0] for h in model.generate([model.encode(s) for s in sources], **DECODING)):
+        penalty = ((5 + len(hypo["tokens"])) / 6) ** DECODING["lenpen"]
+        assert float(hypo["score"]) == pytest.approx(float(hypo["positional_scores"].sum()) / penalty, abs=1e-5)
+    for text in hypotheses:
+        bigrams = [b for b in zip(text.split(), text.split()[1:]) if "." not in b]
+        assert len(bigrams) == len(set(bigrams)), text
+
+    reference = generate_cli(data, family, trained[family], "--score-reference")
+    positional = dict(re.findall(r"^P-(\d+)\t(.*)$", reference, flags=re.M))
+    scored = model.score(sources, targets)
+    for i, result in enumerate(scored):
+        printed = [float(x) for x in positional[str(i)].split()]  # base 2, 4 decimals
+        assert len(result["tokens"]) == len(targets[i].split()) + 1
+        assert (result["positional_scores"] / math.log(2)).tolist() == pytest.approx(printed, abs=1e-4)
+        assert result["log_prob"] == pytest.approx(float(result["positional_scores"].sum()), abs=1e-5)
+        assert result["perplexity"] == pytest.approx(math.exp(-result["log_prob"] / len(result["tokens"])), rel=1e-5)

@@ -1,0 +1,165 @@
+"""Every command block of README.md and examples/README.md, run as written.
+
+The commands run in document order, one bash process each (python blocks: one python process), in a workspace that
+holds what the READMEs say they need, made small: ``DATA_MONO`` and ``DATA_PAIRS`` (fairseq-preprocess output of
+random words, one dictionary), ``roberta.base/model.pt`` (a tiny RoBERTa trained here on DATA_MONO), a copy of
+``examples/`` and links to the packages (so recipes write under the workspace). Sizes change only through the
+variables the READMEs document: ``$ARGS`` (the tiny arch of the family named by ``--arch``, a few updates, CPU) and
+``SMOKE=1`` for the recipes. Commands that cannot run here are listed in :data:`SKIPPED` with the reason; re-run
+this file after editing either README (``pytest -m slow tests/test_readme_commands.py``).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+READMES = ["README.md", "examples/README.md"]
+BIN = Path(sys.executable).parent
+
+# (pattern of the command, why it does not run in this test)
+SKIPPED = [
+    (r"^make test\b", "runs this test suite"),
+    (r"^make demo\b", "builds .venv and runs the 13-minute demo (palm-demo has its own tests)"),
+    (r"^source \.venv/bin/activate", "activates the environment this test already runs in"),
+    (r"--nproc_per_node 8|--nnodes", "needs GPUs or several machines"),
+    (r"^torchrun --nproc_per_node 2 .* DATA .*\.\.\.$", "DATA and '...' are placeholders (tests/test_distributed.py "
+                                                         "runs this command on real data)"),
+    (r"PALM_CHECKPOINT=demo_runs/", "needs make demo's pre-trained checkpoint and ~30 minutes"),
+]
+TINY = {"palm_base": "palm_tiny", "palm_large": "palm_tiny", "unilm_base": "unilm_tiny", "unilm_large": "unilm_tiny",
+        "unilm2_base": "unilm2_tiny"}
+TRAIN_ARGS = "--cpu --max-update 3 --batch-size 4 --optimizer adam --lr 1e-3 --log-format simple --num-workers 0"
+
+
+def blocks(path):
+    """``(language, first line number, text)`` of each fenced block of ``bash`` or ``python`` code."""
+    found, language, start, lines = [], None, 0, []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        fence = re.match(r"^```(\w*)\s*$", line)
+        if fence and language is None:
+            language, start, lines = fence.group(1), number + 1, []
+        elif fence:
+            if language in ("bash", "python"):
+                found.append((language, start, "\n".join(lines)))
+            language = None
+        elif language is not None:
+            lines.append(line)
+    return found
+
+
+def commands(readme):
+    """``(test id, language, command)`` of every command of the README, in order: a bash line joined with its
+    continuation lines (comment-only and blank lines dropped), or a whole python block."""
+    result = []
+    for language, start, text in blocks(REPO / readme):
+        if language == "python":
+            result.append((f"{readme}:{start}", language, text))
+            continue
+        pending, first = "", None
+        for number, line in enumerate(text.splitlines(), start):
+            if not pending and (not line.strip() or line.lstrip().startswith("#")):
+                continue
+            first = first if pending else number
+            pending += line[:-1] + " " if line.endswith("\\") else line
+            if not line.endswith("\\"):
+                result.append((f"{readme}:{first}", language, pending))
+                pending = ""
+    return result
+
+
+ALL = [c for readme in READMES for c in commands(readme)]
+
+
+def skip_reason(command):
+    return next((reason for pattern, reason in SKIPPED if re.search(pattern, command.strip())), None)
+
+
+def write_words(path, rows, seed, lengths=(3, 9)):
+    import random
+
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(29)] + ["."]  # "." for the commands that let trigrams with "." repeat
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(*lengths))) for _ in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readme")
+    raw = root / "raw"
+    raw.mkdir()
+    for split, rows in (("train", 120), ("valid", 12)):
+        text = write_words(raw / f"{split}.mono", rows, seed=len(split))
+        # documents of 6 sentences, a blank line between them
+        (raw / f"{split}.mono").write_text("".join(line + ("\n\n" if i % 6 == 5 else "\n") for i, line in enumerate(text)))
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", raw / "train.mono", "--validpref", raw / "valid.mono",
+            "--destdir", root / "DATA_MONO", "--workers", "1")
+    for split, rows in (("train", 64), ("valid", 8), ("test", 4)):
+        sources = write_words(raw / f"{split}.src", rows, seed=10 + rows)
+        (raw / f"{split}.tgt").write_text("\n".join(" ".join(s.split()[:3]) for s in sources) + "\n")
+    run_cli("fairseq-preprocess", "-s", "src", "-t", "tgt", "--trainpref", raw / "train", "--validpref", raw / "valid",
+            "--testpref", raw / "test", "--srcdict", root / "DATA_MONO" / "dict.txt", "--tgtdict",
+            root / "DATA_MONO" / "dict.txt", "--destdir", root / "DATA_PAIRS", "--workers", "1")
+    # a tiny RoBERTa (palm_tiny's encoder shape) with DATA_MONO's dictionary, where the README expects roberta.base
+    run_cli("fairseq-train", root / "DATA_MONO", "--task", "masked_lm", "--arch", "roberta", "--criterion",
+            "masked_lm", "--encoder-layers", "2", "--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
+            "--encoder-attention-heads", "2", "--max-positions", "512", "--tokens-per-sample", "64",
+            "--sample-break-mode", "none", "--max-update", "2", "--disable-validation", "--save-dir",
+            root / "roberta.base", "--no-epoch-checkpoints", *TRAIN_ARGS.split())
+    shutil.copy(root / "roberta.base" / "checkpoint_last.pt", root / "roberta.base" / "model.pt")
+    for name in ("palm_plugin", "palm_tools"):
+        (root / name).symlink_to(REPO / name)
+    shutil.copytree(REPO / "examples", root / "examples")  # recipes write under their repository: the workspace
+    return root
+
+
+def environment(command, workspace):
+    arch = re.search(r"--arch (\S+)", command)
+    args = TRAIN_ARGS + (f" --arch {TINY.get(arch.group(1), arch.group(1))}" if arch else "")
+    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(workspace),
+                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", ARGS=args, SMOKE="1", WORKERS="1", PYTHON=sys.executable)
+
+
+def run_command(language, command, workspace):
+    if language == "python":
+        argv = [sys.executable, "-c", command]
+    else:
+        argv = ["bash", "-euo", "pipefail", "-c", command]
+        if re.search(r"\bexamples/\w+/run\.sh", command) and "STAGES=" in command:
+            # a recipe run on later stages only needs the earlier ones first, as its user did
+            earlier = re.sub(r"STAGES=(\"[^\"]*\"|\S+) ", "", command)
+            subprocess.run(["bash", "-euo", "pipefail", "-c", earlier], cwd=workspace,
+                           env=environment(earlier, workspace), capture_output=True, timeout=900)
+    return subprocess.run(argv, cwd=workspace, env=environment(command, workspace), capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("language, command", [(c[1], c[2]) for c in ALL], ids=[c[0] for c in ALL])
+def test_readme_command_runs_as_written(workspace, language, command):
+    reason = skip_reason(command)
+    if reason:
+        pytest.skip(reason)
+    result = run_command(language, command, workspace)
+    assert result.returncode == 0, (
+        f"{command}\nexited {result.returncode}\n--- stdout ---\n{result.stdout[-3000:]}\n"
+        f"--- stderr ---\n{result.stderr[-5000:]}"
+    )
+
+
+def test_every_block_is_found_and_every_skip_is_used():
+    """The extraction sees the blocks (a README edit that breaks a fence shows here) and every skip still matches a
+    command (a stale skip would hide a new command)."""
+    for readme in READMES:
+        text = (REPO / readme).read_text(encoding="utf-8")
+        fenced = len(re.findall(r"^```(bash|python)\s*$", text, flags=re.M))
+        assert fenced == len(blocks(REPO / readme)) > 0
+    for pattern, _ in SKIPPED:
+        assert any(re.search(pattern, command.strip()) for _, _, command in ALL), pattern
