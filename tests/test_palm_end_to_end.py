@@ -191,15 +191,20 @@ def test_pretrain_finetune_generate(corpus, roberta_checkpoint, monkeypatch):
 
 
 def test_generation_does_not_read_roberta_path_again(corpus, roberta_checkpoint, tmp_path):
-    """Fine-tune palm with the translation task and --roberta-path, delete the RoBERTa file: fairseq-generate
-    loads the fine-tuned checkpoint and scores the references exactly as the fine-tuned weights do (computed here
-    from the checkpoint's state dict, in a model built without any RoBERTa)."""
+    """Fine-tune palm with the translation task and --roberta-path, delete the RoBERTa file: resuming the same
+    training command works (it continues from checkpoint_last.pt), and fairseq-generate loads the fine-tuned
+    checkpoint and scores the references exactly as the fine-tuned weights do (computed here from the checkpoint's
+    state dict, in a model built without any RoBERTa)."""
     roberta = tmp_path / "roberta.pt"
     shutil.copy(roberta_checkpoint, roberta)
-    run_cli("fairseq-train", corpus / "pairs", "--user-dir", USER_DIR, "--task", "translation", "--arch", "palm_tiny",
-            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1, "--roberta-path", roberta,
-            "--max-tokens", 1500, "--max-update", 4, "--save-dir", tmp_path / "ck", "--disable-validation", *COMMON)
+    train = ["fairseq-train", corpus / "pairs", "--user-dir", USER_DIR, "--task", "translation", "--arch",
+             "palm_tiny", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1, "--roberta-path",
+             roberta, "--max-tokens", 1500, "--save-dir", tmp_path / "ck", "--disable-validation", *COMMON]
+    run_cli(*train, "--max-update", 2)
     roberta.unlink()
+    resumed = run_cli(*train, "--max-update", 4)
+    log = resumed.stdout + resumed.stderr
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 2 updates\)", log), log[-2000:]
     generate = run_cli("fairseq-generate", corpus / "pairs", "--user-dir", USER_DIR, "--gen-subset", "test",
                        "--path", tmp_path / "ck" / "checkpoint_last.pt", "--score-reference", "--batch-size", 2,
                        "--cpu")
