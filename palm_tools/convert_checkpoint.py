@@ -72,6 +72,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from palm_plugin.fixes import safe_loading  # noqa: E402
 from palm_plugin.modules import table_extension  # noqa: E402
+from palm_tools import encode  # noqa: E402
 from palm_tools.atomic_files import atomic_path  # noqa: E402
 from palm_plugin.models.unilm import UniLMModel  # noqa: E402
 
@@ -239,23 +240,6 @@ def read_vocabulary(directory):
     return [token for token, _ in by_id], path
 
 
-def read_lower_case(directory, vocab):
-    """Whether text must be lower-cased for this vocabulary, and where that was read."""
-    path = directory / "tokenizer_config.json"
-    if path.is_file():
-        value = json.loads(path.read_text(encoding="utf-8")).get("do_lower_case")
-        if value is not None:
-            return bool(value), f"{path.name} do_lower_case"
-    path = directory / "tokenizer.json"
-    if path.is_file():
-        normalizer = json.loads(path.read_text(encoding="utf-8")).get("normalizer") or {}
-        if "lowercase" in normalizer:
-            return bool(normalizer["lowercase"]), f"{path.name} normalizer"
-    words = [t for t in vocab if not (t.startswith("[") and t.endswith("]"))]
-    cased = any(t != t.lower() for t in words)
-    return not cased, "the vocabulary (" + ("has" if cased else "has no") + " upper-case WordPiece)"
-
-
 def read_bert(directory):
     """Return (state dict with normalised names, config dict, vocabulary list, paths)."""
     state, weights_path = read_weights(directory)
@@ -322,7 +306,7 @@ def defaults(config, state, args):
 def convert_bert(args):
     with opened_input(args.input) as directory:
         state, config, vocab, paths = read_bert(directory)
-        lower_case = read_lower_case(directory, vocab)
+        lower_case = encode.lower_case(directory, vocab)
         vocab_bytes = "".join(token + "\n" for token in vocab).encode("utf-8")
     bin_path = paths["weights"]
     fused = {name for name in state if FUSED_QKV.fullmatch(name)}
