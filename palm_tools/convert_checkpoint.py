@@ -217,7 +217,10 @@ def opened_input(path):
         configs = sorted(Path(temporary).rglob("config.json"), key=lambda p: len(p.parts))
         if not configs:
             raise ConversionError(f"{path}: no config.json inside; not an HF model directory")
-        yield configs[0].parent
+        try:
+            yield configs[0].parent
+        except ConversionError as error:  # name the zip, not the temporary folder
+            raise ConversionError(str(error).replace(str(configs[0].parent), f"{path}:")) from None
 
 
 def read_vocabulary(directory):
@@ -437,24 +440,34 @@ def convert_roberta(args):
 # HF RoBERTa -> fairseq RoBERTa (what PALM's --roberta-path reads)
 # ---------------------------------------------------------------------------------------------------------------
 
-HF_ROBERTA_NAMES = [
-    (r"embeddings\.word_embeddings\.weight", "encoder.sentence_encoder.embed_tokens.weight"),
-    (r"embeddings\.position_embeddings\.weight", "encoder.sentence_encoder.embed_positions.weight"),
-    (r"embeddings\.LayerNorm\.(weight|bias)", r"encoder.sentence_encoder.layernorm_embedding.\1"),
-    (r"encoder\.layer\.(\d+)\.attention\.self\.(q|k|v)\w*\.(weight|bias)", r"encoder.sentence_encoder.layers.\1.self_attn.\2_proj.\3"),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)", r"encoder.sentence_encoder.layers.\1.self_attn.out_proj.\2"),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)", r"encoder.sentence_encoder.layers.\1.self_attn_layer_norm.\2"),
-    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)", r"encoder.sentence_encoder.layers.\1.fc1.\2"),
-    (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", r"encoder.sentence_encoder.layers.\1.fc2.\2"),
-    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)", r"encoder.sentence_encoder.layers.\1.final_layer_norm.\2"),
-    (r"lm_head\.(dense|layer_norm)\.(weight|bias)", r"encoder.lm_head.\1.\2"),
-    (r"lm_head\.bias", "encoder.lm_head.bias"),
-]
-# the token type row is folded into the positions below; the decoder is the tied embedding; fairseq's RoBERTa has
-# no pooler (PALM does not use one)
-HF_ROBERTA_IGNORED = [r"embeddings\.position_ids", r"embeddings\.token_type_embeddings\.weight", r"lm_head\.decoder\.(weight|bias)",
-                      r"pooler\.dense\.(weight|bias)"]
+# HF's RoBERTa is BERT under other names for the LM head (as s2s-ft's hf_roberta_to_hf_bert renames it); the
+# import table then gives unilm names, and fairseq_roberta_names the fairseq ones.
+HF_ROBERTA_HEAD = [(r"lm_head\.(dense)\.", r"cls.predictions.transform.\1."),
+                   (r"lm_head\.layer_norm\.", "cls.predictions.transform.LayerNorm."),
+                   (r"lm_head\.(bias|decoder\.weight|decoder\.bias)$", r"cls.predictions.\1")]
 GPT2_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
+
+
+def fairseq_roberta_names(layers):
+    """unilm name -> fairseq RoBERTa name, read off fairseq's own RobertaModel (a miniature with ``layers`` layers:
+    the names depend on nothing else) through the import table (:data:`ROBERTA_NAMES`), so that the two directions
+    cannot disagree."""
+    from fairseq.models.roberta import RobertaModel
+    from fairseq.models.roberta.model import base_architecture
+
+    miniature = argparse.Namespace(encoder_layers=layers, encoder_embed_dim=8, encoder_ffn_embed_dim=8,
+                                   encoder_attention_heads=1, max_positions=8)
+    base_architecture(miniature)
+    dictionary = Dictionary()
+    dictionary.add_symbol(MASK)
+    model = RobertaModel.build_model(miniature, argparse.Namespace(source_dictionary=dictionary,
+                                                                   target_dictionary=dictionary))
+    names = {}
+    for name in model.state_dict():
+        ours = rename(name, ROBERTA_NAMES, ROBERTA_IGNORED, "fairseq's RobertaModel")
+        if ours is not None:
+            names[ours] = name
+    return names
 
 
 def convert_hf_roberta(args):
@@ -487,25 +500,36 @@ def convert_hf_roberta(args):
     tokens = state.get("embeddings.word_embeddings.weight")
     if tokens is None or tokens.size(0) != size:
         raise ConversionError(f"{weights_path}: the token embedding does not have the {size} rows of {vocab_path}")
-    weights = {}
-    for name, tensor in state.items():
-        target = rename(name, HF_ROBERTA_NAMES, HF_ROBERTA_IGNORED, weights_path)
-        if target is not None:
-            weights[target] = tensor
-    decoder = state.get("lm_head.decoder.weight")
-    if decoder is not None and not torch.equal(decoder, tokens):
-        raise ConversionError(f"{weights_path}: lm_head.decoder.weight is not tied to the input embedding")
-    if "encoder.lm_head.bias" in weights:
-        weights["encoder.lm_head.weight"] = tokens
-    # HF adds token type 0 to every token; fairseq's RoBERTa has no token types: the same sum, kept in the positions.
-    types = state.get("embeddings.token_type_embeddings.weight")
-    if types is not None:
-        weights["encoder.sentence_encoder.embed_positions.weight"] = weights["encoder.sentence_encoder.embed_positions.weight"] + types[0]
     model_args = dict(
         _name="roberta", encoder_layers=config["num_hidden_layers"], encoder_embed_dim=config["hidden_size"],
         encoder_ffn_embed_dim=config["intermediate_size"], encoder_attention_heads=config["num_attention_heads"],
         max_positions=config["max_position_embeddings"] - config.get("pad_token_id", 1) - 1,
     )
+    names = fairseq_roberta_names(model_args["encoder_layers"])
+    weights, dropped = {}, []
+    for name, tensor in state.items():
+        for pattern, target in HF_ROBERTA_HEAD:
+            name = re.sub(pattern, target, name)
+        if name in TIED_OUTPUT[:1] and not torch.equal(tensor, tokens):
+            raise ConversionError(f"{weights_path}: lm_head.decoder.weight is not tied to the input embedding")
+        ours = rename(name, BERT_NAMES, BERT_IGNORED, weights_path)
+        if ours in names:
+            weights[names[ours]] = tensor
+        elif ours is not None:
+            dropped.append(name)
+    # HF adds token type 0 to every token; fairseq's RoBERTa has no token types: the same sum, kept in the positions
+    # (HF's position table has fairseq's layout, padding offset included).
+    types = state.get("embeddings.token_type_embeddings.weight")
+    positions = state["embeddings.position_embeddings.weight"]
+    weights["encoder.sentence_encoder.embed_positions.weight"] = positions + (types[0] if types is not None else 0)
+    if "encoder.lm_head.bias" in weights:
+        weights["encoder.lm_head.weight"] = tokens
+    missing = sorted(set(names.values()) - set(weights) - {"encoder.lm_head.weight"})
+    if missing:
+        raise ConversionError(f"{weights_path}: missing {missing[:5]}")
+    if dropped:
+        print(f"not used by fairseq's RoBERTa (dropped): {', '.join(d for d in dropped if 'token_type' not in d)}",
+              file=sys.stderr)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     atomic_save(output / "model.pt", {"model": weights, "cfg": {"model": model_args}, "args": None})
@@ -672,6 +696,10 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
         raise ConversionError(f"{source_path}: missing parameters {essential[:5]}{' ...' if len(essential) > 5 else ''}")
     if missing:
         print(f"not in {source_path}, initialised randomly: {', '.join(missing)}", file=sys.stderr)
+    if any(name.startswith("lm_head.") for name in missing):
+        print("no MLM head in this checkpoint (a sentence-embedding model?): the output layer that predicts tokens "
+              "starts untrained, with its softmax weights tied to the input embeddings; fine-tuning trains it",
+              file=sys.stderr)
     expected.update({k: v.to(expected[k].dtype) for k, v in converted.items()})
     expected["lm_head.weight"] = expected["encoder.stack.embeddings.tokens.weight"]
     model.load_state_dict(expected, strict=True)
@@ -691,6 +719,10 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
     print(f"wrote {output / 'model.pt'} ({model_cfg['encoder_layers']} layers, {model_cfg['encoder_embed_dim']} dims, "
           f"{len(dictionary)} symbols, {model_cfg['num_segments']} segments, relative position buckets "
           f"{model_cfg['relative_position_buckets']}) and {output / 'dict.txt'}")
+    arch = "unilm2_base --pseudo-masks" if model_cfg["relative_position_buckets"] else "unilm_base"
+    print(f"fine-tune it with: fairseq-train DATA --user-dir palm_plugin --task unilm_seq2seq --arch {arch} "
+          f"--criterion unilm_cloze --finetune-from-model {output / 'model.pt'} ... (no size flags: its sizes and "
+          f"segment ids {task_cfg['source_segment']}/{task_cfg['target_segment']} are adopted)")
 
 
 def atomic_save(path, state):

@@ -82,16 +82,7 @@ def test_bert_for_masked_lm_gives_the_same_hidden_states_and_logits(tmp_path):
     reference = randomize(transformers.BertForMaskedLM(config)).eval()
     reference.tie_weights()
     convert.main(["bert", "--input", str(write_bert_dir(tmp_path / "bert", reference, config)), "--output", str(tmp_path / "out")])
-    model, dictionary = load_converted(tmp_path / "out")
-    tokens = sample_batch(dictionary, torch.Generator().manual_seed(1))
-    ids, table = bert_ids(dictionary, tokens)
-    real = tokens.ne(dictionary.pad())
-    with torch.no_grad():
-        expected = reference(input_ids=ids, attention_mask=real.long(), output_hidden_states=True)
-        features, _ = model(tokens, features_only=True)
-        logits, _ = model(tokens)
-    torch.testing.assert_close(features[real], expected.hidden_states[-1][real], atol=1e-5, rtol=0)
-    torch.testing.assert_close(logits[real], expected.logits[..., table][real], atol=1e-5, rtol=0)
+    check_masked_lm(reference, tmp_path / "out")
 
 
 @pytest.mark.parametrize("old_layer_norm_names", [False, True])
@@ -322,7 +313,8 @@ def save_bin(directory, state, shards=1):
     (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def check_masked_lm(reference, output, segment_ids=None):
+def check_masked_lm(reference, output):
+    """The converted model's hidden states and logits against the transformers model's, to 1e-5."""
     model, dictionary = load_converted(output)
     tokens = sample_batch(dictionary, torch.Generator().manual_seed(1))
     ids, table = bert_ids(dictionary, tokens)
