@@ -172,10 +172,9 @@ def unilm_part(args, data, out):
     task = [binarized, "--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--max-source-positions", 96,
             "--max-target-positions", 32]
     train = [*task, "--arch", "unilm_base", "--criterion", "unilm_cloze", "--label-smoothing", 0.1, "--mask-prob", 0.5,
-             "--max-tokens", 2048, "--lr", args.unilm_lr, "--max-update", args.unilm_updates, "--warmup-updates",
-             args.unilm_updates // 10, "--validate-interval", 1000, "--required-batch-size-multiple", 1,
-             "--ignore-unused-valid-subsets",  # valid1: the contexts answered below
-             *TRAIN[2:]]
+             "--max-tokens", 1024, "--lr", args.unilm_lr, "--max-update", args.unilm_updates, "--validate-interval",
+             1000, "--required-batch-size-multiple", 1, "--ignore-unused-valid-subsets",  # valid1: answered below
+             *TRAIN[2:], "--warmup-updates", args.unilm_updates // 10]
     # The same model from scratch: its sizes written out (the pre-trained run adopts them from the checkpoint).
     sizes = ["--encoder-layers", 6, "--encoder-embed-dim", 384, "--encoder-ffn-embed-dim", 1536,
              "--encoder-attention-heads", 12, "--num-segments", 2, "--source-segment", 0, "--target-segment", 1]
@@ -290,7 +289,7 @@ def main(argv=None):
     parser.add_argument("--finetune-updates", type=int, default=400, help="fine-tuning updates (both models)")
     parser.add_argument("--eval-pairs", type=int, default=1500, help="random valid / test pairs to evaluate on")
     parser.add_argument("--responses", type=int, default=4, help="test contexts to answer")
-    parser.add_argument("--unilm-updates", type=int, default=300, help="UniLM fine-tuning updates (both models)")
+    parser.add_argument("--unilm-updates", type=int, default=200, help="UniLM fine-tuning updates (both models)")
     parser.add_argument("--unilm-lr", default="1e-4", help="UniLM peak learning rate (both models)")
     parser.add_argument("--parts", nargs="+", choices=["palm", "unilm"], default=["palm", "unilm"],
                         help="which parts to run")
