@@ -649,10 +649,12 @@ def export(args):
         save_file({k: v.contiguous().clone() for k, v in hf.items()}, temporary, metadata={"format": "pt"})
     atomic_write_bytes(output / "config.json", json.dumps(config, indent=2).encode("utf-8"))
     atomic_write_bytes(output / "vocab.txt", "".join(t + "\n" for t in vocab).encode("utf-8"))
-    tokenizer_config = checkpoint.parent / "tokenizer_config.json"
-    if tokenizer_config.is_file():
+    # casing: palm-convert's tokenizer_config.json, beside the checkpoint or its vocabulary
+    tokenizer_config = next((d / "tokenizer_config.json" for d in (checkpoint.parent, vocab_path.parent)
+                             if (d / "tokenizer_config.json").is_file()), None)
+    if tokenizer_config is not None:
         atomic_write_bytes(output / "tokenizer_config.json", tokenizer_config.read_bytes())
-    print(f"wrote {output} (config.json, vocab.txt, model.safetensors{', tokenizer_config.json' if tokenizer_config.is_file() else ''})"
+    print(f"wrote {output} (config.json, vocab.txt, model.safetensors{', tokenizer_config.json' if tokenizer_config else ''})"
           + ("; UniLMv2 fast-qkv layout with bert.rel_pos_bias.weight" if relative else ""))
 
 

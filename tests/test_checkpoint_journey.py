@@ -1,12 +1,18 @@
 """A published checkpoint goes in, is fine-tuned without retyping its sizes, and every wrong checkpoint path stops
 fairseq with what to do (palm_plugin/fixes/checkpoint_paths.py). Real fairseq-train / fairseq-generate processes."""
+import argparse
+
 import pytest
 import torch
 import transformers
+from fairseq.data import Dictionary
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from palm_plugin.fixes import safe_loading
+from palm_plugin.models.unilm import UniLMModel
 from tests.conftest import REPO
-from tests.test_convert_checkpoint import VOCAB, randomize
+from tests.test_convert_checkpoint import VOCAB, bert_ids, randomize, sample_batch
 
 MINILM = dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
 
@@ -55,13 +61,31 @@ def last_line(result):
 
 
 @pytest.mark.slow
-def test_fine_tuning_a_converted_checkpoint_adopts_its_sizes_and_segments(converted_minilm_sizes, cli):
+def test_fine_tuning_a_converted_checkpoint_adopts_its_sizes_and_the_result_exports_to_hf(converted_minilm_sizes, cli):
     root = converted_minilm_sizes
-    result = cli("fairseq-train", *train_args(root, "--finetune-from-model", root / "converted" / "model.pt"))
+    args = [a for a in train_args(root, "--finetune-from-model", root / "converted" / "model.pt") if a != "--no-save"]
+    result = cli("fairseq-train", *args)
     log = result.stdout + result.stderr
     assert "encoder_layers=6" in log and "encoder_embed_dim=384" in log and "max_positions=64" in log, log[-3000:]
     assert "source_segment=0" in log and "target_segment=1" in log  # a BERT checkpoint: sentence A / B
     assert "loading pretrained model from" in log and "done training" in log
+    # the fine-tuned checkpoint (trained here) goes back out as an HF BERT directory with the same hidden states
+    checkpoint = root / "ckpt" / "checkpoint_last.pt"
+    cli("palm-convert", "export", "--input", checkpoint, "--vocab", root / "converted" / "vocab.txt",
+        "--output", root / "exported")
+    exported = transformers.BertModel.from_pretrained(root / "exported").eval()
+    state = safe_loading.load_state(str(checkpoint))
+    dictionary = Dictionary.load(str(root / "bin" / "dict.src.txt"))
+    dictionary.add_symbol("<mask>")
+    model = UniLMModel.build_model(OmegaConf.create(state["cfg"]["model"]), argparse.Namespace(source_dictionary=dictionary))
+    model.load_state_dict(state["model"], strict=True)
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(5))
+    ids, _ = bert_ids(dictionary, tokens)
+    real = tokens.ne(dictionary.pad())
+    with torch.no_grad():
+        features, _ = model.eval()(tokens, features_only=True)
+        expected = exported(input_ids=ids, attention_mask=real.long()).last_hidden_state
+    torch.testing.assert_close(features[real], expected[real], atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow

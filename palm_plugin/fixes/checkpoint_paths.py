@@ -98,15 +98,19 @@ def read_checkpoint(path, option):
 
 
 def _config(state, section):
+    """A section of the checkpoint's configuration as a dict (fairseq stores dicts, omegaconf containers, or
+    argparse namespaces: ``args`` in old checkpoints, ``cfg.model`` in models without a dataclass)."""
+    import argparse
+
     from omegaconf import OmegaConf
 
     cfg = state.get("cfg")
-    if cfg is not None:
-        part = cfg.get(section) if hasattr(cfg, "get") else None
-        if OmegaConf.is_config(part):
-            part = OmegaConf.to_container(part, resolve=True)
-        return dict(part or {})
-    return vars(state["args"]) if state.get("args") is not None else {}
+    part = cfg.get(section) if cfg is not None and hasattr(cfg, "get") else state.get("args")
+    if OmegaConf.is_config(part):
+        part = OmegaConf.to_container(part, resolve=True)
+    if isinstance(part, argparse.Namespace):
+        part = vars(part)
+    return dict(part) if isinstance(part, dict) else {}
 
 
 def _same_model(args, model_cfg):
