@@ -161,7 +161,7 @@ def check(args, arguments):
     if restore and restore != "checkpoint_last.pt":  # the default is looked up in --save-dir, and may be absent
         read_checkpoint(restore, "--restore-file")
     paths = getattr(args, "path", None)
-    if paths and isinstance(paths, str) and hasattr(args, "beam"):  # generation commands: --path a.pt:b.pt
+    if paths and isinstance(paths, str):  # generate / interactive / validate: --path a.pt:b.pt
         for index, path in enumerate(paths.split(os.pathsep)):
             state = read_checkpoint(path, "--path")
             if index == 0:
