@@ -596,11 +596,10 @@ def export(args):
         raise ConversionError(f"{checkpoint}: a {name!r} model; export writes unilm models")
     embeddings = weights["encoder.stack.embeddings.tokens.weight"]
     dictionary = export_dictionary(checkpoint, cfg, embeddings.size(0), args)
-    bert_name = {ours: theirs for ours, theirs in BERT_SPECIALS.items()} | {MASK: "[MASK]"}
+    bert_name = {**BERT_SPECIALS, MASK: "[MASK]"}
     vocab_path = Path(args.vocab) if args.vocab else checkpoint.parent / "vocab.txt"
     if vocab_path.is_file():  # the published order, so that a converted checkpoint goes back row for row
-        vocab, _ = read_vocabulary(vocab_path.parent) if vocab_path.name == "vocab.txt" else (
-            vocab_path.read_text(encoding="utf-8").splitlines(), vocab_path)
+        vocab = vocab_path.read_text(encoding="utf-8").splitlines()
         ours = {bert_name.get(symbol, symbol): index for index, symbol in enumerate(dictionary.symbols)}
         missing = [token for token in vocab if token not in ours]
         if missing:
