@@ -288,7 +288,8 @@ def bert_dictionary(vocab, vocab_path, with_pseudo):
 
 def defaults(config, state, args):
     """LayerNorm epsilon and source/target segment ids, each with where it comes from (module docstring)."""
-    types = state["embeddings.token_type_embeddings.weight"].size(0) if "embeddings.token_type_embeddings.weight" in state else config.get("type_vocab_size", 2)
+    table = state.get("embeddings.token_type_embeddings.weight")
+    types = table.size(0) if table is not None else config.get("type_vocab_size", 2)
     if args.layer_norm_eps is not None:
         eps = (args.layer_norm_eps, "--layer-norm-eps")
     elif "layer_norm_eps" in config:
@@ -432,7 +433,8 @@ def convert_roberta(args):
     # RoBERTa has no segment embeddings: zeros keep its function exactly while the segments learn.
     converted["encoder.stack.embeddings.segments.weight"] = torch.zeros(model_cfg["num_segments"], tokens.size(1))
     # RoBERTa has no segments of its own (all rows start at zero): UniLM v1's seq2seq ids fit the 6 types
-    segments = dict(source_segment=4, target_segment=5) if model_cfg["num_segments"] >= 6 else dict(source_segment=0, target_segment=1)
+    source, target = (4, 5) if model_cfg["num_segments"] >= 6 else (0, 1)
+    segments = dict(source_segment=source, target_segment=target)
     write_output(args.output, symbols, model_cfg, converted, args.input, "unilm", segments)
 
 
