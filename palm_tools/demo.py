@@ -124,6 +124,9 @@ def sample_eval_data(data, out, pairs, seed=1):
         chosen = sorted(rng.sample(range(len(sources)), min(pairs, len(sources))))
         (out / f"{split}.src").write_text("".join(sources[i] + "\n" for i in chosen))
         (out / f"{split}.tgt").write_text("".join(targets[i] + "\n" for i in chosen))
+        for side in ("src", "tgt"):  # the same pairs untokenised, for the UniLM part's WordPiece
+            lines = (data / "raw" / f"chitchat.{split}.{side}").read_text().splitlines()
+            (out / f"{split}.raw.{side}").write_text("".join(lines[i] + "\n" for i in chosen))
     dictionary = data / "bin" / "chitchat10k" / "dict.src.txt"
     run(f"data: {pairs} random valid and test pairs of chitchat, binarized", "fairseq-preprocess", "--source-lang",
         "src", "--target-lang", "tgt", "--validpref", out / "valid", "--testpref", out / "test", "--srcdict",
@@ -156,7 +159,7 @@ def unilm_part(args, data, out):
     for side in ("src", "tgt"):
         (raw / f"train.{side}").write_text((data / "raw" / f"chitchat10k.train.{side}").read_text())
         for split in ("valid", "test"):
-            (raw / f"{split}.{side}").write_text((args.out / f"{split}.{side}").read_text())
+            (raw / f"{split}.{side}").write_text((args.out / f"{split}.raw.{side}").read_text())
         # the contexts answered below (a split of their own, so that beam search runs on those only)
         (raw / f"responses.{side}").write_text((args.out / ("contexts.txt" if side == "src" else "references.txt")).read_text())
     splits = ("train", "valid", "test", "responses")
