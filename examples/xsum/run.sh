@@ -21,6 +21,9 @@ esac
 # and blocks repeated trigrams except those holding "." (--forbid_ignore_word "."); UniLM v1 as on CNN/DM
 # (--length_penalty 0: LENPEN=0). Ours: MIN_LEN 1 (as s2s-ft's XSum example).
 if [[ "$MODEL" != palm ]]; then NGRAM_IGNORE="."; fi
+# UniLM v1 (CNN/DM) and UniLMv2 (CNN/DM, XSum) fine-tune at 768 positions; the released models have 512, grown as
+# the authors' s2s-ft does (the pre-trained rows copied again)
+[[ "$MODEL" == unilm || "$MODEL" == unilm2 ]] && POSITIONS=${POSITIONS:-768}
 
 download() {
   fetch https://raw.githubusercontent.com/EdinburghNLP/XSum/master/XSum-Dataset/XSum-TRAINING-DEV-TEST-SPLIT-90-5-5.json \

@@ -12,6 +12,7 @@ from palm_plugin.fixes import (
     batch_remainder,
     bf16_on_cpu,
     checkpoint_copy,
+    checkpoint_paths,
     distributed,
     generation_options,
     ngram_repeat_block,
@@ -32,6 +33,8 @@ FIXES = (
     (quiet_warnings, "hydra deprecation and CPU pin_memory warnings on every command"),
     (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
     (saved_model_build, "models cannot tell a build for a saved checkpoint from a new one (--roberta-path re-read)"),
+    (checkpoint_paths, "a directory, missing or HF file as a checkpoint trains from scratch or fails obscurely; "
+                       "fine-tuning needs the checkpoint's sizes retyped"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_on_cpu, "--cpu --bf16 implies --tpu and asks torch_xla for a device"),
