@@ -545,10 +545,9 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path):
     cfg = OmegaConf.merge(OmegaConf.structured(PalmConfig), sizes)
     task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
     model = PalmModel.build_model(cfg, task).eval()
-    tokens = torch.tensor([theirs])
-    with torch.no_grad():
-        features = model.encoder(tokens, src_lengths=torch.tensor([len(theirs)]))["encoder_out"][0].transpose(0, 1)
-        expected = reference.roberta(tokens).last_hidden_state
+    with torch.no_grad():  # PALM sources are `tokens </s>`; its encoder puts RoBERTa's <s> in front itself
+        features = model.encoder(ours[None], src_lengths=torch.tensor([len(ours)]))["encoder_out"][0].transpose(0, 1)
+        expected = reference.roberta(torch.tensor([theirs])).last_hidden_state
     torch.testing.assert_close(features, expected, atol=1e-5, rtol=0)
 
 
