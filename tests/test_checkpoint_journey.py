@@ -63,14 +63,16 @@ def last_line(result):
 @pytest.mark.slow
 def test_fine_tuning_a_converted_checkpoint_adopts_its_sizes_and_the_result_exports_to_hf(converted_minilm_sizes, cli):
     root = converted_minilm_sizes
+    # its own save dir: a checkpoint_last.pt left in the shared one would make the other tests resume from it
     args = [a for a in train_args(root, "--finetune-from-model", root / "converted" / "model.pt") if a != "--no-save"]
+    args += ["--save-dir", root / "ckpt_adopted"]
     result = cli("fairseq-train", *args)
     log = result.stdout + result.stderr
     assert "encoder_layers=6" in log and "encoder_embed_dim=384" in log and "max_positions=64" in log, log[-3000:]
     assert "source_segment=0" in log and "target_segment=1" in log  # a BERT checkpoint: sentence A / B
     assert "loading pretrained model from" in log and "done training" in log
     # the fine-tuned checkpoint (trained here) goes back out as an HF BERT directory with the same hidden states
-    checkpoint = root / "ckpt" / "checkpoint_last.pt"
+    checkpoint = root / "ckpt_adopted" / "checkpoint_last.pt"
     cli("palm-convert", "export", "--input", checkpoint, "--vocab", root / "converted" / "vocab.txt",
         "--output", root / "exported")
     exported = transformers.BertModel.from_pretrained(root / "exported").eval()
