@@ -7,8 +7,8 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from palm_plugin.criterions.palm_mlm_lm import PalmMlmLmCriterion
-from palm_plugin.models.palm import PalmConfig, PalmModel, palm_tiny
+from palm_plugin.criterions.palm_mlm_lm import PalmMlmLmConfig, PalmMlmLmCriterion
+from palm_plugin.models.palm import REINIT_MARKER, PalmConfig, PalmModel, palm_tiny
 
 WORDS = 24
 
@@ -48,34 +48,43 @@ def build(dictionary=None, trains_encoder_mlm=True, seed=0, **overrides):
 
 
 def test_incremental_decoding_equals_full_forward_with_reordered_beams():
+    """Beam search reorders hypotheses within a sentence and, when sentences finish, removes theirs: the rows of
+    the remaining sentences move up to other sentences' places. The cached copy memory must follow, or the
+    incremental log-probabilities differ from a full forward over the same history (or its shape no longer fits)."""
     model = build(seed=3).eval()
     dictionary = model.encoder.dictionary
     pad, eos = dictionary.pad(), dictionary.eos()
     torch.manual_seed(0)
-    batch, beam, steps = 2, 3, 6
+    batch, beam = 4, 2
     src_tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (batch, 7))
     src_tokens[1, :2] = pad  # left padding, as fairseq's translation task batches sources
     src_tokens[:, -1] = eos
+    rows = batch * beam
+    orders = [
+        None,
+        torch.tensor([1, 1, 2, 3, 5, 4, 7, 6]),  # within each sentence
+        torch.tensor([0, 1, 4, 5, 6, 7]),  # sentence 1 finished: sentences 2 and 3 move up
+        torch.tensor([2, 3, 4, 5]),  # sentence 0 finished: sentence 2 takes its rows
+        torch.tensor([1, 0, 2, 2]),
+        torch.tensor([2, 3]),  # sentence 2 finished: sentence 3 takes its rows
+    ]
     with torch.no_grad():
         encoder_out = model.encoder(src_tokens, src_lengths=src_tokens.ne(pad).sum(1))
-        order = torch.arange(batch).repeat_interleave(beam)
-        encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
-        history = torch.full((batch * beam, 1), eos)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.arange(batch).repeat_interleave(beam))
+        history = torch.full((rows, 1), eos)
         incremental_state = {}
-        for step in range(steps):
-            if step > 0:
-                # beam search: each sentence's hypotheses are reordered (and duplicated) among themselves
-                new_order = torch.cat([b * beam + torch.randint(0, beam, (beam,)) for b in range(batch)])
+        for new_order in orders:
+            if new_order is not None:
                 model.decoder.reorder_incremental_state_scripting(incremental_state, new_order)
                 encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
                 history = history.index_select(0, new_order)
             step_log_probs, _ = model.decoder(history, encoder_out=encoder_out, incremental_state=incremental_state)
             full_log_probs, _ = model.decoder(history, encoder_out=encoder_out)
             torch.testing.assert_close(step_log_probs[:, 0], full_log_probs[:, -1], atol=1e-5, rtol=0)
-            next_tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (batch * beam, 1))
+            next_tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (history.size(0), 1))
             history = torch.cat((history, next_tokens), dim=1)
     cached = [value for key, value in incremental_state.items() if "copy_memory" in key]
-    assert len(cached) == 1 and cached[0]["memory"].shape[:2] == (batch * beam, 7)
+    assert len(cached) == 1 and cached[0]["memory"].shape[:2] == (2, 7)
 
 
 def train(model, make_batch, steps, lr=3e-3):
@@ -119,14 +128,24 @@ def batch_maker(dictionary, copy_task, batch=16, length=8, types=16, seed=0):
     return make_batch
 
 
-def test_decoder_cannot_see_the_future_on_random_tokens():
-    """i.i.d. targets independent of the source: the best possible loss is log2(16) bits on the 8 words and
-    0 on the final EOS. A decoder that sees the token it predicts would fall far below that."""
-    model = build(seed=1)
-    lm_bits = train(model, batch_maker(model.encoder.dictionary, copy_task=False), steps=150)
-    chance = 8 / 9 * math.log2(16)
-    assert lm_bits > chance - 0.15, f"lm_loss {lm_bits:.3f} bits below chance {chance:.3f}: the decoder sees the future"
-    assert lm_bits < chance + 0.4  # and it did learn the unigram distribution and the EOS
+@pytest.mark.parametrize("no_copy", [False, True])
+def test_decoder_cannot_see_the_future(no_copy):
+    """Perturbation: changing decoder input j changes no log-probability at positions < j (they predict targets
+    up to j - 1) and does change those at j and after."""
+    model = build(seed=2, no_copy=no_copy).eval()
+    dictionary = model.encoder.dictionary
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randint(dictionary.nspecial, len(dictionary) - 1, (2, 9), generator=generator)
+    prev = torch.randint(dictionary.nspecial, len(dictionary) - 1, (2, 8), generator=generator)
+    prev[:, 0] = dictionary.eos()
+    with torch.no_grad():
+        reference, _ = model(source, torch.tensor([9, 9]), prev)
+        for j in range(1, prev.size(1)):
+            changed = prev.clone()
+            changed[:, j] = dictionary.nspecial + (prev[:, j] - dictionary.nspecial + 1) % (len(dictionary) - 5)
+            log_probs, _ = model(source, torch.tensor([9, 9]), changed)
+            torch.testing.assert_close(log_probs[:, :j], reference[:, :j], atol=1e-6, rtol=0)
+            assert (log_probs[:, j:] - reference[:, j:]).abs().amax() > 1e-4, j
 
 
 def test_decoder_learns_to_copy_the_source():
@@ -141,6 +160,99 @@ def test_no_copy_ablation_has_no_copy_parameters():
     assert not any(part in name for name in names for part in ("memory_projection", "query_projection", "gate"))
     extra = sum(p.numel() for p in full.parameters()) - sum(p.numel() for p in ablated.parameters())
     assert extra == 64 * 64 + (64 * 64 + 64) + 64 + (128 + 1)  # W_m, W_s + b_c, w_c, [w_z; w_s] + b_m
+
+
+def test_criterion_loss_by_value():
+    """The optimised loss against the definition, computed here from the model's outputs: stage joint =
+    lm_weight * (mean -log P(target)) + mlm_weight * (mean MLM cross-entropy), stage ae = the MLM mean alone; the
+    default second stage is the paper's (decoder log-likelihood only)."""
+    assert PalmMlmLmConfig().mlm_weight == 0 and PalmMlmLmConfig().stage == "joint"
+    model = build(seed=4).eval()
+    dictionary = model.encoder.dictionary
+    sample = batch_maker(dictionary, copy_task=False, batch=3, length=6, seed=2)()
+    sample["target"][1, -2:] = dictionary.pad()  # padding is not predicted
+    sample["mlm_target"][:, 2] = sample["net_input"]["src_tokens"][:, 2]
+    with torch.no_grad():
+        net = sample["net_input"]
+        log_probs, _ = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
+        features = model.encoder(net["src_tokens"])["encoder_out"][0].transpose(0, 1)
+        head = model.mlm_head
+        hidden = head.layer_norm(head.activation_fn(head.dense(features)))
+        mlm_log_probs = torch.log_softmax(hidden @ head.weight.T + head.bias, dim=-1)
+    real = sample["target"].ne(dictionary.pad())
+    lm = -log_probs.gather(2, sample["target"].unsqueeze(2)).squeeze(2)[real].mean()
+    masked = sample["mlm_target"].ne(dictionary.pad())
+    mlm = -mlm_log_probs.gather(2, sample["mlm_target"].unsqueeze(2)).squeeze(2)[masked].mean()
+    sample["ntokens"] = int(real.sum())
+    for stage, mlm_weight, lm_weight, expected in (
+        ("joint", 0.0, 1.0, lm),
+        ("joint", 1.0, 1.0, lm + mlm),
+        ("joint", 0.5, 2.0, 2 * lm + 0.5 * mlm),
+        ("joint", 0.0, 3.0, 3 * lm),
+        ("ae", 0.0, 1.0, mlm),
+    ):
+        criterion = PalmMlmLmCriterion(FakeTask(dictionary), stage, mlm_weight, lm_weight)
+        with torch.no_grad():
+            loss, sample_size, log = criterion(model, sample)
+        torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5, msg=f"{stage} {mlm_weight} {lm_weight}")
+        torch.testing.assert_close(log["mlm_loss"] / log["mlm_tokens"], mlm, atol=1e-5, rtol=1e-5)
+        assert sample_size == 1 and log["mlm_tokens"] == int(masked.sum())
+
+
+def test_paper_second_stage_gives_the_mlm_head_no_gradient():
+    model = build(seed=4)
+    sample = batch_maker(model.encoder.dictionary, copy_task=False, batch=2, length=5)()
+    loss, _, _ = PalmMlmLmCriterion(FakeTask(model.encoder.dictionary), "joint", 0.0, 1.0)(model, sample)
+    loss.backward()
+    assert all(p.grad is None for p in model.mlm_head.dense.parameters())
+    assert model.encoder.layers[0].fc1.weight.grad.abs().sum() > 0
+
+
+def finetuning_model(seed, **ablation):
+    return build(make_dictionary(mask=False), trains_encoder_mlm=False, seed=seed, **ablation)
+
+
+@pytest.mark.parametrize("part", ["encoder", "decoder"])
+def test_table6_reinit_replaces_one_part_of_the_pretrained_palm(part):
+    """--reinit-encoder / --reinit-decoder: loading the pre-trained PALM (fairseq's load_state_dict, as
+    --finetune-from-model does) gives that part a fresh initialisation (the same as a model built with the same
+    seed) and the rest, the shared embedding included, the checkpoint's values."""
+    pretrained = build(make_dictionary(mask=True), trains_encoder_mlm=True, seed=11)
+    torch.manual_seed(12)  # "trained": every weight, layer norms included, away from its initial value
+    checkpoint = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v.clone()
+                  for k, v in pretrained.state_dict().items()}
+    shared = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight",
+              "decoder.pointer_generator.output_embedding", "mlm_head.weight"}  # one tensor, saved under each name
+    for key in shared:
+        checkpoint[key] = checkpoint["encoder.embed_tokens.weight"]
+    fresh = finetuning_model(seed=5).state_dict()
+    model = finetuning_model(seed=5, **{f"reinit_{part}": True})
+    model.load_state_dict({k: v.clone() for k, v in checkpoint.items()}, strict=True)
+    loaded = model.state_dict()
+    embedding = "encoder.embed_tokens.weight"
+    rows = fresh[embedding].size(0)
+    reinitialised = [k for k in loaded if k.startswith(part + ".") and k not in shared]
+    assert any("pointer_generator.gate" in k for k in reinitialised) == (part == "decoder")
+    assert len(reinitialised) > 10
+    for key, value in loaded.items():
+        if key == REINIT_MARKER:
+            continue
+        expected = fresh[key] if key in reinitialised else checkpoint[key][:rows] if key in shared else checkpoint[key]
+        torch.testing.assert_close(value, expected, atol=0, rtol=0, msg=key)
+        if key in reinitialised and value.dtype.is_floating_point and value.numel() > 1:
+            assert not torch.equal(value, checkpoint[key]), key
+
+    # The fine-tuned checkpoint (marked) loads as it is: resuming or fairseq-generate does not re-initialise.
+    resumed = finetuning_model(seed=8, **{f"reinit_{part}": True})
+    saved = {k: v.clone() for k, v in loaded.items()}
+    resumed.load_state_dict(saved, strict=True)
+    for key, value in resumed.state_dict().items():
+        torch.testing.assert_close(value, loaded[key], atol=0, rtol=0, msg=key)
+
+
+def test_reinit_encoder_refuses_roberta_path():
+    with pytest.raises(ValueError, match="leave out --roberta-path"):
+        finetuning_model(seed=0, reinit_encoder=True, roberta_path="model.pt")
 
 
 def test_finetuning_model_drops_mlm_head_and_mask_row():
@@ -187,9 +299,9 @@ def test_option_help_documents_the_table_6_ablations():
                                          "--task", "continuation_pair", "--arch", "palm_tiny",
                                          "--criterion", "palm_mlm_lm"])
     text = " ".join(parser.format_help().split())
-    for option, ablation in (("--no-copy", "- pointer-generator"), ("--roberta-path", "- autoencoding"),
-                             ("--stage", "- autoregression"), ("--finetune-from-model", "- pre-training")):
+    for option, ablation in (("--no-copy", "- pointer-generator"), ("--reinit-encoder", "- autoencoding"),
+                             ("--reinit-decoder", "- autoregression"), ("--finetune-from-model", "- pre-training")):
         assert option in text and ablation in text, (option, ablation)
     for option in ("--split-mode", "--max-source-tokens", "--max-target-tokens", "--source-position-markers",
-                   "--mlm-weight", "--lm-weight", "--copy-attention-dim"):
+                   "--mlm-weight", "--lm-weight", "--copy-attention-dim", "--roberta-path"):
         assert option in text, option

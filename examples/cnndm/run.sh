@@ -5,14 +5,21 @@ BENCHMARK=cnndm
 METRICS="rouge"
 source "$(dirname "$0")/../common.sh"
 
-# The papers' settings: PALM section 3.4 (as its generative QA: 10 epochs, batch 64, lr 1e-5, input 512, beam 5);
-# UniLM section 3.1 (30 epochs, batch 32, mask 0.7, label smoothing 0.1, source 640 of 768 tokens, beam 5,
-# trigram blocking); UniLMv2 appendix Table 10 (lr 7e-5, batch 64, 14 epochs, warmup 2%, input 608, output 160,
-# beam 5, length penalty 0.7).
+# Which settings are the papers' and which are ours (PAPER = stated in the paper; AUTHORS = the authors' released
+# scripts; OURS = our choice where neither says):
+#   palm   PAPER (section 3.4 takes its generative QA settings, section 3.3): 10 epochs, batch 64, lr 1e-5, input 512,
+#          beam 5. AUTHORS (AliceMind PALM/finetune_cnndm_task_roberta.sh): min length 40, max length 130, no trigram
+#          blocking (block_trigram defaults to off). OURS: warm-up 2%, label smoothing 0.1, weight decay 0.01,
+#          --lenpen 1.0 (AliceMind's alpha 0.95 is a GNMT penalty that fairseq does not have), target 160.
+#   unilm  PAPER (UniLM section 3.1): 30 epochs, batch 32, mask 0.7, label smoothing 0.1, source 640 of 768 tokens,
+#          beam 5, trigram blocking. OURS: lr 3e-5, warm-up 2%, weight decay 0.01, min length 1.
+#   unilm2 PAPER (UniLMv2 appendix Table 10): lr 7e-5, batch 64, 14 epochs, warm-up 2%, input 608, output 160,
+#          beam 5, length penalty 0.7. AUTHORS (s2s-ft README): trigram blocking. OURS: label smoothing 0.1, weight
+#          decay 0.01, min length 1.
 LABEL_SMOOTHING=0.1; WEIGHT_DECAY=0.01; MIN_LEN=1; NO_REPEAT_NGRAM=3
 case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
-          MAX_SOURCE=512; MAX_TARGET=160; BEAM=5; LENPEN=1.0; MAX_LEN_B=160 ;;
+          MAX_SOURCE=512; MAX_TARGET=160; BEAM=5; LENPEN=1.0; MIN_LEN=40; MAX_LEN_B=130; NO_REPEAT_NGRAM=0 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=30; WARMUP_RATIO=0.02; MASK_PROB=0.7
           MAX_SOURCE=640; MAX_TARGET=128; BEAM=5; LENPEN=1.0; MAX_LEN_B=128 ;;
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02

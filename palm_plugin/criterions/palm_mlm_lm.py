@@ -5,9 +5,13 @@
 * ``lm_loss``: the decoder's negative log-likelihood of the continuation, equation (1), through the
   pointer-generator mixture.
 
-``--stage ae`` trains the encoder alone (the decoder is not run); ``--stage joint`` trains both. The optimised loss
-is ``mlm_weight * mean MLM loss + lm_weight * mean LM loss`` per batch (each a per-token mean, so the weights keep
-their meaning whatever the number of masked and target tokens). Logged losses are in base 2 per predicted token.
+``--stage ae`` (first stage) optimises the MLM loss alone (the decoder is not run). ``--stage joint`` (second
+stage) optimises ``lm_weight * mean LM loss + mlm_weight * mean MLM loss`` per batch (each a per-token mean, so the
+weights keep their meaning whatever the number of masked and target tokens). The paper's second stage maximises the
+decoder's log-likelihood only (equation (1); section 2.2: the encoder's and the decoder's predictions "are used for
+training in the two stages, respectively"), so ``mlm_weight`` defaults to 0: the encoder still reads the masked
+context (Figure 1(d)) and the MLM loss is still logged, without gradient. ``--mlm-weight 1`` gives the 1:1 MLM + LM
+variant. Logged losses are in base 2 per predicted token.
 """
 import math
 from dataclasses import dataclass, field
@@ -25,13 +29,20 @@ class PalmMlmLmConfig(FairseqDataclass):
         default="joint",
         metadata={
             "help": "ae: first stage, the encoder alone as a masked-LM autoencoder (decoder not run); joint: "
-            "second stage, encoder MLM and decoder LM together. Fine-tuning from an 'ae' checkpoint gives the "
-            "ablation '- autoregression' (random decoder) of PALM Table 6. Several GPUs in stage ae need "
-            "--find-unused-parameters (the decoder gets no gradient)"
+            "second stage, the decoder's log-likelihood of the continuation given the masked context (PALM "
+            "equation (1); add the MLM loss with --mlm-weight). Several GPUs need --find-unused-parameters in "
+            "stage ae (the decoder gets no gradient) and in stage joint with --mlm-weight 0 (nor does the MLM head)"
         },
     )
-    mlm_weight: float = field(default=1.0, metadata={"help": "weight of the encoder's masked-LM loss"})
-    lm_weight: float = field(default=1.0, metadata={"help": "weight of the decoder's LM loss (stage joint)"})
+    mlm_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "stage joint: weight of the encoder's masked-LM loss added to the decoder's LM loss. 0 (the "
+            "paper's second stage): not optimised, only logged; 1: MLM + LM 1:1. Stage ae optimises the MLM loss "
+            "alone whatever this is"
+        },
+    )
+    lm_weight: float = field(default=1.0, metadata={"help": "stage joint: weight of the decoder's LM loss"})
 
 
 @register_criterion("palm_mlm_lm", dataclass=PalmMlmLmConfig)
@@ -56,7 +67,12 @@ class PalmMlmLmCriterion(FairseqCriterion):
         )
         mlm_tokens = int(masked.sum())
         mlm_loss = F.cross_entropy(extra["mlm_logits"].float(), mlm_target[masked], reduction="sum")
-        loss = self.mlm_weight * mlm_loss / mlm_tokens
+        if not joint:
+            loss = mlm_loss / mlm_tokens
+        elif self.mlm_weight:
+            loss = self.mlm_weight * mlm_loss / mlm_tokens
+        else:
+            loss = 0.0  # the paper's second stage: the MLM loss is only logged (the MLM head gets no gradient)
         logging_output = {
             "mlm_loss": mlm_loss.detach(),
             "mlm_tokens": mlm_tokens,

@@ -16,6 +16,7 @@ from palm_plugin.fixes import (
     ngram_repeat_block,
     option_help,
     safe_loading,
+    saved_model_build,
 )
 
 # (module, what it fixes) — the module docstrings give the details and the fairseq issue.
@@ -26,6 +27,7 @@ FIXES = (
     (option_help, "--help lists no task, model or criterion options"),
     (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),
     (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
+    (saved_model_build, "models cannot tell a build for a saved checkpoint from a new one (--roberta-path re-read)"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_on_cpu, "--cpu --bf16 implies --tpu and asks torch_xla for a device"),

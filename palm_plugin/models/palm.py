@@ -10,10 +10,14 @@
   head (a RoBERTa LM head, built only for tasks that set ``trains_encoder_mlm``, i.e. ``continuation_pair``; a
   fine-tuning model drops it from the pre-training checkpoint).
 
-Ablations of PALM's Table 6: ``--no-copy`` ("- pointer-generator"); pre-training without ``--roberta-path``
-("- autoencoding", random encoder); fine-tuning from the checkpoint of ``--stage ae`` of ``palm_mlm_lm``, whose
-decoder was never trained ("- autoregression", random decoder); fine-tuning the ``palm`` architecture with the
-``translation`` task and no ``--finetune-from-model`` ("- pre-training").
+PALM's Table 6 (section 3.7), each row as the paper defines it:
+
+* "- pointer-generator": ``--no-copy`` in pre-training and fine-tuning (no copy layer);
+* "- autoencoding" / "- autoregression": fine-tune the full pre-trained PALM (``--finetune-from-model``) with
+  ``--reinit-encoder`` / ``--reinit-decoder``: that part of the checkpoint is replaced by a random initialisation
+  (:meth:`PalmModel.upgrade_state_dict_named`);
+* "- pre-training": fine-tune the ``palm`` architecture from scratch (no ``--finetune-from-model``, no
+  ``--roberta-path``).
 """
 import logging
 from dataclasses import dataclass, field
@@ -28,6 +32,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
+from palm_plugin.fixes.saved_model_build import building_saved_model
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.modules.copy_generator import PointerGenerator
@@ -82,11 +87,34 @@ class PalmConfig(FairseqDataclass):
         default=None,
         metadata={
             "help": "fairseq RoBERTa / masked_lm checkpoint (model.pt) with the same dictionary: initialises the "
-            "encoder, the shared embeddings and the MLM head. Leave out for the ablation '- autoencoding' "
-            "(random encoder); fine-tuning palm with the translation task and no --finetune-from-model is the "
-            "ablation '- pre-training' (PALM Table 6). Not read when a saved PALM checkpoint is loaded for inference"
+            "encoder, the shared embeddings and the MLM head of a new model (PALM section 3.1, before pre-training). "
+            "Read only when a model is built to be trained from scratch, never when a saved checkpoint is loaded "
+            "(fairseq-generate, checkpoint_utils), whatever the task"
         },
     )
+    reinit_encoder: bool = field(
+        default=False,
+        metadata={
+            "help": "ablation '- autoencoding' (PALM Table 6): fine-tune the pre-trained PALM of "
+            "--finetune-from-model with its encoder (layers, positions, embedding layer norm) replaced by a random "
+            "initialisation (the one of this run's --seed). The token embedding, shared by encoder, decoder and "
+            "output layer, is kept from the checkpoint"
+        },
+    )
+    reinit_decoder: bool = field(
+        default=False,
+        metadata={
+            "help": "ablation '- autoregression' (PALM Table 6): as --reinit-encoder for the decoder (layers, "
+            "positions, embedding layer norm and the pointer-generator: copy layer and W_v); the shared token "
+            "embedding is kept. Other rows of Table 6: '- pointer-generator' = --no-copy in pre-training and "
+            "fine-tuning; '- pre-training' = fine-tuning palm with no --finetune-from-model and no --roberta-path"
+        },
+    )
+
+
+# State-dict entry that marks a checkpoint whose part was already re-initialised (--reinit-encoder/-decoder): a
+# resumed run or fairseq-generate loads it as it is.
+REINIT_MARKER = "table6_reinitialised"
 
 
 @register_model("palm", dataclass=PalmConfig)
@@ -97,6 +125,11 @@ class PalmModel(FairseqEncoderDecoderModel):
         super().__init__(encoder, decoder)
         self.cfg = cfg
         self.mlm_head = mlm_head
+        self.reinit_parts = [
+            part for part, chosen in (("encoder", cfg.reinit_encoder), ("decoder", cfg.reinit_decoder)) if chosen
+        ]
+        if self.reinit_parts:
+            self.register_buffer(REINIT_MARKER, torch.ones(()))
 
     @classmethod
     def build_model(cls, cfg, task):
@@ -106,6 +139,8 @@ class PalmModel(FairseqEncoderDecoderModel):
                 "PALM shares one embedding between source and target: binarize both sides with the same "
                 "dictionary (fairseq-preprocess --joined-dictionary or --srcdict/--tgtdict with one file)"
             )
+        if cfg.reinit_encoder and cfg.roberta_path:
+            raise ValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
         markers = safe_getattr(cfg, "source_position_markers", 0)
         num_embeddings = len(dictionary) - markers
         mask = dictionary.index("<mask>") if "<mask>" in dictionary else None
@@ -137,7 +172,8 @@ class PalmModel(FairseqEncoderDecoderModel):
         model = cls(cfg, encoder, decoder, mlm_head)
         # RoBERTa's initialisation (normal(0, 0.02), zero biases, zero padding row) for every part of the model.
         model.apply(init_bert_params)
-        if cfg.roberta_path:
+        # A saved model already holds the RoBERTa weights (trained since): the file may be gone or stale.
+        if cfg.roberta_path and not building_saved_model():
             load_roberta_encoder(model, cfg.roberta_path)
         return model
 
@@ -170,9 +206,13 @@ class PalmModel(FairseqEncoderDecoderModel):
     def upgrade_state_dict_named(self, state_dict, name):
         """Adapt a checkpoint to this model: drop the MLM head when there is none (fine-tuning) and, as fairseq's
         BART does, drop the last embedding row (``<mask>``, appended by the pre-training task) when this
-        dictionary has no ``<mask>``; then check that the embedding fits this dictionary."""
+        dictionary has no ``<mask>``; then check that the embedding fits this dictionary. With
+        ``--reinit-encoder`` / ``--reinit-decoder``, a checkpoint without :data:`REINIT_MARKER` (a pre-trained
+        PALM) has that part replaced by this model's own fresh initialisation."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
+        if self.reinit_parts and prefix + REINIT_MARKER not in state_dict:
+            self._reinitialise(state_dict, prefix)
         if self.mlm_head is None:
             for key in [k for k in state_dict if k.startswith(prefix + "mlm_head.")]:
                 del state_dict[key]
@@ -191,6 +231,19 @@ class PalmModel(FairseqEncoderDecoderModel):
                 if prefix + suffix in state_dict:
                     state_dict[prefix + suffix] = state_dict[prefix + suffix][:-1]
         check_embedding_rows(state_dict, embed_key, self.encoder.embed_tokens, self.encoder.dictionary)
+
+
+    def _reinitialise(self, state_dict, prefix: str) -> None:
+        """Table 6's "- autoencoding" / "- autoregression": the chosen parts of ``state_dict`` become this model's
+        current (freshly initialised, not yet loaded) values, except the token embedding that both sides share."""
+        shared = self.encoder.embed_tokens.weight
+        own = self.state_dict(keep_vars=True)
+        for part in self.reinit_parts:
+            names = [k for k, v in own.items() if k.startswith(part + ".") and v is not shared]
+            for key in names:
+                state_dict[prefix + key] = own[key].detach().clone()
+            logger.info(f"{part} re-initialised ({len(names)} tensors; token embedding kept from the checkpoint)")
+        state_dict[prefix + REINIT_MARKER] = torch.ones(())
 
 
 class PalmEncoder(TransformerEncoderBase):

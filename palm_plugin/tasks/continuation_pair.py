@@ -5,14 +5,13 @@ Reads fairseq binarized monolingual data (one sentence a line, a blank line betw
 ``palm`` model and the ``palm_mlm_lm`` criterion; fine-tune the resulting checkpoint with fairseq's ``translation``
 task on data binarized with the same dictionary.
 """
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
 from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import FairseqTask, register_task
-from omegaconf import II, MISSING, OmegaConf, open_dict
+from omegaconf import II, MISSING
 
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
@@ -95,13 +94,6 @@ class ContinuationPairTask(FairseqTask):
         self.datasets[split] = ContinuationPairDataset(
             sentences, pairs, self.dictionary, self.mask_idx, self.masking, self.cfg.seed
         )
-
-    def build_model(self, cfg, from_checkpoint=False):
-        # The RoBERTa weights only matter for a new model; a saved PALM checkpoint already holds them.
-        if from_checkpoint and getattr(cfg, "roberta_path", None):
-            with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext():
-                cfg.roberta_path = None
-        return super().build_model(cfg, from_checkpoint)
 
     def max_positions(self):
         return self.cfg.max_source_tokens + 1, self.cfg.max_target_tokens + 1
