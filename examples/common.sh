@@ -10,9 +10,12 @@
 #   palm    fairseq `translation` task, `palm_base`/`palm_large`, GPT-2 BPE: GPT2_DIR (encoder.json, vocab.bpe,
 #           dict.txt), PALM_CHECKPOINT (a PALM pre-trained checkpoint; fine-tuning starts from it) or, without
 #           one, ROBERTA_CHECKPOINT (the encoder is initialised from RoBERTa, as PALM does before pre-training)
-#   unilm   `unilm_seq2seq`, `unilm_large`, WordPiece: UNILM_DIR = output of palm-convert bert
-#           --num-segments 6 (model.pt, dict.txt, vocab.txt) on the released UniLM v1 checkpoint
-#   unilm2  `unilm_seq2seq --pseudo-masks`, `unilm2_base`, WordPiece (uncased): UNILM_DIR as above for UniLMv2
+#   unilm   `unilm_seq2seq`, `unilm_large`, WordPiece: UNILM_DIR = output of palm-convert bert (model.pt, dict.txt,
+#           vocab.txt, tokenizer_config.json) on the released UniLM v1 checkpoint
+#   unilm2  `unilm_seq2seq --pseudo-masks`, `unilm2_base`, WordPiece: UNILM_DIR as above for UniLMv2
+#   Fine-tuning adopts the converted checkpoint's sizes and segment ids; tokenisation and decoding use its casing
+#   (tokenizer_config.json). POSITIONS (the papers' 768 for CNN/DM and XSum) grows the checkpoint's 512 position
+#   embeddings as the authors' fine-tuning code does.
 # VOCAB (how text becomes subwords; default gpt2 for palm, wordpiece for unilm/unilm2):
 #   gpt2 | wordpiece    as above (the released checkpoints' vocabularies)
 #   sentencepiece       SPM_MODEL (a sentencepiece model) and DICT (the fairseq dictionary the model was trained
@@ -118,9 +121,8 @@ EOF
         --workers "$WORKERS" --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
     wordpiece)
       need_file "$UNILM_DIR/vocab.txt" "set UNILM_DIR to the output of palm-convert bert"
-      local uncased=()
-      [[ "$MODEL" == unilm2 ]] && uncased=(--uncased)
-      "$BIN/palm-prepare" encode --bpe wordpiece --model "$UNILM_DIR/vocab.txt" "${uncased[@]}" \
+      # casing: the tokenizer_config.json palm-convert wrote beside vocab.txt
+      "$BIN/palm-prepare" encode --bpe wordpiece --model "$UNILM_DIR/vocab.txt" \
         --workers "$WORKERS" --inputs "${files[@]}" --outputs "${outputs[@]}" ;;
     *) die "VOCAB must be gpt2, wordpiece or sentencepiece" ;;
   esac
@@ -134,11 +136,17 @@ dictionary() {  # the model's fixed dictionary; empty: fairseq-preprocess builds
   esac
 }
 
+wordpiece_cased() {  # 1 when the converted checkpoint's vocabulary is cased (what palm-prepare encode used)
+  "$PYTHON" -c 'import sys; from pathlib import Path; from palm_tools.encode import lower_case
+vocab = Path(sys.argv[1]); print(int(not lower_case(vocab.parent, vocab.read_text(encoding="utf-8").split())[0]))' \
+    "$UNILM_DIR/vocab.txt"
+}
+
 bpe_args() {  # how fairseq-generate turns subwords back into text
   case "$VOCAB" in
     sentencepiece) echo "--bpe sentencepiece --sentencepiece-model $SPM_MODEL" ;;
     gpt2) echo "--bpe gpt2 --gpt2-encoder-json $GPT2_DIR/encoder.json --gpt2-vocab-bpe $GPT2_DIR/vocab.bpe" ;;
-    wordpiece) echo "--bpe bert --bpe-vocab-file $UNILM_DIR/vocab.txt$([[ "$MODEL" == unilm ]] && echo " --bpe-cased")" ;;
+    wordpiece) echo "--bpe bert --bpe-vocab-file $UNILM_DIR/vocab.txt$([[ "$(wordpiece_cased)" == 1 ]] && echo " --bpe-cased")" ;;
   esac
 }
 
@@ -161,8 +169,8 @@ task_args() {  # the task options shared by training and decoding; $1 = the long
     palm) echo "--task translation --source-lang src --target-lang tgt --truncate-source \
       --max-source-positions $MAX_SOURCE --max-target-positions $max_target" ;;
     unilm) echo "--task unilm_seq2seq --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
-    unilm2) echo "--task unilm_seq2seq --pseudo-masks --source-segment 0 --target-segment 1 \
-      --max-source-positions $MAX_SOURCE --max-target-positions $MAX_TARGET" ;;
+    unilm2) echo "--task unilm_seq2seq --pseudo-masks --max-source-positions $MAX_SOURCE \
+      --max-target-positions $MAX_TARGET" ;;
   esac
 }
 
@@ -194,8 +202,11 @@ train() {
       [[ "$MODEL" == unilm ]] && model+=(--mask-prob "$MASK_PROB")
       if [[ "$FROM_SCRATCH" != 1 ]]; then
         need_file "$UNILM_DIR/model.pt" "set UNILM_DIR to a converted checkpoint (or FROM_SCRATCH=1)"
-        init=(--finetune-from-model "$UNILM_DIR/model.pt")
-      fi ;;
+        init=(--finetune-from-model "$UNILM_DIR/model.pt")  # its sizes and segment ids are adopted
+      elif [[ "$MODEL" == unilm2 ]]; then
+        model+=(--source-segment 0 --target-segment 1)  # UniLMv2's two segment types
+      fi
+      [[ -n "${POSITIONS:-}" ]] && model+=(--max-positions "$POSITIONS") ;;
   esac
   log "training: $examples examples, $total updates ($EPOCHS epochs of $steps_per_epoch), warmup $warmup, lr $LR," \
     "$TOTAL_BATCH pairs per update, from ${init[*]:-scratch}"
@@ -205,7 +216,14 @@ train() {
     --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$warmup" --total-num-update "$total" \
     --max-update "$total" "${stop[@]}" --batch-size "$BATCH_SIZE" --update-freq "$update_freq" --dropout 0.1 \
     --attention-dropout 0.1 --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --log-format simple \
-    --log-interval 100 --seed 1 --num-workers 0 ${TRAIN_EXTRA:-}
+    --log-interval 100 --seed 1 --num-workers 0 ${TRAIN_EXTRA:-} 2>&1 | tee "$WORK/train.log"
+  # what fairseq changed in the data: pairs cut to the task's lengths, pairs dropped as longer than the model
+  local truncated skipped
+  truncated="$(grep -o 'train: [0-9]* pairs; truncated [0-9]* sources.* [0-9]* targets to --max-target-positions [0-9]*' \
+    "$WORK/train.log" | head -1 || true)"
+  skipped="$(grep -o '[0-9]* samples have invalid sizes' "$WORK/train.log" | head -1 | cut -d' ' -f1 || true)"
+  log "training data: ${truncated:-no truncation reported}; skipped ${skipped:-0} pairs longer than the model's" \
+    "positions"
 }
 
 # ---------------------------------------------------------------------------------------------------- decoding

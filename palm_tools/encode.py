@@ -1,10 +1,16 @@
 """Subword encoding of line files with fairseq's own BPE classes, so that ``fairseq-generate --bpe ...`` decodes
 exactly what was encoded: GPT-2 byte-level BPE (PALM and RoBERTa; ``encoder.json`` + ``vocab.bpe``), WordPiece
 (converted BERT / UniLM checkpoints; their ``vocab.txt``) and sentencepiece (models trained from scratch).
-Used as ``palm-prepare encode``."""
+Used as ``palm-prepare encode``.
+
+WordPiece casing follows the vocabulary unless told otherwise (:func:`lower_case`); encoding that turns more than
+1% of the words into ``[UNK]`` warns with the count and the likely cause."""
+import json
 import multiprocessing
 import os
+import sys
 from argparse import Namespace
+from pathlib import Path
 
 from palm_tools.atomic_files import atomic_open
 from palm_tools.readers.common import ReaderError
@@ -12,13 +18,45 @@ from palm_tools.readers.common import ReaderError
 _encoder = None
 
 
-def bpe_config(kind, model, vocab_bpe=None, cased=True):
-    """The fairseq ``--bpe`` configuration for ``kind`` (gpt2, wordpiece or sentencepiece)."""
+UNK_WARNING = 0.01
+
+
+def lower_case(directory, vocab):
+    """Whether text must be lower-cased for the WordPiece ``vocab`` (a list) of an HF or palm-convert directory, and
+    where that was read: ``tokenizer_config.json``'s ``do_lower_case``, else ``tokenizer.json``'s normaliser, else
+    the vocabulary itself (no upper-case WordPiece: uncased)."""
+    directory = Path(directory)
+    path = directory / "tokenizer_config.json"
+    if path.is_file():
+        value = json.loads(path.read_text(encoding="utf-8")).get("do_lower_case")
+        if value is not None:
+            return bool(value), f"{path} do_lower_case"
+    path = directory / "tokenizer.json"
+    if path.is_file():
+        normalizer = json.loads(path.read_text(encoding="utf-8")).get("normalizer") or {}
+        if "lowercase" in normalizer:
+            return bool(normalizer["lowercase"]), f"{path} normalizer"
+    words = [t for t in vocab if not (t.startswith("[") and t.endswith("]"))]
+    cased = any(t != t.lower() for t in words)
+    return not cased, "the vocabulary (" + ("has" if cased else "has no") + " upper-case WordPiece)"
+
+
+def bpe_config(kind, model, vocab_bpe=None, cased=None):
+    """The fairseq ``--bpe`` configuration for ``kind`` (gpt2, wordpiece or sentencepiece). WordPiece casing:
+    ``cased``, or when None what :func:`lower_case` reads beside the vocabulary file."""
     if kind == "gpt2":
         if not vocab_bpe:
             raise ReaderError("gpt2 needs --model encoder.json and --vocab-bpe vocab.bpe")
         return Namespace(bpe="gpt2", gpt2_encoder_json=model, gpt2_vocab_bpe=vocab_bpe)
     if kind == "wordpiece":
+        if cased is None:
+            try:
+                vocab = Path(model).read_text(encoding="utf-8").split()
+            except OSError as e:
+                raise ReaderError(f"cannot read the WordPiece vocabulary {model}: {e.strerror}") from e
+            uncased, source = lower_case(Path(model).parent, vocab)
+            cased = not uncased
+            print(f"encode: {'cased' if cased else 'lower-cased'} WordPiece (from {source})", file=sys.stderr)
         return Namespace(bpe="bert", bpe_vocab_file=model, bpe_cased=cased)
     return Namespace(bpe="sentencepiece", sentencepiece_model=model, sentencepiece_enable_sampling=False,
                      sentencepiece_alpha=None)
@@ -40,7 +78,9 @@ def _init_worker(config):
 
 
 def _encode_line(line):
-    return _encoder.encode(line.rstrip("\n"))
+    """The encoded line, its words and how many of its pieces are [UNK]."""
+    encoded = _encoder.encode(line.rstrip("\n"))
+    return encoded, len(line.split()), encoded.split().count("[UNK]")
 
 
 def encode_files(config, inputs, outputs, workers=1):
@@ -54,16 +94,30 @@ def encode_files(config, inputs, outputs, workers=1):
         for source, target in zip(inputs, outputs):
             try:
                 with open(source, encoding="utf-8") as f, atomic_open(target) as out:
-                    lines = 0
-                    for encoded in pool.imap(_encode_line, f, chunksize=256):
+                    lines = words = unknown = 0
+                    for encoded, line_words, line_unknown in pool.imap(_encode_line, f, chunksize=256):
                         out.write(encoded + "\n")
                         lines += 1
+                        words += line_words
+                        unknown += line_unknown
             except OSError as e:
                 raise ReaderError(f"cannot encode {source}: {e.strerror}") from e
             except UnicodeDecodeError as e:
                 raise ReaderError(f"{source} is not UTF-8 text ({e.reason} at byte {e.start})") from e
             counts.append(lines)
+            if unknown > UNK_WARNING * words:
+                print(_unknown_warning(config, source, unknown, words), file=sys.stderr)
     return counts
+
+
+def _unknown_warning(config, source, unknown, words):
+    cause = ("the vocabulary has no piece for some characters or scripts of the text"
+             if not hasattr(config, "bpe_cased") else
+             f"the text was encoded {'cased' if config.bpe_cased else 'lower-cased'}; if the vocabulary is "
+             f"{'uncased, pass --uncased' if config.bpe_cased else 'cased, pass --cased'} (otherwise the vocabulary "
+             "lacks pieces for some characters of the text)")
+    return (f"warning: {source}: {unknown} of {words} words ({100 * unknown / max(words, 1):.1f}%) became [UNK]; "
+            f"likely cause: {cause}")
 
 
 class _Serial:

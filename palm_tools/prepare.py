@@ -88,7 +88,11 @@ def build_parser():
     p.add_argument("--model", required=True, help="encoder.json (gpt2), vocab.txt (wordpiece) or the .model file "
                    "(sentencepiece)")
     p.add_argument("--vocab-bpe", help="vocab.bpe (gpt2 merges)")
-    p.add_argument("--uncased", action="store_true", help="lower-case before WordPiece (uncased BERT vocabularies)")
+    casing = p.add_mutually_exclusive_group()
+    casing.add_argument("--uncased", dest="cased", action="store_false", default=None,
+                        help="lower-case before WordPiece (default: as the tokenizer_config.json beside the vocabulary "
+                             "says, which palm-convert writes, else as the vocabulary implies)")
+    casing.add_argument("--cased", dest="cased", action="store_true", default=None, help="keep the case (see --uncased)")
     p.add_argument("--inputs", nargs="+", required=True, help="line files to encode")
     p.add_argument("--outputs", nargs="+", required=True, help="one output file per input")
     p.add_argument("--workers", type=int, default=1, help="encoding processes")
@@ -98,7 +102,7 @@ def build_parser():
 def convert(args):
     """Run the reader chosen on the command line and write its files; returns the summary lines."""
     if args.benchmark == "encode":
-        config = encode.bpe_config(args.bpe, args.model, args.vocab_bpe, cased=not args.uncased)
+        config = encode.bpe_config(args.bpe, args.model, args.vocab_bpe, cased=args.cased)
         lines = encode.encode_files(config, args.inputs, args.outputs, args.workers)
         return [f"encode ({args.bpe}): {source} -> {target}: {n} lines"
                 for source, target, n in zip(args.inputs, args.outputs, lines)]

@@ -25,6 +25,9 @@ case "$MODEL" in
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02
           MAX_SOURCE=608; MAX_TARGET=160; BEAM=5; LENPEN=0.7; MAX_LEN_B=160 ;;
 esac
+# UniLM v1 (CNN/DM) and UniLMv2 (CNN/DM, XSum) fine-tune at 768 positions; the released models have 512, grown as
+# the authors' s2s-ft does (the pre-trained rows copied again)
+[[ "$MODEL" == unilm || "$MODEL" == unilm2 ]] && POSITIONS=${POSITIONS:-768}
 
 # The stories are on Google Drive (https://cs.nyu.edu/~kcho/DMQA/): download cnn_stories.tgz and
 # dailymail_stories.tgz there and unpack them into $DOWNLOAD (giving cnn/stories and dailymail/stories).

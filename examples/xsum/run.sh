@@ -16,6 +16,9 @@ case "$MODEL" in
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02
           MAX_SOURCE=720; MAX_TARGET=48; BEAM=5; LENPEN=0.6; MAX_LEN_B=48 ;;
 esac
+# UniLM v1 (CNN/DM) and UniLMv2 (CNN/DM, XSum) fine-tune at 768 positions; the released models have 512, grown as
+# the authors' s2s-ft does (the pre-trained rows copied again)
+[[ "$MODEL" == unilm || "$MODEL" == unilm2 ]] && POSITIONS=${POSITIONS:-768}
 
 download() {
   fetch https://raw.githubusercontent.com/EdinburghNLP/XSum/master/XSum-Dataset/XSum-TRAINING-DEV-TEST-SPLIT-90-5-5.json \

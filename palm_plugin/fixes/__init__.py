@@ -12,6 +12,7 @@ from palm_plugin.fixes import (
     batch_remainder,
     bf16_on_cpu,
     checkpoint_copy,
+    checkpoint_paths,
     distributed,
     ngram_repeat_block,
     option_help,
@@ -28,6 +29,8 @@ FIXES = (
     (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),
     (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
     (saved_model_build, "models cannot tell a build for a saved checkpoint from a new one (--roberta-path re-read)"),
+    (checkpoint_paths, "a directory, missing or HF file as a checkpoint trains from scratch or fails obscurely; "
+                       "fine-tuning needs the checkpoint's sizes retyped"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_on_cpu, "--cpu --bf16 implies --tpu and asks torch_xla for a device"),

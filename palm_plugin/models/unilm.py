@@ -35,6 +35,7 @@ from fairseq.models import (
     register_model_architecture,
 )
 
+from palm_plugin.modules import table_extension
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.modules.attention_masks import (
     bidirectional_mask,
@@ -424,6 +425,10 @@ class UniLMModel(FairseqEncoderDecoderModel):
         for key, value in current.items():
             state_dict.setdefault(head_prefix + key, value)
         super().upgrade_state_dict_named(state_dict, name)
+        # fine-tuning at more positions (or segments) than pre-training had: grow the tables as the authors' code does
+        grown = table_extension.fit_tables(state_dict, prefix, self.cfg.max_positions, self.cfg.num_segments)
+        if grown:
+            logger.info(f"resized the checkpoint's tables to this model's: {', '.join(grown)}")
         check_embedding_rows(
             state_dict, prefix + "encoder.stack.embeddings.tokens.weight", self.stack.embeddings.tokens,
             self.encoder.dictionary,

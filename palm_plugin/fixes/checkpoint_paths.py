@@ -1,0 +1,183 @@
+"""Checkpoint paths that fairseq misreads, and model sizes that fine-tuning must not make users retype.
+
+fairseq-train ``--finetune-from-model DIR`` trains from scratch after an INFO line ("No existing checkpoint found"),
+because ``PathManager.exists`` accepts a directory and the trainer then finds no file; a ``--restore-file`` that
+does not exist does the same; an HF ``pytorch_model.bin`` or ``model.safetensors`` given to ``--finetune-from-model``
+/ ``--restore-file`` / ``--path`` ends in ``KeyError: 'best_loss'`` or an unpickling traceback. And fine-tuning a
+checkpoint needs its layers, dimensions, heads, positions and segments retyped on the command line, or fairseq
+stops with "ensure that the architectures match" after a traceback.
+
+:func:`install` wraps ``fairseq.options.parse_args_and_arch`` (every fairseq command parses there, after the
+plugin is imported), and after parsing:
+
+* checks each checkpoint path given and stops with what to do as the last line of output: a directory (name the
+  checkpoint file in it; an HF directory: convert it with ``palm-convert``), a missing file, an HF weights file;
+* for ``--finetune-from-model`` (and ``--path``: segment ids only) of a checkpoint of the same model, adopts the
+  checkpoint's sizes (:data:`SIZES`) and the task's segment ids (:data:`TASK_FIELDS`) that the command line does
+  not set. A size set on the command line that differs stops with the flags to use; a larger ``--max-positions``
+  or ``--num-segments`` is allowed: the model grows the checkpoint's tables when it loads them
+  (:mod:`palm_plugin.modules.table_extension`), as the papers' 768-position fine-tuning needs.
+"""
+import logging
+import os
+import re
+import sys
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Model fields that fix the shape of a checkpoint's parameters (unilm's and palm's names).
+SIZES = re.compile(
+    r"(encoder|decoder)_(layers|embed_dim|ffn_embed_dim|attention_heads)|max_positions|(encoder|decoder)_max_positions"
+    r"|num_segments|relative_position_(buckets|max_distance)|layer_norm_eps"
+)
+GROWABLE = ("max_positions", "num_segments")
+TASK_FIELDS = ("source_segment", "target_segment")
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+class CheckpointPathError(SystemExit):
+    """Stops the command with ``message`` as its last line (a SystemExit: no traceback)."""
+
+    def __init__(self, message):
+        super().__init__(f"error: {message}")
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def _given(arguments, name):
+    """Whether the command line sets option ``name`` (``--x-y V`` or ``--x-y=V``)."""
+    flag = _flag(name)
+    return any(a == flag or a.startswith(flag + "=") for a in arguments)
+
+
+def _convert_hint(path):
+    return (f"convert it first: palm-convert bert --input {path} --output converted (or hf-roberta for RoBERTa), "
+            f"then pass converted/model.pt")
+
+
+def read_checkpoint(path, option):
+    """The checkpoint at ``path`` (weights-only, memory-mapped when possible); stops with what to do when ``path``
+    is not a fairseq checkpoint file."""
+    from palm_plugin.fixes import safe_loading
+
+    if os.path.isdir(path):
+        if any(os.path.isfile(os.path.join(path, name)) for name in HF_WEIGHTS):
+            raise CheckpointPathError(f"{option} {path}: a Hugging Face model directory, not a fairseq checkpoint; "
+                                      + _convert_hint(path))
+        found = sorted(name for name in os.listdir(path) if name.endswith(".pt"))
+        raise CheckpointPathError(f"{option} {path}: a directory; pass the checkpoint file in it"
+                                  + (f" ({', '.join(os.path.join(path, n) for n in found[:3])})" if found else
+                                     " (it holds no .pt file)"))
+    if not os.path.isfile(path):
+        raise CheckpointPathError(f"{option} {path}: file not found")
+    if path.endswith(".safetensors") or path.endswith(".index.json"):
+        raise CheckpointPathError(f"{option} {path}: Hugging Face weights, not a fairseq checkpoint; "
+                                  + _convert_hint(os.path.dirname(path) or "."))
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # files in torch's legacy (non-zip) format cannot be memory-mapped
+            state = safe_loading.load_state(path)
+    except (safe_loading.UnsafeCheckpointError, safe_loading.CorruptCheckpointError) as error:
+        raise CheckpointPathError(str(error)) from None
+    except Exception as error:
+        try:
+            safe_loading.load_state(path)  # its errors name the file and the cause
+        except Exception as named:
+            raise CheckpointPathError(str(named)) from None
+        raise CheckpointPathError(f"{path}: cannot read ({error})") from None
+    if not isinstance(state, dict) or "model" not in state or not ({"cfg", "args"} & set(state)):
+        kind = "an HF state dict (e.g. pytorch_model.bin)" if isinstance(state, dict) and state and all(
+            torch.is_tensor(v) for v in state.values()) else "not a fairseq checkpoint"
+        raise CheckpointPathError(f"{option} {path}: {kind}; " + _convert_hint(os.path.dirname(path) or "."))
+    return state
+
+
+def _config(state, section):
+    from omegaconf import OmegaConf
+
+    cfg = state.get("cfg")
+    if cfg is not None:
+        part = cfg.get(section) if hasattr(cfg, "get") else None
+        if OmegaConf.is_config(part):
+            part = OmegaConf.to_container(part, resolve=True)
+        return dict(part or {})
+    return vars(state["args"]) if state.get("args") is not None else {}
+
+
+def _same_model(args, model_cfg):
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    name = model_cfg.get("_name") or model_cfg.get("arch")
+    ours = getattr(args, "arch", None)
+    return name is not None and ours is not None and (
+        ARCH_MODEL_NAME_REGISTRY.get(name, name) == ARCH_MODEL_NAME_REGISTRY.get(ours, ours))
+
+
+def adopt(args, arguments, state, path, sizes=True):
+    """Set the checkpoint's sizes (and segment ids) on ``args`` where the command line does not; stop on a
+    conflicting size. Returns the adopted ``{name: value}``."""
+    model_cfg, task_cfg = _config(state, "model"), _config(state, "task")
+    adopted, conflicts = {}, []
+    if sizes and _same_model(args, model_cfg):
+        for name, value in model_cfg.items():
+            if not SIZES.fullmatch(name) or value is None:
+                continue
+            if not _given(arguments, name):
+                setattr(args, name, value)
+                adopted[name] = value
+            elif getattr(args, name) != value and not (name in GROWABLE and getattr(args, name) > value):
+                conflicts.append((name, getattr(args, name), value))
+    if task_cfg.get("_name", getattr(args, "task", None)) == getattr(args, "task", None):
+        for name in TASK_FIELDS:
+            if name in task_cfg and hasattr(args, name) and not _given(arguments, name):
+                setattr(args, name, task_cfg[name])
+                adopted[name] = task_cfg[name]
+    if conflicts:
+        differences = "; ".join(f"{_flag(n)} {mine} (checkpoint: {theirs})" for n, mine, theirs in conflicts)
+        flags = " ".join(f"{_flag(n)} {theirs}" for n, _, theirs in conflicts)
+        raise CheckpointPathError(
+            f"{path} was trained with other sizes: {differences}.\nDrop these flags (the checkpoint's sizes are "
+            f"adopted) or pass the checkpoint's: {flags}")
+    if adopted:
+        logger.info(f"from {path}: " + ", ".join(f"{k}={v}" for k, v in adopted.items()))
+    return adopted
+
+
+def check(args, arguments):
+    """Check the checkpoint paths of a parsed fairseq command line; adopt what a fine-tuned checkpoint fixes."""
+    finetune = getattr(args, "finetune_from_model", None)
+    if finetune:
+        adopt(args, arguments, read_checkpoint(finetune, "--finetune-from-model"), finetune)
+    restore = getattr(args, "restore_file", None)
+    if restore and restore != "checkpoint_last.pt":  # the default is looked up in --save-dir, and may be absent
+        read_checkpoint(restore, "--restore-file")
+    paths = getattr(args, "path", None)
+    if paths and isinstance(paths, str) and hasattr(args, "beam"):  # generation commands: --path a.pt:b.pt
+        for index, path in enumerate(paths.split(os.pathsep)):
+            state = read_checkpoint(path, "--path")
+            if index == 0:
+                adopt(args, arguments, state, path, sizes=False)
+
+
+def install():
+    """Wrap ``fairseq.options.parse_args_and_arch`` (idempotent)."""
+    from fairseq import options
+
+    parse = options.parse_args_and_arch
+    if getattr(parse, "__palm_checkpoint_paths__", False):
+        return
+
+    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+        result = parse(parser, input_args, parse_known, suppress_defaults, modify_parser)
+        if not suppress_defaults:
+            check(result[0] if parse_known else result, sys.argv[1:] if input_args is None else list(input_args))
+        return result
+
+    parse_args_and_arch.__palm_plugin__ = True
+    parse_args_and_arch.__palm_checkpoint_paths__ = True
+    options.parse_args_and_arch = parse_args_and_arch
