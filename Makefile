@@ -1,4 +1,4 @@
-# Two entry points for users: `make demo` and `make test`. Both build the virtual environment once
+# Entry points for users: `make demo`, `make tables` and `make test`. Both build the virtual environment once
 # (a stamp file records it) and reuse it afterwards.
 #
 # On a GPU machine, override the torch requirement, e.g.:
@@ -11,7 +11,7 @@ PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.palm_plugin_installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env data clean-env
+.PHONY: demo test env data tables clean-env
 
 env: $(STAMP)
 
@@ -38,6 +38,10 @@ data: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/palm-demo
+
+# The papers' comparisons (palm-experiments): resumable, reuses finished runs; EXPERIMENTS_ARGS="--preset small" etc.
+tables: $(STAMP)
+	$(VENV)/bin/palm-experiments --jobs 2 $(EXPERIMENTS_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

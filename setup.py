@@ -16,6 +16,7 @@ setup(
             "palm-convert=palm_tools.convert_checkpoint:main",
             "palm-data=palm_tools.prepare_data:main",
             "palm-demo=palm_tools.demo:main",
+            "palm-experiments=palm_tools.experiments:main",
         ],
     },
 )
