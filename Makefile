@@ -1,4 +1,4 @@
-# Entry points for users: `make demo`, `make tables` and `make test`. Both build the virtual environment once
+# Entry points for users: `make demo`, `make tables` and `make test`. Each builds the virtual environment once
 # (a stamp file records it) and reuse it afterwards.
 #
 # On a GPU machine, override the torch requirement, e.g.:

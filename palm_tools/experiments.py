@@ -345,8 +345,9 @@ def _call(tool, args, log):
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         returncode = subprocess.call(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env)
     if returncode != 0:
-        tail = "".join(Path(log).read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"{tool} failed (exit {returncode}); end of {log}:\n{tail}")
+        lines = [line for line in Path(log).read_text().splitlines() if line.strip()]
+        # the first line names the cause (fairseq's and our tools' last line), the table shows it
+        raise RuntimeError(f"{tool} failed (exit {returncode}): {lines[-1][:200]}; see {log}\n" + "\n".join(lines[-15:]))
 
 
 def _stage(folder, build):
@@ -605,17 +606,20 @@ def direction(experiment, rows, task):
         return "no results"
     scored.sort(key=lambda item: item[1]["mean"], reverse=task == SEL)
     ranking = " > ".join(f"{label} ({cell['mean']:.2f})" for label, cell in scored)
-    text = f"best to worst: {ranking}"
+    text, gap = f"best to worst: {ranking}", None
     if len(scored) > 1:
         (best, first), (_, second) = scored[0], scored[1]
         spreads = [c["sd"] for _, c in scored[:2] if c["sd"] is not None]
-        if spreads:
-            gap, spread = abs(first["mean"] - second["mean"]), max(spreads)
+        gap = abs(first["mean"] - second["mean"])
+        if gap == 0:
+            text += f"; {best} and {scored[1][0]} tie"
+        elif spreads:
+            spread = max(spreads)
             text += (f"; the lead of {best} ({gap:.2f}) is {'larger' if gap > spread else 'not larger'} than the "
                      f"spread over seeds (sd up to {spread:.2f})")
         else:
             text += "; one seed: no spread to compare with"
-    if experiment.paper_best:
+    if experiment.paper_best and gap != 0:
         text += "; agrees with the paper" if scored[0][0] == experiment.paper_best else "; differs from the paper"
     return text
 
@@ -718,7 +722,9 @@ def main(argv=None):
               f"(real-weights table: {scale.minilm_updates}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
               f"pairs. Seeds {scale.seeds} (each seed pre-trains and fine-tunes anew). Mean ± standard deviation over "
               f"seeds.")
-    header = (f"# The papers' comparisons, reproduced small (preset {args.preset}{', with --scale' if args.scale else ''})"
+    preset = args.preset + (", with --scale" if args.scale else "") + (
+        "; not the default configuration" if args.preset != "default" else "")
+    header = (f"# The papers' comparisons, reproduced small (preset {preset})"
               f"\n\n`{command}` on {platform.machine()} with {os.cpu_count()} cores, {args.jobs} processes at once: "
               f"{seconds / 60:.1f} minutes of this invocation (finished runs are reused; each run's own time is in "
               f"the JSON).\n\n{budget}")

@@ -109,6 +109,7 @@ def test_statistics_and_direction():
     text = ex.direction(experiment, [row("A", 30.0, 2.0), row("B", 29.0, 1.0)], ex.GEN)
     assert "lead of B (1.00) is not larger than the spread over seeds (sd up to 2.00)" in text
     assert text.endswith("differs from the paper")
+    assert ex.direction(experiment, [row("A", 30.0, 1.0), row("B", 30.0, 1.0)], ex.GEN).endswith("A and B tie")
     # accuracy: higher is better
     assert ex.direction(experiment, [row("A", 60.0, None, ex.SEL), row("B", 70.0, None, ex.SEL)], ex.SEL).startswith(
         "best to worst: B (70.00) > A (60.00); one seed")
@@ -167,9 +168,6 @@ def test_quick_every_row_end_to_end(tmp_path):
                 assert cell["n"] == 1 and "why_missing" not in cell, (table["key"], row["label"], task, cell)
                 assert (1 < cell["mean"] < 1e5) if task == ex.GEN else (0 <= cell["mean"] <= 100)
                 assert cell["params"] > 0
-    # the head-to-head sizes are within 25% of each other (read from fairseq's logs)
-    params = [r["tasks"][ex.GEN]["params"] for r in report["experiments"][-1]["rows"]]
-    assert max(params) < 1.25 * min(params)
     assert (work / "paper_tables.png").read_bytes()[:4] == b"\x89PNG"
     assert "paper: AE+PAR best" in (work / "paper_tables.md").read_text()
     check_budgets_and_seeds(ex.Plan(ex.PRESETS["quick"].with_overrides([f"data={data}"]), work), min_seeds=1)
