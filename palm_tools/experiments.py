@@ -204,7 +204,9 @@ def _model_args(scale, model, data):
                 "--encoder-embed-dim", scale.dim, "--encoder-ffn-embed-dim", scale.ffn, "--decoder-ffn-embed-dim",
                 scale.ffn, "--encoder-attention-heads", scale.heads, "--decoder-attention-heads", scale.heads]
     if model == "minilm":
-        config = json.loads((data.minilm_dir / "config.json").read_text()) if data.minilm_dir.exists() else {}
+        source = data.minilm_source and data.minilm_source / "config.json"
+        # all-MiniLM-L6-v2's sizes when the checkpoint is missing (its runs are then skipped with the reason)
+        config = json.loads(source.read_text()) if source and source.exists() else {}
         return ["--arch", "unilm_tiny", "--encoder-layers", config.get("num_hidden_layers", 6),
                 "--encoder-embed-dim", config.get("hidden_size", 384),
                 "--encoder-ffn-embed-dim", config.get("intermediate_size", 1536),
@@ -234,6 +236,10 @@ class Plan:
         self.data = Path(scale.data)
         self.prepared = self.work / "prepared"
         self.minilm_dir = self.prepared / "minilm"
+        try:
+            self.minilm_source, self.minilm_missing = Path(scale.minilm) if scale.minilm else _minilm_package(), None
+        except RuntimeError as error:
+            self.minilm_source, self.minilm_missing = None, str(error)
         self.runs = {}
         for experiment in experiments:
             for row in experiment.rows:
@@ -458,10 +464,13 @@ def prepare(plan, log):
     _stage(out / "text-spm", spm_text)
     binarize(out, out / "text-spm", data / "dict.txt", "spm")
 
-    if any(row.model == "minilm" for e in plan.experiments for row in e.rows):
-        source = Path(scale.minilm) if scale.minilm else _minilm_package()
-        _stage(plan.minilm_dir, lambda target: _call("palm-convert", ["bert", "--input", source, "--output", target],
-                                                     log))
+    if any(row.model == "minilm" for e in plan.experiments for row in e.rows) and not plan.minilm_missing:
+        try:
+            _stage(plan.minilm_dir, lambda target: _call(
+                "palm-convert", ["bert", "--input", plan.minilm_source, "--output", target], log))
+        except RuntimeError as error:  # the real-weights rows say why; the other tables go on
+            plan.minilm_missing = f"palm-convert bert failed: {str(error).splitlines()[0]}"
+            return
 
         def wordpiece_text(folder):
             text_files(folder, raw)
@@ -528,11 +537,14 @@ def result_of(plan, name):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def run_all(plan, jobs, log=print):
-    """Run every unfinished run, ``jobs`` at a time, each after the runs it needs; returns {name: error}."""
-    pending = {n: r for n, r in plan.runs.items() if result_of(plan, n) is None}
+def run_all(plan, jobs, log=print, skip=None):
+    """Run every unfinished run but those of ``skip`` ({name: why}), ``jobs`` at a time, each after the runs it
+    needs; returns {name: error or why skipped}."""
+    # seed by seed: a run stopped part way has every row with its first seeds, not some tables with none
+    pending = {n: r for n, r in sorted(plan.runs.items(), key=lambda item: item[1].seed)
+               if result_of(plan, n) is None and n not in (skip or {})}
     log(f"{len(plan.runs) - len(pending)} of {len(plan.runs)} runs already finished; {len(pending)} to run")
-    errors, running = {}, {}
+    errors, running = dict(skip or {}), {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             for name, run in list(pending.items()):
@@ -675,6 +687,22 @@ def chart(tables, path):
 
 
 # ---------------------------------------------------------------------------------------------------- command
+def check_work_folder(work, scale):
+    """A work folder keeps the scale it was made with: runs are reused by name, so a folder made at another scale
+    (anything but the seeds: more seeds reuse the finished ones) would mix results of two settings."""
+    record = Path(work) / "scale.json"
+    wanted = {k: v for k, v in dataclasses.asdict(scale).items() if k != "seeds"}
+    if record.exists():
+        made = json.loads(record.read_text())
+        changed = [f"{k}: {made.get(k)!r} -> {v!r}" for k, v in wanted.items() if made.get(k) != v]
+        if changed:
+            sys.exit(f"palm-experiments: {work} holds runs made with other settings ({'; '.join(changed)}); give "
+                     f"another --work folder, or the same settings")
+    else:
+        with atomic_open(record) as handle:
+            json.dump(wanted, handle, indent=1)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="palm-experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -687,6 +715,9 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, help="output prefix: .md, .json, .png (default: docs/paper_tables for "
                         "the default preset, else WORK/paper_tables)")
     parser.add_argument("--jobs", type=int, default=2, help="processes at once (one thread each)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the tables from the runs finished so far (of a run still going, or stopped), "
+                             "running nothing")
     return parser.parse_args(argv)
 
 
@@ -703,16 +734,21 @@ def main(argv=None):
     if not Path(scale.data).is_absolute():
         scale = dataclasses.replace(scale, data=str(REPO / scale.data))
     plan = Plan(scale, work, experiments)
-    work.mkdir(parents=True, exist_ok=True)
+    check_work_folder(work, scale)
     started = time.time()
-    try:
-        prepare(plan, work / "prepare.log")
-    except RuntimeError as error:
-        sys.exit(f"palm-experiments: data preparation failed: {error}")
-    errors = run_all(plan, args.jobs)
+    if args.report_only:
+        errors = {}
+    else:
+        try:
+            prepare(plan, work / "prepare.log")
+        except RuntimeError as error:
+            sys.exit(f"palm-experiments: data preparation failed: {error}")
+        skip = {name: plan.minilm_missing for name in plan.runs if plan.minilm_missing and "-minilm-" in name}
+        errors = run_all(plan, args.jobs, skip=skip)
     tables = collect(plan, errors)
     seconds = time.time() - started
     command = "palm-experiments " + " ".join(argv if argv is not None else sys.argv[1:])
+    finished = sum(result_of(plan, n) is not None for n in plan.runs)
     budget = (f"Budget of every pre-training row: {scale.pretrain_updates} updates of {scale.blocks} text blocks of "
               f"{scale.tokens_per_sample} tokens (--batch-size with a fixed --tokens-per-sample, not --max-tokens: "
               f"pmlm counts its appended pseudo and original tokens in a sample's size, so an equal --max-tokens "
@@ -727,7 +763,7 @@ def main(argv=None):
     header = (f"# The papers' comparisons, reproduced small (preset {preset})"
               f"\n\n`{command}` on {platform.machine()} with {os.cpu_count()} cores, {args.jobs} processes at once: "
               f"{seconds / 60:.1f} minutes of this invocation (finished runs are reused; each run's own time is in "
-              f"the JSON).\n\n{budget}")
+              f"the JSON); {finished} of {len(plan.runs)} runs finished.\n\n{budget}")
     report = {"preset": args.preset, "scale": dataclasses.asdict(scale), "command": command, "budget": budget,
               "minutes": round(seconds / 60, 1), "run_seconds": {n: (result_of(plan, n) or {}).get("seconds")
                                                                   for n in plan.runs},

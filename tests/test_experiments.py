@@ -173,3 +173,12 @@ def test_quick_every_row_end_to_end(tmp_path):
     check_budgets_and_seeds(ex.Plan(ex.PRESETS["quick"].with_overrides([f"data={data}"]), work), min_seeds=1)
     second = run_cli(REPO / "palm_tools" / "experiments.py", *arguments)
     assert "0 to run" in second.stdout and "34 of 34 runs already finished" in second.stdout, first.stdout[-2000:]
+
+
+def test_work_folder_keeps_its_scale(tmp_path):
+    """Runs are reused by name: a folder made at one scale refuses another (more seeds are fine)."""
+    small = ex.PRESETS["small"]
+    ex.check_work_folder(tmp_path, small)
+    ex.check_work_folder(tmp_path, small.with_overrides(["seeds=1,2,3,4"]))
+    with pytest.raises(SystemExit, match=r"dim: 64 -> 96"):
+        ex.check_work_folder(tmp_path, small.with_overrides(["dim=96"]))
