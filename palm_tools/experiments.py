@@ -69,13 +69,13 @@ class Scale:
     palm_layers: int = field(default=2, metadata={"help": "PALM encoder layers = decoder layers"})
     tokens_per_sample: int = field(default=128, metadata={"help": "pre-training text block length (tokens)"})
     blocks: int = field(default=16, metadata={"help": "pre-training text blocks per update (--batch-size)"})
-    pretrain_updates: int = field(default=600, metadata={"help": "pre-training updates (PALM: stage ae + joint)"})
+    pretrain_updates: int = field(default=400, metadata={"help": "pre-training updates (PALM: stage ae + joint)"})
     palm_ae_share: float = field(default=0.25, metadata={"help": "share of PALM's updates in stage ae"})
     pretrain_lr: float = field(default=1e-3, metadata={"help": "pre-training peak learning rate"})
-    finetune_updates: int = field(default=300, metadata={"help": "fine-tuning updates (both tasks)"})
+    finetune_updates: int = field(default=200, metadata={"help": "fine-tuning updates (both tasks)"})
     finetune_pairs: int = field(default=32, metadata={"help": "pairs (gen) or examples (sel) per fine-tuning update"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    minilm_updates: int = field(default=100, metadata={"help": "fine-tuning updates of the real-weights table"})
+    minilm_updates: int = field(default=60, metadata={"help": "fine-tuning updates of the real-weights table"})
     warmup_updates: int = field(default=50, metadata={"help": "warm-up updates (inverse_sqrt) of every training"})
     max_source: int = field(default=64, metadata={"help": "fine-tuning: longest context (tokens)"})
     max_target: int = field(default=32, metadata={"help": "fine-tuning: longest response (tokens)"})
@@ -260,7 +260,7 @@ class Plan:
         scale, model = self.scale, PRETRAININGS[key][0]
         options = list(PRETRAININGS[key][1])
         text = scale.pretrain_data or self.data / "bin" / "sotu"
-        common = _model_args(scale, model, self) + [*options, "--log-interval", 1]
+        common = _model_args(scale, model, self) + options
         train = lambda save, updates: _train_args(scale, seed, save, scale.pretrain_lr, updates, scale.blocks)  # noqa
         folder = self.run_dir(name)
         if model == "palm":
@@ -644,6 +644,20 @@ def _cell(cell, task):
     return text + (f" ({cell['why_missing']})" if cell.get("why_missing") else "")
 
 
+def run_times(plan):
+    """Measured seconds of the finished runs, by kind (what a rerun at this scale costs, on this machine)."""
+    kinds = {}
+    for name, run in plan.runs.items():
+        result = result_of(plan, name)
+        if result:
+            kind = f"{run.kind} ({'real weights' if '-minilm-' in name else 'small models'})"
+            kinds.setdefault(kind, []).append(result["seconds"])
+    lines = ["## Run times", "", "| kind of run | finished | mean seconds | total minutes |", "|---|---|---|---|"]
+    for kind, seconds in sorted(kinds.items()):
+        lines.append(f"| {kind} | {len(seconds)} | {sum(seconds) / len(seconds):.0f} | {sum(seconds) / 60:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(tables, header):
     lines = [header, ""]
     for table in tables:
@@ -769,7 +783,7 @@ def main(argv=None):
                                                                   for n in plan.runs},
               "experiments": tables}
     with atomic_open(out.with_suffix(".md")) as handle:
-        handle.write(markdown(tables, header))
+        handle.write(markdown(tables, header) + "\n" + run_times(plan))
     with atomic_open(out.with_suffix(".json")) as handle:
         json.dump(report, handle, indent=1)
     chart(tables, out.with_suffix(".png"))
