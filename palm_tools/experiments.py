@@ -91,6 +91,16 @@ class Scale:
     device: str = field(default="cpu", metadata={"help": "cpu, or gpu (fairseq's default device, --fp16)"})
 
     @property
+    def palm_split(self):
+        """PALM's (context, continuation) tokens of a block: 80/20, the paper's 400/100."""
+        target = max(1, self.tokens_per_sample // 5)
+        return self.tokens_per_sample - target, target
+
+    @property
+    def palm_ae_updates(self):
+        return max(1, round(self.pretrain_updates * self.palm_ae_share))
+
+    @property
     def seed_list(self):
         return tuple(int(s) for s in self.seeds.split(","))
 
@@ -119,7 +129,8 @@ PRESETS = {
 
 # ------------------------------------------------------------------------------------------------- the tables
 GEN, SEL = "gen", "sel"
-TASK_TITLES = {GEN: "chitchat test perplexity (lower is better)", SEL: "response selection accuracy % (higher is better)"}
+TASK_TITLES = {GEN: "chitchat test perplexity (lower is better)",
+               SEL: "response selection accuracy % (higher is better)"}
 
 
 @dataclass(frozen=True)
@@ -263,15 +274,16 @@ class Plan:
         options = list(PRETRAININGS[key][1])
         text = scale.pretrain_data or self.data / "bin" / "sotu"
         common = _model_args(scale, model, self) + options
-        train = lambda save, updates: _train_args(scale, seed, save, scale.pretrain_lr, updates, scale.blocks)  # noqa
+
+        def train(save, updates):
+            return _train_args(scale, seed, save, scale.pretrain_lr, updates, scale.blocks)
+
         folder = self.run_dir(name)
         if model == "palm":
-            # the block's text split 80/20 into context and continuation, PALM's 400/100 ratio
-            target = max(1, scale.tokens_per_sample // 5)
-            task = [text, "--task", "continuation_pair", "--criterion", "palm_mlm_lm",
-                    "--max-source-tokens", scale.tokens_per_sample - target, "--max-target-tokens", target,
-                    "--disable-validation", *common]
-            ae_updates = max(1, round(scale.pretrain_updates * scale.palm_ae_share))
+            source, target = scale.palm_split
+            task = [text, "--task", "continuation_pair", "--criterion", "palm_mlm_lm", "--max-source-tokens", source,
+                    "--max-target-tokens", target, "--disable-validation", *common]
+            ae_updates = scale.palm_ae_updates
             commands = [
                 ("fairseq-train", task + ["--stage", "ae"] + train(folder / "ae", ae_updates)),
                 ("fairseq-train", task + ["--stage", "joint", "--finetune-from-model", folder / "ae" /
@@ -355,7 +367,8 @@ def _call(tool, args, log):
     if returncode != 0:
         lines = [line for line in Path(log).read_text().splitlines() if line.strip()]
         # the first line names the cause (fairseq's and our tools' last line), the table shows it
-        raise RuntimeError(f"{tool} failed (exit {returncode}): {lines[-1][:200]}; see {log}\n" + "\n".join(lines[-15:]))
+        raise RuntimeError(f"{tool} failed (exit {returncode}): {lines[-1][:200]}; see {log}\n" +
+                           "\n".join(lines[-15:]))
 
 
 def _stage(folder, build):
@@ -782,8 +795,8 @@ def main(argv=None):
     budget = (f"Budget of every pre-training row: {scale.pretrain_updates} updates of {scale.blocks} text blocks of "
               f"{scale.tokens_per_sample} tokens (--batch-size with a fixed --tokens-per-sample, not --max-tokens: "
               f"pmlm counts its appended pseudo and original tokens in a sample's size, so an equal --max-tokens "
-              f"would give AE+PAR fewer blocks of text than AE; PALM: context {scale.tokens_per_sample - max(1, scale.tokens_per_sample // 5)} + "
-              f"continuation {max(1, scale.tokens_per_sample // 5)} tokens, {round(scale.pretrain_updates * scale.palm_ae_share)} "
+              f"would give AE+PAR fewer blocks of text than AE; PALM: context {scale.palm_split[0]} + "
+              f"continuation {scale.palm_split[1]} tokens, {scale.palm_ae_updates} "
               f"updates in stage ae). Fine-tuning: {scale.finetune_updates} updates of {scale.finetune_pairs} pairs "
               f"(real-weights table: {scale.minilm_updates}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
               f"pairs. Seeds {scale.seeds} (each seed pre-trains and fine-tunes anew). Mean ± standard deviation over "
@@ -806,7 +819,7 @@ def main(argv=None):
     print(markdown(tables, header))
     print(f"\nwritten: {out}.md, .json, .png")
     if errors:
-        print(f"palm-experiments: {len(errors)} runs failed or were not run (the tables say which); rerun to retry them")
+        print(f"palm-experiments: {len(errors)} runs failed or were not run (the tables say which); rerun to retry")
         return 1
     return 0
 
