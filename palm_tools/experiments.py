@@ -358,17 +358,22 @@ class Plan:
 
 # -------------------------------------------------------------------------------------------- data preparation
 def _call(tool, args, log):
+    """Run a tool, its output appended to ``log``; return the CPU seconds it used (user + system: unlike wall time,
+    what a run costs whatever else the machine is doing)."""
     command = [str(BIN / tool)] + [str(a) for a in args]
     with open(log, "a") as output:
         output.write("$ " + " ".join(command) + "\n")
         output.flush()
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        returncode = subprocess.call(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = returncode = os.waitstatus_to_exitcode(status)
     if returncode != 0:
         lines = [line for line in Path(log).read_text().splitlines() if line.strip()]
         # the first line names the cause (fairseq's and our tools' last line), the table shows it
         raise RuntimeError(f"{tool} failed (exit {returncode}): {lines[-1][:200]}; see {log}\n" +
                            "\n".join(lines[-15:]))
+    return usage.ru_utime + usage.ru_stime
 
 
 def _stage(folder, build):
@@ -525,12 +530,13 @@ def execute(plan, run):
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     log, started = folder / "log.txt", time.time()
-    outputs = []
+    outputs, cpu = [], 0.0
     for tool, args in run.commands:
         before = log.stat().st_size if log.exists() else 0
-        _call(tool, args, log)
+        cpu += _call(tool, args, log)
         outputs.append(log.read_text()[before:])
-    result = {"run": run.name, "seconds": round(time.time() - started, 1), "params": _logged_params(outputs[0])}
+    result = {"run": run.name, "seconds": round(time.time() - started, 1), "cpu_seconds": round(cpu, 2),
+              "params": _logged_params(outputs[0])}
     if run.kind == "pretrain":
         losses = re.findall(r"\| train_inner \|.*? loss=([-0-9.]+)", outputs[-1])
         result["last_train_loss"] = float(losses[-1]) if losses else None
@@ -666,10 +672,17 @@ def run_times(plan):
         result = result_of(plan, name)
         if result:
             kind = f"{run.kind} ({'real weights' if '-minilm-' in name else 'small models'})"
-            kinds.setdefault(kind, []).append(result["seconds"])
-    lines = ["## Run times", "", "| kind of run | finished | mean seconds | total minutes |", "|---|---|---|---|"]
-    for kind, seconds in sorted(kinds.items()):
-        lines.append(f"| {kind} | {len(seconds)} | {sum(seconds) / len(seconds):.0f} | {sum(seconds) / 60:.1f} |")
+            kinds.setdefault(kind, []).append((result["seconds"], result.get("cpu_seconds")))
+    lines = ["## Run times", "", "Wall time depends on what else the machine runs; CPU time (user + system of the "
+             "run's processes, one thread each) does not: on an otherwise idle machine with at least --jobs cores, "
+             "the wall time of all runs is about their CPU time divided by --jobs.", "",
+             "| kind of run | finished | mean wall seconds | mean CPU seconds | total CPU minutes |",
+             "|---|---|---|---|---|"]
+    for kind, times in sorted(kinds.items()):
+        wall = [w for w, _ in times]
+        cpu = [c for _, c in times if c is not None]
+        cpu_text = (f"{sum(cpu) / len(cpu):.0f} | {sum(cpu) / 60:.1f}" if cpu else "— | —")
+        lines.append(f"| {kind} | {len(times)} | {sum(wall) / len(wall):.0f} | {cpu_text} |")
     return "\n".join(lines) + "\n"
 
 
