@@ -638,7 +638,8 @@ def direction(experiment, rows, task):
     if not scored:
         return "no results"
     scored.sort(key=lambda item: item[1]["mean"], reverse=task == SEL)
-    ranking = " > ".join(f"{label} ({cell['mean']:.2f})" for label, cell in scored)
+    ranking = "".join((" = " if i and cell["mean"] == scored[i - 1][1]["mean"] else " > " if i else "") +
+                      f"{label} ({cell['mean']:.2f})" for i, (label, cell) in enumerate(scored))
     text, gap = f"best to worst: {ranking}", None
     if len(scored) > 1:
         (best, first), (_, second) = scored[0], scored[1]

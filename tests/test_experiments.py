@@ -5,6 +5,7 @@ import json
 import math
 import statistics
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,7 +110,8 @@ def test_statistics_and_direction():
     text = ex.direction(experiment, [row("A", 30.0, 2.0), row("B", 29.0, 1.0)], ex.GEN)
     assert "lead of B (1.00) is not larger than the spread over seeds (sd up to 2.00)" in text
     assert text.endswith("differs from the paper")
-    assert ex.direction(experiment, [row("A", 30.0, 1.0), row("B", 30.0, 1.0)], ex.GEN).endswith("A and B tie")
+    text = ex.direction(experiment, [row("A", 30.0, 1.0), row("B", 30.0, 1.0)], ex.GEN)
+    assert text == "best to worst: A (30.00) = B (30.00); A and B tie"
     # accuracy: higher is better
     assert ex.direction(experiment, [row("A", 60.0, None, ex.SEL), row("B", 70.0, None, ex.SEL)], ex.SEL).startswith(
         "best to worst: B (70.00) > A (60.00); one seed")
@@ -169,6 +171,10 @@ def test_quick_every_row_end_to_end(tmp_path):
                 assert cell["n"] == 1 and "why_missing" not in cell, (table["key"], row["label"], task, cell)
                 assert (1 < cell["mean"] < 1e5) if task == ex.GEN else (0 <= cell["mean"] <= 100)
                 assert cell["params"] > 0
+    # every family scores the same test tokens (pairs that no family cuts), so perplexities compare across tables
+    scored = {(r["tokens"], r["sentences"]) for r in map(json.loads, map(Path.read_text, (work / "runs").glob(
+        "gen-*/result.json"))) if "-minilm-" not in r["run"]}
+    assert scored and len(scored) == 1 and next(iter(scored))[1] == ex.PRESETS["quick"].eval_pairs, scored
     assert (work / "paper_tables.png").read_bytes()[:4] == b"\x89PNG"
     assert "paper: AE+PAR best" in (work / "paper_tables.md").read_text()
     check_budgets_and_seeds(ex.Plan(ex.PRESETS["quick"].with_overrides([f"data={data}"]), work), min_seeds=1)
