@@ -1,5 +1,5 @@
 # Entry points for users: `make demo`, `make tables` and `make test`. Each builds the virtual environment once
-# (a stamp file records it) and reuse it afterwards.
+# (a stamp file records it) and reuses it afterwards.
 #
 # On a GPU machine, override the torch requirement, e.g.:
 #   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"

@@ -15,6 +15,7 @@ CONSOLE_SCRIPTS = {
     "palm-convert": "palm_tools.convert_checkpoint",
     "palm-data": "palm_tools.prepare_data",
     "palm-demo": "palm_tools.demo",
+    "palm-experiments": "palm_tools.experiments",
 }
 
 
