@@ -70,7 +70,7 @@ class Scale:
     palm_layers: int = field(default=2, metadata={"help": "PALM encoder layers = decoder layers"})
     tokens_per_sample: int = field(default=128, metadata={"help": "pre-training text block length (tokens)"})
     blocks: int = field(default=16, metadata={"help": "pre-training text blocks per update (--batch-size)"})
-    pretrain_updates: int = field(default=400, metadata={"help": "pre-training updates (PALM: stage ae + joint)"})
+    pretrain_updates: int = field(default=600, metadata={"help": "pre-training updates (PALM: stage ae + joint)"})
     palm_ae_share: float = field(default=0.25, metadata={"help": "share of PALM's updates in stage ae"})
     pretrain_lr: float = field(default=1e-3, metadata={"help": "pre-training peak learning rate"})
     finetune_updates: int = field(default=200, metadata={"help": "fine-tuning updates (both tasks)"})
