@@ -1,5 +1,5 @@
-# Two entry points for users: `make demo` and `make test`. Both build the virtual environment once
-# (a stamp file records it) and reuse it afterwards.
+# Entry points for users: `make demo`, `make tables` and `make test`. Each builds the virtual environment once
+# (a stamp file records it) and reuses it afterwards.
 #
 # On a GPU machine, override the torch requirement, e.g.:
 #   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
@@ -11,7 +11,7 @@ PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.palm_plugin_installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env data clean-env
+.PHONY: demo test env data tables clean-env
 
 env: $(STAMP)
 
@@ -39,6 +39,10 @@ data: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/palm-demo
+
+# The papers' comparisons (palm-experiments): resumable, reuses finished runs; EXPERIMENTS_ARGS="--preset small" etc.
+tables: $(STAMP)
+	$(VENV)/bin/palm-experiments --jobs 2 $(EXPERIMENTS_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

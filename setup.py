@@ -17,6 +17,7 @@ setup(
             "palm-data=palm_tools.prepare_data:main",
             "palm-demo=palm_tools.demo:main",
             "palm-plot=palm_tools.plot:main",
+            "palm-experiments=palm_tools.experiments:main",
         ],
     },
 )

@@ -16,6 +16,7 @@ CONSOLE_SCRIPTS = {
     "palm-data": "palm_tools.prepare_data",
     "palm-demo": "palm_tools.demo",
     "palm-plot": "palm_tools.plot",
+    "palm-experiments": "palm_tools.experiments",
 }
 
 

@@ -1,0 +1,191 @@
+"""palm-experiments (palm_tools/experiments.py): every row of a table gets the same budget and seeds (read back from
+the fairseq command lines the plan builds), the statistics and directions, the resumable scheduler, and (slow) every
+row of every experiment end to end on tiny settings with real fairseq processes."""
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from palm_tools import experiments as ex
+from tests.conftest import REPO, run_cli
+
+BUDGET_FLAGS = ("--max-update", "--batch-size", "--lr", "--warmup-updates", "--encoder-layers", "--decoder-layers",
+                "--encoder-embed-dim", "--encoder-ffn-embed-dim", "--encoder-attention-heads", "--num-segments",
+                "--max-source-positions", "--max-target-positions")
+
+
+def flags(args):
+    """{flag: value} of a command line (a flag without a value maps to True)."""
+    args = [str(a) for a in args]
+    found = {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            found[arg] = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
+    return found
+
+
+def pretraining_budget(run):
+    """(updates summed over stages, text blocks per update, tokens per block, model) of a pre-training run."""
+    all_flags = [flags(args) for _, args in run.commands]
+    updates = sum(int(f["--max-update"]) for f in all_flags)
+    f = all_flags[-1]
+    assert "--max-tokens" not in f, "pre-training must count text blocks, not tokens"
+    tokens = (int(f["--max-source-tokens"]) + int(f["--max-target-tokens"]) if "--max-source-tokens" in f
+              else int(f["--tokens-per-sample"]))
+    return updates, f["--batch-size"], tokens, f["--encoder-embed-dim"]
+
+
+def check_budgets_and_seeds(plan, min_seeds):
+    pretrainings = [run for run in plan.runs.values() if run.kind == "pretrain"]
+    assert pretrainings
+    assert len({pretraining_budget(run) for run in pretrainings}) == 1, "pre-training rows differ in budget"
+    for run in plan.runs.values():
+        assert all(flags(args)["--seed"] == str(run.seed) for tool, args in run.commands if tool == "fairseq-train")
+    for experiment in plan.experiments:
+        for task in experiment.tasks:
+            budgets, seeds = set(), set()
+            for row in experiment.rows:
+                names = [plan.finetune_name(row, task, s) for s in plan.scale.seed_list]
+                runs = [plan.runs[n] for n in names if n in plan.runs]
+                if not runs:
+                    assert row.model == "palm" and task == ex.SEL  # the one declared gap, said in the table
+                    continue
+                seeds.add(tuple(run.seed for run in runs))
+                for run in runs:
+                    train = flags(run.commands[0][1])
+                    budgets.add(tuple(train.get(flag) for flag in BUDGET_FLAGS if flag not in (
+                        "--decoder-layers", "--num-segments") or experiment.key != "families"))
+                    for need in run.needs:  # a fine-tuning run starts from its own seed's pre-training
+                        assert plan.runs[need].seed == run.seed
+            if experiment.key != "families":  # head to head: equal budgets, but each family's own layer layout
+                assert len(budgets) == 1, f"{experiment.key}/{task}: rows differ in budget: {budgets}"
+            assert len(seeds) == 1 and len(next(iter(seeds))) >= min_seeds, f"{experiment.key}/{task}: {seeds}"
+
+
+@pytest.mark.parametrize("preset", ["small", "default"])
+def test_rows_share_budgets_and_seeds(preset, tmp_path):
+    plan = ex.Plan(ex.PRESETS[preset], tmp_path)
+    check_budgets_and_seeds(plan, min_seeds=3)
+    # every declared row is planned for every task, with every seed
+    for experiment in ex.EXPERIMENTS:
+        for row in experiment.rows:
+            for task in experiment.tasks:
+                planned = [plan.finetune_name(row, task, s) in plan.runs for s in plan.scale.seed_list]
+                assert all(planned) or (row.model == "palm" and task == ex.SEL)
+
+
+def test_head_to_head_sizes_are_nearly_equal(tmp_path):
+    """PALM's encoder + decoder layers equal UniLM's one stack, at the same width."""
+    scale = ex.PRESETS["default"]
+    assert 2 * scale.palm_layers == scale.unilm_layers
+    plan = ex.Plan(scale, tmp_path)
+    widths = {flags(plan.runs[plan.finetune_name(r, ex.GEN, 1)].commands[0][1])["--encoder-embed-dim"]
+              for r in ex.EXPERIMENTS[-1].rows}
+    assert widths == {str(scale.dim)}
+
+
+def test_scale_overrides():
+    scale = ex.PRESETS["small"].with_overrides(["dim=96", "pretrain_lr=2e-4", "data=/corpus", "seeds=4,5,6"])
+    assert (scale.dim, scale.pretrain_lr, scale.data, scale.seed_list) == (96, 2e-4, "/corpus", (4, 5, 6))
+    with pytest.raises(SystemExit, match="no_such_key"):
+        scale.with_overrides(["no_such_key=1"])
+
+
+def test_statistics_and_direction():
+    values = [31.5, 29.0, 30.25]
+    mean, sd, n = ex._stats(values + [None])
+    assert (n, mean) == (3, pytest.approx(statistics.mean(values)))
+    assert sd == pytest.approx(statistics.stdev(values))
+    experiment = ex.Experiment("t", "t", (ex.GEN,), (), "A best", paper_best="A")
+
+    def row(label, mean, sd, task=ex.GEN):
+        return {"label": label, "tasks": {task: {"mean": mean, "sd": sd}}}
+
+    text = ex.direction(experiment, [row("A", 30.0, 0.5), row("B", 35.0, 1.0), row("C", 33.0, 0.4)], ex.GEN)
+    assert text.startswith("best to worst: A (30.00) > C (33.00) > B (35.00)")
+    assert "lead of A (3.00) is larger" in text and text.endswith("agrees with the paper")
+    text = ex.direction(experiment, [row("A", 30.0, 2.0), row("B", 29.0, 1.0)], ex.GEN)
+    assert "lead of B (1.00) is not larger than the spread over seeds (sd up to 2.00)" in text
+    assert text.endswith("differs from the paper")
+    text = ex.direction(experiment, [row("A", 30.0, 1.0), row("B", 30.0, 1.0)], ex.GEN)
+    assert text == "best to worst: A (30.00) = B (30.00); A and B tie"
+    # accuracy: higher is better
+    assert ex.direction(experiment, [row("A", 60.0, None, ex.SEL), row("B", 70.0, None, ex.SEL)], ex.SEL).startswith(
+        "best to worst: B (70.00) > A (60.00); one seed")
+
+
+def test_scheduler_order_failures_and_reuse(tmp_path):
+    """Runs wait for the runs they need; a failure skips its dependents, not the others; finished runs (result.json)
+    are reused and failed ones retried on the next call."""
+    plan = ex.Plan(ex.PRESETS["quick"], tmp_path, experiments=())
+    order = tmp_path / "order.txt"
+    python = sys.executable
+
+    def step(name, fail=False):
+        code = f"open({str(order)!r}, 'a').write({name!r} + '\\n')" + ("; raise SystemExit(3)" if fail else "")
+        return [(python, ["-c", code])]
+
+    plan.runs = {
+        "a": ex.Run("a", (), step("a"), "pretrain", 1),
+        "b": ex.Run("b", ("a",), step("b"), "pretrain", 1),
+        "c": ex.Run("c", (), step("c", fail=True), "pretrain", 1),
+        "d": ex.Run("d", ("c",), step("d"), "pretrain", 1),
+    }
+    ex.BIN, saved = ex.Path("/"), ex.BIN  # the steps name an absolute interpreter
+    try:
+        errors = ex.run_all(plan, jobs=2, log=lambda *_: None)
+        lines = order.read_text().split()
+        assert lines.index("a") < lines.index("b") and "d" not in lines
+        assert set(errors) == {"c", "d"} and errors["d"] == "not run: c failed"
+        result = json.loads((tmp_path / "runs" / "b" / "result.json").read_text())
+        assert result["run"] == "b" and 0 < result["cpu_seconds"] <= result["seconds"] + 1
+        order.write_text("")
+        plan.runs["c"] = ex.Run("c", (), step("c"), "pretrain", 1)
+        assert ex.run_all(plan, jobs=2, log=lambda *_: None) == {}
+        assert sorted(order.read_text().split()) == ["c", "d"]  # a and b reused
+    finally:
+        ex.BIN = saved
+
+
+@pytest.mark.slow
+def test_quick_every_row_end_to_end(tmp_path):
+    """palm-experiments --quick on palm-data made from small real text: every row of every experiment trains and
+    is evaluated with real fairseq processes; tables, JSON and chart are written; a rerun reuses every run."""
+    download, data, work = tmp_path / "download", tmp_path / "data", tmp_path / "work"
+    run_cli(REPO / "examples" / "smoke_data.py", "chitchat", download)
+    run_cli("palm-data", "--out", data, "--dialog-json", download / "dialog.json", "--pretrain-text",
+            download / "pretrain.txt", "--vocab-size", 200, "--small-train-pairs", 300, "--workers", 1)
+    arguments = ["--quick", "--work", work, "--scale", f"data={data}", "--jobs", 2]
+    first = run_cli(REPO / "palm_tools" / "experiments.py", *arguments, timeout=1500)
+    report = json.loads((work / "paper_tables.json").read_text())
+    assert [t["key"] for t in report["experiments"]] == [e.key for e in ex.EXPERIMENTS]
+    for table in report["experiments"]:
+        for row in table["rows"]:
+            for task, cell in row["tasks"].items():
+                if row["model"] == "palm" and task == ex.SEL:
+                    assert "classification head" in cell["why_missing"]
+                    continue
+                assert cell["n"] == 1 and "why_missing" not in cell, (table["key"], row["label"], task, cell)
+                assert (1 < cell["mean"] < 1e5) if task == ex.GEN else (0 <= cell["mean"] <= 100)
+                assert cell["params"] > 0
+    # every family scores the same test tokens (pairs that no family cuts), so perplexities compare across tables
+    scored = {(r["tokens"], r["sentences"]) for r in map(json.loads, map(Path.read_text, (work / "runs").glob(
+        "gen-*/result.json"))) if "-minilm-" not in r["run"]}
+    assert scored and len(scored) == 1 and next(iter(scored))[1] == ex.PRESETS["quick"].eval_pairs, scored
+    assert (work / "paper_tables.png").read_bytes()[:4] == b"\x89PNG"
+    assert "paper: AE+PAR best" in (work / "paper_tables.md").read_text()
+    check_budgets_and_seeds(ex.Plan(ex.PRESETS["quick"].with_overrides([f"data={data}"]), work), min_seeds=1)
+    second = run_cli(REPO / "palm_tools" / "experiments.py", *arguments)
+    assert "0 to run" in second.stdout and "34 of 34 runs already finished" in second.stdout, first.stdout[-2000:]
+
+
+def test_work_folder_keeps_its_scale(tmp_path):
+    """Runs are reused by name: a folder made at one scale refuses another (more seeds are fine)."""
+    small = ex.PRESETS["small"]
+    ex.check_work_folder(tmp_path, small)
+    ex.check_work_folder(tmp_path, small.with_overrides(["seeds=1,2,3,4"]))
+    with pytest.raises(SystemExit, match=r"dim: 64 -> 96"):
+        ex.check_work_folder(tmp_path, small.with_overrides(["dim=96"]))
