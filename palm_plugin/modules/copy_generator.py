@@ -35,9 +35,10 @@ from torch import Tensor
 TINY = torch.finfo(torch.float32).tiny
 LOG_ZERO = float(torch.log(torch.tensor(TINY)))
 
-# Elements of one block of equation (3)'s activations (rows of S x A values): on a CPU, 1 MiB of float32, the size of
-# a core's L2 cache here (blocks of 1-4 MiB measured alike, 16 MiB slower); on an accelerator, blocks large enough to
-# keep the number of kernel launches low while bounding the memory.
+# Elements of one block of equation (3)'s activations (rows of S x A values): on a CPU, 1 MiB of float32, about a
+# core's L2 cache, so a block stays in cache between its forward and recomputed backward use (block sizes measured in
+# docs/benchmarks.md); on an accelerator, blocks large enough to keep the number of kernel launches low while bounding
+# the memory.
 BLOCK_ELEMENTS = {"cpu": 2**18}
 ACCELERATOR_BLOCK_ELEMENTS = 2**26
 
