@@ -62,19 +62,17 @@ import zipfile
 from pathlib import Path
 
 import torch
+from fairseq import checkpoint_utils, options
+from fairseq.data import Dictionary
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parents[1]
-
-from fairseq import checkpoint_utils, options  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from palm_plugin.fixes import safe_loading  # noqa: E402
-from palm_plugin.modules import table_extension  # noqa: E402
-from palm_tools import encode  # noqa: E402
-from palm_tools.atomic_files import atomic_path  # noqa: E402
-from palm_plugin.models.unilm import UniLMModel  # noqa: E402
+import palm_plugin
+from palm_plugin.fixes import safe_loading
+from palm_plugin.modules import table_extension
+from palm_tools import encode
+from palm_tools.atomic_files import atomic_path
+from palm_plugin.models.unilm import UniLMModel
 
 BERT_SPECIALS = {"<s>": "[CLS]", "<pad>": "[PAD]", "</s>": "[SEP]", "<unk>": "[UNK]"}
 MASK, PSEUDO = "<mask>", "<pseudo>"
@@ -666,7 +664,8 @@ def export(args):
 
 def fairseq_cfg(output, model_cfg, task_cfg):
     """A complete fairseq configuration (as fairseq-train would save it) for the converted model."""
-    argv = [str(output), "--user-dir", str(REPO / "palm_plugin"), "--task", "unilm_seq2seq", "--arch", "unilm",
+    # the plugin as already imported: fairseq refuses a --user-dir that names it by another path (a symlink, say)
+    argv = [str(output), "--user-dir", palm_plugin.__path__[0], "--task", "unilm_seq2seq", "--arch", "unilm",
             "--criterion", "unilm_cloze"]
     for key, value in {**model_cfg, **task_cfg}.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
