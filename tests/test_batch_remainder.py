@@ -1,4 +1,4 @@
-"""fairseq's batching keeps every example once the plugin is imported (palm_plugin/batch_remainder.py)."""
+"""fairseq's batching keeps every example once the plugin is imported (palm_plugin/fixes/batch_remainder.py)."""
 import numpy as np
 import pytest
 import torch

@@ -2,7 +2,7 @@
 
 The invocation is the one README.md documents: ``torchrun --nproc_per_node 2 $(which fairseq-train) --cpu
 --distributed-backend gloo --ddp-backend legacy_ddp ...`` (the plugin supplies the world size from torchrun and
-fixes fairseq's GPU-only device inference; see palm_plugin/distributed.py). Two ranks with batch B each see the
+fixes fairseq's GPU-only device inference; see palm_plugin/fixes/distributed.py). Two ranks with batch B each see the
 batches that one process sees with batch B and --update-freq 2, so parameters must agree.
 """
 import random

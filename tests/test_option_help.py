@@ -1,5 +1,5 @@
 """`--help` of a fairseq command lists, with their help texts, the options of the task, model and criterion named
-on its command line (palm_plugin/option_help.py), for every task of the plugin and for PALM fine-tuning."""
+on its command line (palm_plugin/fixes/option_help.py), for every task of the plugin and for PALM fine-tuning."""
 import re
 
 import pytest
