@@ -5,12 +5,12 @@ Each module fixes one fairseq behaviour, names the fairseq issue (or the torch c
 import (fairseq imports a ``--user-dir`` more than once in some commands) changes nothing. A new fix goes in a new
 module here and gets one row in :data:`FIXES`; nothing else in the plugin patches fairseq.
 
-Order matters in one place only: :mod:`.bf16_on_cpu` wraps the architecture functions that are registered when the
+Order matters in one place only: :mod:`.bf16_without_xla` wraps the architecture functions that are registered when the
 plugin's models are imported, so :func:`install_after_registration` runs it after them.
 """
 from palm_plugin.fixes import (
     batch_remainder,
-    bf16_on_cpu,
+    bf16_without_xla,
     checkpoint_copy,
     checkpoint_paths,
     distributed,
@@ -37,7 +37,7 @@ FIXES = (
                        "fine-tuning needs the checkpoint's sizes retyped"),
 )
 FIXES_AFTER_REGISTRATION = (
-    (bf16_on_cpu, "--cpu --bf16 implies --tpu and asks torch_xla for a device"),
+    (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),
 )
 
 
