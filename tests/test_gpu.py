@@ -1,0 +1,224 @@
+"""CUDA numerics against CPU float64 references (skipped without a GPU; `palm-gpu-check` runs them on the card).
+
+(a) the copy layer's custom autograd function at the accelerator block size and at a forced small one, and in half
+precision; (b) the UniLM stack's attention with every boolean mask kind (padding included) in fp32 / bf16 / fp16;
+(c) cached decoding equals full recomputation on CUDA for unilm, unilm2 and palm; (d) GPU and CPU generate the same
+hypotheses. The models, inputs and references are the CPU tests' own (imported, not copied).
+
+Half-precision tolerances are relative errors against the float64 reference: fp16 keeps 11 significant bits (unit
+roundoff 4.9e-4), bf16 8 (3.9e-3); a few layers of sums and softmaxes grow that by about an order of magnitude, so
+the bounds are 1e-2 (fp16) and 5e-2 (bf16), while an error of the kind the tests look for (a wrong mask, a softmax
+over saturated scores, a lost gradient) is of order 1.
+"""
+import numpy as np
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from palm_plugin.modules import copy_generator
+from palm_plugin.modules.attention_masks import (
+    Objective,
+    PseudoMaskKind,
+    bidirectional_mask,
+    hide_padding,
+    pmlm_mask,
+    pseudo_seq2seq_mask,
+    unilm_mask,
+)
+from palm_plugin.modules.unilm_transformer import UniLMTransformer
+from tests.test_palm_copy_generator import VOCAB, dense_probs, make_generator, make_inputs
+from tests.test_palm_model import build as build_palm
+from tests.test_unilm2_attention_masks import random_layout
+from tests.test_unilm_decoding import net_input, sources, tiny_dictionary
+from tests.test_unilm_decoding import tiny_model as tiny_unilm
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (palm-gpu-check runs it)")
+CUDA = "cuda"
+HALF_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def to_device(value, device):
+    if torch.is_tensor(value):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_device(v, device) for v in value]
+    return value
+
+
+def relative_error(actual, expected):
+    return float((actual.double().cpu() - expected).norm() / expected.norm())
+
+
+# ------------------------------------------------------------------------------------------------ (a) copy layer
+TARGETS = torch.tensor([[5, 7, VOCAB + 1, 0], [9, 3, 8, 2]])  # copied tokens, a marker, words not in the source
+
+
+def copy_loss_and_grads(generator, states, encoder_out, target_log_probs):
+    states = states.detach().clone().requires_grad_(True)
+    loss = -target_log_probs(generator, states, encoder_out, TARGETS.to(states.device).unsqueeze(-1)).sum()
+    loss.backward()
+    grads = {name: p.grad.double().cpu() for name, p in generator.named_parameters()}
+    grads["states"] = states.grad.double().cpu()
+    return loss.detach().double().cpu(), grads
+
+
+def module_log_probs(generator, states, encoder_out, targets):
+    return generator(states, encoder_out).gather(-1, targets)
+
+
+def reference_copy():
+    """Loss and gradients of the dense float64 formulation on the CPU."""
+    generator = make_generator().double()
+    states, encoder_out = make_inputs()
+    encoder_out["encoder_out"] = [encoder_out["encoder_out"][0].double()]
+    return copy_loss_and_grads(generator, states.double(), encoder_out,
+                               lambda g, s, e, t: dense_probs(g, s, e).gather(-1, t).log())  # log 0 elsewhere
+
+
+# S x A is 6 x 5 here: the accelerator default holds the whole batch in one block, 90 elements give 3 target rows
+# per block (several blocks per sentence), 1 one row per block
+@pytest.mark.parametrize("block_elements", [None, 90, 1])
+def test_copy_layer_fp32_on_cuda_equals_float64_reference(monkeypatch, block_elements):
+    if block_elements is not None:
+        monkeypatch.setattr(copy_generator, "ACCELERATOR_BLOCK_ELEMENTS", block_elements)
+    assert CUDA not in copy_generator.BLOCK_ELEMENTS  # CUDA takes the accelerator size
+    states, encoder_out = make_inputs()
+    loss, grads = copy_loss_and_grads(make_generator().to(CUDA), states.to(CUDA), to_device(encoder_out, CUDA),
+                                      module_log_probs)
+    expected_loss, expected_grads = reference_copy()
+    torch.testing.assert_close(loss, expected_loss, atol=1e-4, rtol=1e-5)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["half weights", "autocast"])
+def test_copy_layer_in_half_precision_is_finite_and_close(dtype, mode):
+    states, encoder_out = make_inputs()
+    generator = make_generator().to(CUDA)
+    encoder_out = to_device(encoder_out, CUDA)
+    if mode == "half weights":  # what fairseq's --fp16 / --bf16 do: the whole model in half
+        generator = generator.to(dtype)
+        encoder_out["encoder_out"] = [encoder_out["encoder_out"][0].to(dtype)]
+        loss, grads = copy_loss_and_grads(generator, states.to(CUDA, dtype), encoder_out, module_log_probs)
+    else:
+        with torch.autocast(CUDA, dtype=dtype):
+            loss, grads = copy_loss_and_grads(generator, states.to(CUDA), encoder_out, module_log_probs)
+    expected_loss, expected_grads = reference_copy()
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads.values())
+    tolerance = HALF_TOLERANCE[dtype]
+    assert relative_error(loss, expected_loss) < tolerance
+    for name, grad in expected_grads.items():
+        assert relative_error(grads[name], grad) < 2 * tolerance, name  # gradients pass through one more rounding
+
+
+# ------------------------------------------------------------------------------------------------ (b) masks
+LENGTH, BATCH = 19, 4
+LENGTHS = torch.tensor([19, 13, 7, 16])  # rows 1-3 padded
+
+
+def masks():
+    """Every mask kind for a (BATCH, LENGTH) batch with padding, as the model builds them."""
+    padding = torch.arange(LENGTH).unsqueeze(0) >= LENGTHS.unsqueeze(1)
+    rng = np.random.default_rng(0)
+    layouts = [random_layout(rng, LENGTH) for _ in range(BATCH)]
+    steps = torch.tensor([s for s, _ in layouts])
+    kinds = torch.tensor([[int(k) for k in ks] for _, ks in layouts])
+    source_lengths = torch.tensor([7, 5, 3, 6])
+    return {
+        "bidirectional": hide_padding(bidirectional_mask(LENGTH), padding),
+        **{objective.name.lower(): unilm_mask(torch.full((BATCH,), int(objective)), source_lengths, padding)
+           for objective in Objective},
+        "mixed": unilm_mask(torch.tensor([int(o) for o in Objective][:BATCH]), source_lengths, padding),
+        "pseudo-masked (pmlm)": pmlm_mask(steps, kinds, padding),
+        "pseudo-masked seq2seq": pseudo_seq2seq_mask(source_lengths, (LENGTHS - source_lengths) // 2, padding),
+    }
+
+
+def stack(relative_position_buckets):
+    torch.manual_seed(0)
+    model = UniLMTransformer(vocab_size=40, padding_idx=1, dim=64, ffn_dim=128, layers=2, num_heads=4,
+                             max_positions=64, num_segments=2, dropout=0.0, attention_dropout=0.0,
+                             relative_position_buckets=relative_position_buckets)
+    with torch.no_grad():  # sharper attention than the default init, so that a wrong mask shows
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("relative_position_buckets", [0, 32], ids=["unilm", "unilm2"])
+@pytest.mark.parametrize("kind", list(masks()))
+def test_attention_with_boolean_masks_on_cuda_equals_float64_reference(kind, relative_position_buckets, dtype):
+    mask = masks()[kind]
+    tokens = torch.randint(4, 40, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1))
+    model = stack(relative_position_buckets)
+    with torch.no_grad():
+        expected = model.double()(tokens, mask)
+        actual = model.to(CUDA, dtype)(tokens.to(CUDA), mask.to(CUDA))
+    assert actual.dtype == dtype and torch.isfinite(actual).all()
+    tolerance = {torch.float32: 1e-5, **HALF_TOLERANCE}[dtype]
+    assert relative_error(actual, expected) < tolerance
+    # a wrong mask moves whole rows: the worst row must be close too, not only the average
+    rows = (actual.double().cpu() - expected).norm(dim=-1) / expected.norm(dim=-1)
+    assert rows.max() < 5 * tolerance
+
+
+# ------------------------------------------------------------------------------------------------ (c), (d) decoding
+def unilm_case(arch):
+    dictionary = tiny_dictionary()
+    model = tiny_unilm(arch, dictionary, seed=3)
+    return model, dictionary, {"net_input": net_input(arch, sources(dictionary, [6, 9, 4], seed=4))}
+
+
+def palm_case(_):
+    model = build_palm(seed=3).eval()
+    dictionary = model.encoder.dictionary
+    torch.manual_seed(0)
+    src_tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (3, 7))
+    src_tokens[1, :2] = dictionary.pad()  # left padding, as the translation task batches sources
+    src_tokens[:, -1] = dictionary.eos()
+    return model, dictionary, {"net_input": {"src_tokens": src_tokens, "src_lengths": src_tokens.ne(1).sum(1)}}
+
+
+FAMILIES = {"unilm": (unilm_case, "unilm_tiny"), "unilm2": (unilm_case, "unilm2_tiny"), "palm": (palm_case, None)}
+BEAMS = ({"beam_size": 1}, {"beam_size": 4, "no_repeat_ngram_size": 2, "min_len": 3, "len_penalty": 1.5})
+
+
+def generate(model, dictionary, sample, device, options, cached=True):
+    model = model.to(device)
+    generator = SequenceGenerator([model], dictionary, max_len_b=8, **options)
+    if not cached:
+        generator.model.has_incremental = False  # the generator then re-runs the decoder on the whole prefix
+    with torch.no_grad():
+        return generator.generate([model], to_device(sample, device))
+
+
+def assert_same(ours, reference, atol):
+    for sentence, expected in zip(ours, reference):
+        assert [h["tokens"].tolist() for h in sentence] == [h["tokens"].tolist() for h in expected]
+        for a, b in zip(sentence, expected):
+            torch.testing.assert_close(a["positional_scores"].cpu(), b["positional_scores"].cpu(), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("options", BEAMS, ids=["greedy", "beam4"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cached_decoding_on_cuda_equals_recomputation(family, options):
+    build, arch = FAMILIES[family]
+    model, dictionary, sample = build(arch)
+    cached = generate(model, dictionary, sample, CUDA, options)
+    recomputed = generate(model, dictionary, sample, CUDA, options, cached=False)
+    assert_same(cached, recomputed, atol=1e-4)
+
+
+@pytest.mark.parametrize("options", BEAMS, ids=["greedy", "beam4"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_gpu_and_cpu_generate_the_same_hypotheses(family, options):
+    build, arch = FAMILIES[family]
+    model, dictionary, sample = build(arch)
+    on_cpu = generate(model, dictionary, sample, "cpu", options)
+    on_gpu = generate(model, dictionary, sample, CUDA, options)
+    assert_same(on_gpu, on_cpu, atol=1e-4)
