@@ -18,6 +18,7 @@ setup(
             "palm-demo=palm_tools.demo:main",
             "palm-plot=palm_tools.plot:main",
             "palm-experiments=palm_tools.experiments:main",
+            "palm-gpu-check=palm_tools.gpu_check:main",
         ],
     },
 )

@@ -17,6 +17,7 @@ CONSOLE_SCRIPTS = {
     "palm-demo": "palm_tools.demo",
     "palm-plot": "palm_tools.plot",
     "palm-experiments": "palm_tools.experiments",
+    "palm-gpu-check": "palm_tools.gpu_check",
 }
 
 

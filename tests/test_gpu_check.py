@@ -1,0 +1,90 @@
+"""palm-gpu-check: its log reading and verdicts on fairseq's own message texts, and a real --device cpu --quick run."""
+import json
+import math
+import sys
+
+import pytest
+
+from palm_tools import gpu_check
+from tests.conftest import REPO, run_cli
+
+
+def inner(update, loss, scale=None):
+    record = {"epoch": 1, "loss": f"{loss:.3f}", "num_updates": str(update)}
+    if scale is not None:
+        record["loss_scale"] = str(scale)
+    return f"2026-11-22 10:00:00 | INFO | train_inner | {json.dumps(record)}"
+
+
+def overflow(scale):
+    """The line fairseq's trainer writes (its f-string around DynamicLossScaler's OverflowError text)."""
+    from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
+
+    scaler = DynamicLossScaler(init_scale=scale * 2, tolerance=0.0)
+    with pytest.raises(OverflowError) as error:
+        scaler.check_overflow(float("inf"))
+    return f"2026-11-22 10:00:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, {error.value}"
+
+
+def run_of(lines, precision, updates=100):
+    points, overflows = gpu_check.read_log("\n".join(lines))
+    return {"points": points, "overflows": overflows, "precision": precision, "updates": updates, "status": 0,
+            "last_line": ""}
+
+
+FP32 = run_of([inner(u, 10 - u / 20) for u in range(10, 101, 10)], "fp32")
+
+
+def test_read_log_attributes_overflows_to_the_last_logged_update():
+    lines = [overflow(64), inner(10, 9.5, 64), inner(20, 9.0, 64), overflow(32), inner(30, 8.5, 32)]
+    points, overflows = gpu_check.read_log("\n".join(lines))
+    assert [p["update"] for p in points] == [10, 20, 30] and points[2]["loss_scale"] == 32
+    assert overflows == [{"after_update": 0, "loss_scale": 64.0}, {"after_update": 20, "loss_scale": 32.0}]
+
+
+def test_judge_passes_a_close_stable_fp16_run_and_names_each_failure():
+    close = [inner(u, (10 - u / 20) * 1.01, 128) for u in range(10, 101, 10)]
+    assert gpu_check.judge(run_of([overflow(64)] + close, "fp16"), FP32)["status"] == "PASS"  # early skip allowed
+
+    far = [inner(u, (10 - u / 20) * (1.05 if u > 60 else 1.0), 128) for u in range(10, 101, 10)]
+    verdict = gpu_check.judge(run_of(far, "fp16"), FP32)
+    assert verdict["status"] == "FAIL" and math.isclose(verdict["max_rel_diff"], 0.05, rel_tol=1e-2)
+    assert gpu_check.judge(run_of(far, "bf16"), FP32)["status"] == "FAIL"  # 5% > 3%
+
+    late = [inner(u, 10 - u / 20, 128 if u < 70 else 32) for u in range(10, 101, 10)]
+    late.insert(7, overflow(32))  # after update 60
+    reasons = gpu_check.judge(run_of(late, "fp16"), FP32)["reasons"]
+    assert any("overflow skips after update 50" in r for r in reasons)
+    assert any("loss scale fell from 128 (update 50) to 32" in r for r in reasons)
+
+    diverged = [inner(u, float("nan") if u == 100 else 10 - u / 20, 128) for u in range(10, 101, 10)]
+    assert "non-finite loss" in gpu_check.judge(run_of(diverged, "fp16"), FP32)["reasons"]
+    short = run_of([inner(u, 10 - u / 20) for u in range(10, 51, 10)], "bf16")
+    assert any("stopped at update 50 of 100" in r for r in gpu_check.judge(short, FP32)["reasons"])
+
+
+@pytest.mark.slow
+def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path):
+    """A real harness run: fairseq-train in fp32 and bf16, the profiler, pytest on tests/test_gpu.py (skipped here)."""
+    data = REPO / "data"
+    if not (data / "bin" / "chitchat10k").is_dir():
+        run_cli("palm-data", "--out", data, timeout=1800)
+    out = tmp_path / "check"
+    result = run_cli(sys.executable, "-m", "palm_tools.gpu_check", "--out", out, "--data", data, "--device", "cpu",
+                     "--quick", "--configs", "unilm_s2s", cwd=REPO)
+    report = json.loads((out / "gpu_check.json").read_text())
+    rows = {(r["config"], r["precision"]): r for r in report["training"]}
+    assert set(rows) == {("unilm_s2s", "fp32"), ("unilm_s2s", "bf16")}
+    assert all(r["status"] == "PASS" and r["exit"] == 0 for r in rows.values()), rows
+    assert rows["unilm_s2s", "bf16"]["max_rel_diff"] < gpu_check.BF16_TOLERANCE
+    assert len(rows["unilm_s2s", "fp32"]["points"]) == 5  # 20 updates logged every 4
+    for precision in ("fp32", "bf16"):
+        profile = (out / f"profile_{precision}.txt").read_text()
+        assert "aten::mm" in profile and "top 25 by self CPU time" in profile
+    assert report["profile"][0]["ms_per_update"] > 0
+    assert report["tests"] and all(t["outcome"] == "skipped" for t in report["tests"])  # no CUDA here
+    # the report files at the top, every log below: the top two levels hold no log
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == [
+        "gpu_check.json", "gpu_check.md", "junit.xml", "logs.tar.gz", "profile_bf16.txt", "profile_fp32.txt"]
+    assert not [p for p in (out / "work").iterdir() if p.is_file()]
+    assert result.stdout.rstrip().endswith((out / "gpu_check.md").read_text().rstrip().splitlines()[-1])
