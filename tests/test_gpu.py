@@ -1,4 +1,5 @@
-"""CUDA numerics against CPU float64 references (skipped without a GPU; `palm-gpu-check` runs them on the card).
+"""CUDA numerics against CPU float64 references (skipped without a GPU, but for the half-precision copy layer on the
+CPU; `palm-gpu-check` runs them on the card).
 
 (a) the copy layer's custom autograd function at the accelerator block size and at a forced small one, and in half
 precision; (b) the UniLM stack's attention with every boolean mask kind (padding included) in fp32 / bf16 / fp16;
@@ -32,7 +33,7 @@ from tests.test_unilm2_attention_masks import random_layout
 from tests.test_unilm_decoding import net_input, sources, tiny_dictionary
 from tests.test_unilm_decoding import tiny_model as tiny_unilm
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (palm-gpu-check runs it)")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (palm-gpu-check runs it)")
 CUDA = "cuda"
 HALF_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
@@ -77,6 +78,7 @@ def reference_copy():
                                lambda g, s, e, t: dense_probs(g, s, e).gather(-1, t).log())  # log 0 elsewhere
 
 
+@needs_cuda
 # S x A is 6 x 5 here: the accelerator default holds the whole batch in one block, 90 elements give 3 target rows
 # per block (several blocks per sentence), 1 one row per block
 @pytest.mark.parametrize("block_elements", [None, 90, 1])
@@ -93,19 +95,21 @@ def test_copy_layer_fp32_on_cuda_equals_float64_reference(monkeypatch, block_ele
         torch.testing.assert_close(grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
 
 
+# Also on the CPU (its autocast has fp16 and bf16 too): fp16 autocast once gave NaN gradients on both devices.
+@pytest.mark.parametrize("device", ["cpu", pytest.param(CUDA, marks=needs_cuda)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["half weights", "autocast"])
-def test_copy_layer_in_half_precision_is_finite_and_close(dtype, mode):
+def test_copy_layer_in_half_precision_is_finite_and_close(dtype, mode, device):
     states, encoder_out = make_inputs()
-    generator = make_generator().to(CUDA)
-    encoder_out = to_device(encoder_out, CUDA)
+    generator = make_generator().to(device)
+    encoder_out = to_device(encoder_out, device)
     if mode == "half weights":  # what fairseq's --fp16 / --bf16 do: the whole model in half
         generator = generator.to(dtype)
         encoder_out["encoder_out"] = [encoder_out["encoder_out"][0].to(dtype)]
-        loss, grads = copy_loss_and_grads(generator, states.to(CUDA, dtype), encoder_out, module_log_probs)
+        loss, grads = copy_loss_and_grads(generator, states.to(device, dtype), encoder_out, module_log_probs)
     else:
-        with torch.autocast(CUDA, dtype=dtype):
-            loss, grads = copy_loss_and_grads(generator, states.to(CUDA), encoder_out, module_log_probs)
+        with torch.autocast(device, dtype=dtype):
+            loss, grads = copy_loss_and_grads(generator, states.to(device), encoder_out, module_log_probs)
     expected_loss, expected_grads = reference_copy()
     assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads.values())
     tolerance = HALF_TOLERANCE[dtype]
@@ -149,6 +153,7 @@ def stack(relative_position_buckets):
     return model.eval()
 
 
+@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("relative_position_buckets", [0, 32], ids=["unilm", "unilm2"])
 @pytest.mark.parametrize("kind", list(masks()))
@@ -204,6 +209,7 @@ def assert_same(ours, reference, atol):
             torch.testing.assert_close(a["positional_scores"].cpu(), b["positional_scores"].cpu(), atol=atol, rtol=0)
 
 
+@needs_cuda
 @pytest.mark.parametrize("options", BEAMS, ids=["greedy", "beam4"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_cached_decoding_on_cuda_equals_recomputation(family, options):
@@ -214,6 +220,7 @@ def test_cached_decoding_on_cuda_equals_recomputation(family, options):
     assert_same(cached, recomputed, atol=1e-4)
 
 
+@needs_cuda
 @pytest.mark.parametrize("options", BEAMS, ids=["greedy", "beam4"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_gpu_and_cpu_generate_the_same_hypotheses(family, options):

@@ -129,8 +129,16 @@ class PointerGenerator(nn.Module):
         padding_mask = encoder_out["encoder_padding_mask"][0] if len(encoder_out["encoder_padding_mask"]) else None
         src_tokens = encoder_out["src_tokens"][0]
         alpha, context = self.copy_attention(states, encoder_states, padding_mask, incremental_state)
+        # Outside autocast: under fp16 autocast the bmm of (6) would run in fp16, where P_c underflows and TINY
+        # rounds to 0 (log 0, then NaN gradients). The gate is one row of weights, cheap in float32, and its bias
+        # gradient sums B x T terms that cancel, which fp16 rounding spoils (tests/test_gpu.py).
+        with torch.autocast(device_type=states.device.type, enabled=False):
+            return self._mixture(log_p_vocab, alpha, context, states, src_tokens)
 
-        gate = self.gate(torch.cat((context, states), dim=-1)).float()  # (8), before the sigmoid: (B, T, 1)
+    def _mixture(self, log_p_vocab: Tensor, alpha: Tensor, context: Tensor, states: Tensor, src_tokens: Tensor):
+        """Equations (6)-(8) in float32 log space, given (2) and (4)-(5)."""
+        gate_input = torch.cat((context.float(), states.float()), dim=-1)
+        gate = F.linear(gate_input, self.gate.weight.float(), self.gate.bias.float())  # (8), before the sigmoid
         log_lambda = F.logsigmoid(gate)
         index = src_tokens.unsqueeze(1).expand_as(alpha)
         same_type = src_tokens.unsqueeze(2) == src_tokens.unsqueeze(1)  # (B, S, S): x_l' == x_l
