@@ -55,6 +55,13 @@ from palm_tools.score import perplexity_from_generate
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+def tool_path(name: str) -> str:
+    """A console script of this environment: beside its Python, else on PATH (``pip install --target`` and
+    ``--user`` put scripts elsewhere)."""
+    beside = BIN / name
+    return str(beside) if beside.exists() else (shutil.which(name) or str(beside))
 USER_DIR = REPO / "palm_plugin"
 
 
@@ -360,7 +367,7 @@ class Plan:
 def _call(tool, args, log):
     """Run a tool, its output appended to ``log``; return the CPU seconds it used (user + system: unlike wall time,
     what a run costs whatever else the machine is doing)."""
-    command = [str(BIN / tool)] + [str(a) for a in args]
+    command = [tool_path(tool)] + [str(a) for a in args]
     with open(log, "a") as output:
         output.write("$ " + " ".join(command) + "\n")
         output.flush()
