@@ -170,8 +170,8 @@ METHOD = """### How it is measured
   re-runs `[source | decoded tokens | placeholder]` every step (tests check both decode the same hypotheses).
 - **Profiles** (`--profile-dir DIR`): one extra update of each training configuration at the reference length under
   `torch.profiler` (CPU and CUDA activities on a GPU); `DIR/<configuration>.txt` holds its operator table (top 25
-  by self device time, then by self CPU time, on a GPU; by self CPU time on the CPU) and `DIR/<configuration>.json.gz`
-  its timeline (chrome://tracing, Perfetto).
+  by self device time, then by self CPU time, on a GPU; by self CPU time on the CPU) and
+  `DIR/traces/<configuration>.json.gz` its timeline (chrome://tracing, Perfetto).
 """
 
 

@@ -179,11 +179,11 @@ def peak_memory_bytes(step) -> int:
     return peak_tensor_bytes(step)
 
 
-def write_profile(step, path: str, header: str, chrome_trace: bool = True) -> None:
+def write_profile(step, path: str, header: str) -> None:
     """Profile one call of ``step`` and write the profiler's per-operator table to ``path``: on CUDA the top 25
     operators by self device time, then the top 25 by self CPU time (launch and Python overhead); on the CPU the
-    top 25 by self CPU time. ``chrome_trace``: also ``<path without .txt>.json.gz``, the timeline for
-    chrome://tracing or Perfetto."""
+    top 25 by self CPU time. Its timeline goes to ``traces/<name>.json.gz`` beside it (chrome://tracing, Perfetto;
+    compressed, a few MB; kept apart so that the tables can be copied without them)."""
     cuda = torch.device(step.built.device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     synchronize(step.built.device)
@@ -197,8 +197,9 @@ def write_profile(step, path: str, header: str, chrome_trace: bool = True) -> No
         f.write(header + "\n")
         for title, key in sections:
             f.write(f"\nTop 25 operators by {title}\n{averages.table(sort_by=key, row_limit=25)}\n")
-    if chrome_trace:
-        prof.export_chrome_trace(os.path.splitext(path)[0] + ".json.gz")
+    directory, name = os.path.split(path)
+    os.makedirs(os.path.join(directory, "traces"), exist_ok=True)
+    prof.export_chrome_trace(os.path.join(directory, "traces", os.path.splitext(name)[0] + ".json.gz"))
 
 
 def peak_tensor_bytes(step) -> int:

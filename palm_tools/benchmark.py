@@ -89,7 +89,8 @@ def parse_args(argv=None):
                         f"{H100_SXM_BF16_DENSE_TFLOPS}, the H100 SXM dense bf16 figure; none on the CPU)")
     parser.add_argument("--profile-dir", metavar="DIR",
                         help="write DIR/<configuration>.txt: the profiler's operator table of one extra update of "
-                        "each training configuration at the reference length (and a .json.gz timeline)")
+                        "each training configuration at the reference length, and its timeline in "
+                        "DIR/traces/<configuration>.json.gz")
     parser.add_argument("--size", choices=["tiny", "base"], help="model size (default: base; --quick: tiny)")
     parser.add_argument("--lengths", type=int, nargs="+", help="training sequence lengths (cpu: 128 256 512 768)")
     parser.add_argument("--reference-length", type=int,
@@ -356,10 +357,15 @@ def run(argv=None) -> dict:
     table = bench_report.markdown(result)
     print(table)
     bench_report.write_json(result, stem + ".json")
-    bench_report.plot(result, stem + ".png")
     with open(stem + ".md", "w") as f:
         f.write(table + "\n" + bench_report.METHOD)
-    log(f"wrote {stem}.json, {stem}.png and {stem}.md")
+    written = [stem + ".json", stem + ".md"]
+    try:
+        bench_report.plot(result, stem + ".png")
+        written.append(stem + ".png")
+    except ImportError as error:  # matplotlib is not among the plugin's install requirements (a bare GPU machine)
+        log(f"no chart: {error} (pip install matplotlib; then palm-bench --from-json {stem}.json)")
+    log("wrote " + ", ".join(written))
     return result
 
 

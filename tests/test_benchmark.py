@@ -188,7 +188,7 @@ def test_bf16_run_records_precision_mfu_profiles_and_each_batch_size(tmp_path):
         assert row["overflow_skips"] == 0 and len(row["times_s"]) == 2
         profile = (tmp_path / "profiles" / f"{row['key']}.txt").read_text()
         assert "Top 25 operators by self CPU time" in profile and "aten::mm" in profile
-        assert (tmp_path / "profiles" / f"{row['key']}.json.gz").stat().st_size > 0
+        assert (tmp_path / "profiles" / "traces" / f"{row['key']}.json.gz").stat().st_size > 0
     decoded = {(row["key"], row["sentences"]) for row in record["decoding"]}
     assert decoded == {(key, n) for key in ("transformer", "palm", "unilm") for n in (1, 2)}
     assert {t["target"] for t in record["targets"]} >= {
