@@ -18,7 +18,9 @@ from typing import Callable, List
 import torch
 
 from palm_plugin.data.symbols import MASK_SYMBOL
-from palm_tools.bench_models import palm_arch, transformer_arch, translation_task, unilm_arch, unilm_seq2seq_task
+from palm_tools.bench_flops import synchronize
+from palm_tools.bench_models import (palm_arch, prepare_sample, transformer_arch, translation_task, unilm_arch,
+                                     unilm_seq2seq_task)
 
 
 @dataclass
@@ -49,7 +51,8 @@ DECODE_SPECS = [
 
 
 def source_batch(built, unilm: bool, sentences: int, source_length: int, seed: int = 1):
-    """A generation batch of ``sentences`` random sources of ``source_length`` tokens, in the task's layout."""
+    """A generation batch of ``sentences`` random sources of ``source_length`` tokens, in the task's layout, on the
+    model's device."""
     dictionary = built.task.source_dictionary
     generator = torch.Generator().manual_seed(seed)
     first = dictionary.index(MASK_SYMBOL) + 1
@@ -61,7 +64,7 @@ def source_batch(built, unilm: bool, sentences: int, source_length: int, seed: i
         task_cfg = built.task.cfg
         net_input["source_segments"] = torch.full_like(words, task_cfg.source_segment)
         net_input["target_segment"] = torch.full((sentences,), task_cfg.target_segment)
-    return {"id": torch.arange(sentences), "net_input": net_input}
+    return prepare_sample({"id": torch.arange(sentences), "net_input": net_input}, built, convert_floats=False)
 
 
 def generator_for(built, beam: int, target_tokens: int, recompute: bool):
@@ -89,8 +92,10 @@ def time_decoding(built, spec: DecodeSpec, beam: int, target_tokens: int, senten
     generator = generator_for(built, beam, target_tokens, spec.recompute)
     times = []
     for _ in range(repeats):
+        synchronize(built.device)
         start = time.perf_counter()
         hypotheses = generate(built, generator, sample)
+        synchronize(built.device)
         times.append(time.perf_counter() - start)
         produced = {len(h[0]["tokens"]) for h in hypotheses}
         if produced != {target_tokens + 1}:

@@ -88,21 +88,44 @@ def encoder_only_step(dims: Dims, rows: int, width: int, predicted: int, passes:
     return TRAIN * (passes * encoder_stack(dims, rows, width) + lm_head(dims, predicted))
 
 
-def measure_matmul(size: int = 2048, shapes=((512, 768, 3072),), repeats: int = 5) -> dict:
-    """Time fp32 ``torch.mm`` on a square ``size`` GEMM and on Transformer feed-forward ``shapes`` ``(m, k, n)``.
+def synchronize(device) -> None:
+    """Wait for the kernels queued on ``device`` (CUDA runs them asynchronously: a clock read before they finish
+    times their launch, not their work); nothing to wait for on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
-    Returns ``{"shapes": [{"m", "k", "n", "gflops"}], "peak_gflops": best median}``; the peak is the machine limit
-    the training runs' utilisation is measured against.
+
+def measure_matmul(size: int = 2048, shapes=((512, 768, 3072),), repeats: int = 5, dtype=torch.float32,
+                   device: str = "cpu", warmup_s: float = 0.3) -> dict:
+    """Time ``torch.mm`` in ``dtype`` on ``device`` on a square ``size`` GEMM and on Transformer feed-forward
+    ``shapes`` ``(m, k, n)``, on random operands (a GPU's clock, and so its throughput, depends on the data: zeros
+    run faster than real activations).
+
+    Returns ``{"dtype", "device", "shapes": [{"m", "k", "n", "gflops"}], "peak_gflops": best median}``; the peak is
+    the machine limit the training runs' utilisation is measured against. On CUDA the clock is read after
+    ``torch.cuda.synchronize()`` (kernels run asynchronously). Each shape is first multiplied for ``warmup_s``
+    seconds: thread pool start, kernel selection, and a GPU's clock rising to its working level.
     """
+    # several products per clock reading on a GPU: one 8192^3 product takes about a millisecond there
+    per_reading = 10 if torch.device(device).type == "cuda" else 1
     results = []
     for m, k, n in ((size, size, size),) + tuple(shapes):
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        torch.mm(a, b)  # warm-up: thread pool and kernel selection
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(k, n, device=device).to(dtype)
+        start = time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            synchronize(device)
+            if time.perf_counter() - start >= warmup_s:
+                break
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            torch.mm(a, b)
-            times.append(time.perf_counter() - start)
+            for _ in range(per_reading):
+                torch.mm(a, b)
+            synchronize(device)
+            times.append((time.perf_counter() - start) / per_reading)
         times.sort()
         results.append({"m": m, "k": k, "n": n, "gflops": 2 * m * k * n / times[len(times) // 2] / 1e9})
-    return {"shapes": results, "peak_gflops": max(r["gflops"] for r in results)}
+    return {"dtype": str(dtype).replace("torch.", ""), "device": str(device), "shapes": results,
+            "peak_gflops": max(r["gflops"] for r in results)}

@@ -13,12 +13,18 @@ model they are compared with:
 
 ``--size tiny`` swaps in the 2-layer archs used by the tests (``palm_tiny``, ``unilm_tiny``, ``unilm2_tiny``) and
 baselines of the same sizes.
+
+Device and precision are fairseq's own flags (``--cpu``; ``--bf16`` / ``--fp16``) and are applied as fairseq's
+trainer applies them: model and criterion converted to the precision and moved to the device, the optimizer wrapped
+in ``FP16Optimizer`` (fp32 master weights; a dynamic loss scale for fp16), batches moved with
+``utils.move_to_cuda`` and their float tensors converted.
 """
 from dataclasses import dataclass
+from itertools import chain
 from typing import Callable, List, Optional
 
 import torch
-from fairseq import optim, options, tasks
+from fairseq import optim, options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 import palm_plugin  # noqa: F401  (registers the plugin's tasks, models and criteria)
@@ -26,7 +32,8 @@ from palm_tools.bench_data import target_split
 from palm_tools.bench_flops import Dims, encoder_decoder_step, encoder_only_step
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 
-COMMON = ["--optimizer", "adam", "--lr", "0.0001", "--seed", "1", "--cpu", "--num-workers", "0"]
+COMMON = ["--optimizer", "adam", "--lr", "0.0001", "--seed", "1", "--num-workers", "0"]
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Sizes per --size: (layers, model dim, feed-forward dim, heads) of the baselines, matching the plugin's archs.
 SEQ2SEQ_SHAPE = {"base": (12, 768, 3072, 12), "tiny": (2, 64, 128, 2)}  # palm_base / palm_tiny
@@ -90,6 +97,8 @@ class Built:
     model: torch.nn.Module
     criterion: Optional[torch.nn.Module] = None
     optimizer: Optional[object] = None
+    device: str = "cpu"
+    precision: str = "fp32"
 
     @property
     def dims(self) -> Dims:
@@ -108,34 +117,73 @@ class Built:
         )
 
 
-def build(data: str, args: List[str], training: bool = True, reuse: Optional[Built] = None) -> Built:
-    """Parse ``[data] + args`` like ``fairseq-train`` and build task, model (and, for training, criterion and
-    optimizer; for decoding the model is put in eval mode and ``cfg.generation`` holds the defaults).
+def placement_args(device: str, precision: str) -> List[str]:
+    """fairseq's flags for running on ``device`` (``cpu`` / ``cuda``) in ``precision`` (a key of PRECISIONS)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device == "cpu":
+        # fairseq's FP16Optimizer keeps its flat fp32 copy on the current CUDA device; fairseq-train fails alike
+        raise ValueError("--precision fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+    return (["--cpu"] if device == "cpu" else []) + ([] if precision == "fp32" else [f"--{precision}"])
+
+
+def place(module: torch.nn.Module, device: str, precision: str) -> torch.nn.Module:
+    """``module`` in ``precision`` on ``device``, as fairseq's trainer converts its model and criterion."""
+    return module.to(dtype=PRECISIONS[precision]).to(device=device)
+
+
+def build(data: str, args: List[str], training: bool = True, reuse: Optional[Built] = None, device: str = "cpu",
+          precision: str = "fp32") -> Built:
+    """Parse ``[data] + args`` (with the flags of ``device`` and ``precision``) like ``fairseq-train`` and build
+    task, model (and, for training, criterion and optimizer; for decoding the model is prepared for inference as
+    ``fairseq-generate`` prepares it and ``cfg.generation`` holds the defaults).
 
     ``reuse``: keep that configuration's model and optimizer (built for the longest length) and set up only the
     task and criterion for ``args`` (another length of the same configuration).
     """
-    namespace = options.parse_args_and_arch(options.get_training_parser(), [data] + COMMON + args)
+    parser = options.get_training_parser()
+    namespace = options.parse_args_and_arch(parser, [data] + COMMON + placement_args(device, precision) + args)
     cfg = convert_namespace_to_omegaconf(namespace)
     torch.manual_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
+    where = dict(device=device, precision=precision)
     if reuse is not None:
-        return Built(namespace, cfg, task, reuse.model, task.build_criterion(cfg.criterion), reuse.optimizer)
-    model = task.build_model(cfg.model)
+        criterion = place(task.build_criterion(cfg.criterion), **where)
+        return Built(namespace, cfg, task, reuse.model, criterion, reuse.optimizer, **where)
+    model = place(task.build_model(cfg.model), **where)
     if not training:
-        return Built(namespace, cfg, task, model.eval())
-    criterion = task.build_criterion(cfg.criterion)
-    optimizer = optim.build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad])
-    return Built(namespace, cfg, task, model, criterion, optimizer)
+        # fairseq-generate converts only for --fp16 (it decodes in fp32 under --bf16); here the decoding precision
+        # is the one asked for, whichever it is
+        model.prepare_for_inference_(cfg)  # also puts it in eval mode, for good: its train() then returns None
+        return Built(namespace, cfg, task, model, **where)
+    criterion = place(task.build_criterion(cfg.criterion), **where)
+    params = [p for p in chain(model.parameters(), criterion.parameters()) if p.requires_grad]
+    if precision == "fp32":
+        optimizer = optim.build_optimizer(cfg.optimizer, params)
+    else:  # as fairseq's Trainer._build_optimizer for --fp16 / --bf16
+        optimizer = optim.FP16Optimizer.build_optimizer(cfg, params)
+    return Built(namespace, cfg, task, model, criterion, optimizer, **where)
+
+
+def prepare_sample(sample, built: Built, convert_floats: bool = True):
+    """``sample`` as fairseq's trainer prepares a batch: moved to the device, float tensors in the training
+    precision (``convert_floats=False``: as fairseq-generate, which only moves it)."""
+    if built.device != "cpu":
+        sample = utils.move_to_cuda(sample, torch.device(built.device))
+    dtype = PRECISIONS[built.precision]
+    if convert_floats and dtype != torch.float32:
+        sample = utils.apply_to_sample(lambda t: t.to(dtype) if t.dtype is torch.float32 else t, sample)
+    return sample
 
 
 def load_batch(built: Built, examples: int):
-    """The first ``examples`` items of the task's ``train`` split, collated by the task's own dataset."""
+    """The first ``examples`` items of the task's ``train`` split, collated by the task's own dataset and prepared
+    for the device and precision (:func:`prepare_sample`)."""
     built.task.load_dataset("train")
     dataset = built.task.dataset("train")
     if len(dataset) < examples:
         raise RuntimeError(f"synthetic data has {len(dataset)} examples, {examples} needed")
-    return dataset.collater([dataset[i] for i in range(examples)])
+    return prepare_sample(dataset.collater([dataset[i] for i in range(examples)]), built)
 
 
 def _nonpad(tensor, pad):

@@ -1,4 +1,5 @@
-"""``palm-bench`` results: the targets of issue #7, the markdown table, the JSON record and the PNG chart.
+"""``palm-bench`` results: the targets (issue #7's on the CPU, issue #15's on a GPU), the markdown table, the JSON
+record and the PNG chart.
 
 A record is one run; ``palm-bench --merge-into`` replaces some of its rows by those of a later run (run 2, 3, ...:
 ``record["reruns"]``, each row's ``run``). Ratios are only taken between rows of the same run.
@@ -38,15 +39,25 @@ def _ratio(numerator, denominator, field):
     return numerator[field] / denominator[field]
 
 
-def evaluate_targets(training: List[dict], decoding: List[dict], length: int, target_tokens: int,
-                     data: List[dict] = ()) -> List[dict]:
-    """The issues' targets, each from rows of this run (``length``: training length, ``target_tokens``: decoding,
-    ``data``: the data-pipeline rows)."""
+def _sentence_counts(settings: Dict) -> List[int]:
+    """The run's decoding batch sizes (records written before ``--sentences`` took several values hold one)."""
+    sentences = settings.get("sentences", 1)
+    return list(sentences) if isinstance(sentences, (list, tuple)) else [sentences]
+
+
+def evaluate_targets(training: List[dict], decoding: List[dict], settings: Dict, data: List[dict] = ()) -> List[dict]:
+    """The issues' targets, each from rows of this run: training at ``settings["reference_length"]``, decoding at
+    the longest ``settings["target_tokens"]`` and each of ``settings["sentences"]``, ``data``: the data-pipeline
+    rows. On a GPU (``settings["device"] == "cuda"``) issue #15's targets, on the CPU issue #7's."""
+    length, target_tokens = settings["reference_length"], max(settings["target_tokens"])
+    counts = _sentence_counts(settings)
+    gpu = settings.get("device", "cpu") == "cuda"
+
     def train(key):
         return _find(training, key, length=length)
 
-    def decode(key):
-        return _find(decoding, key, target_tokens=target_tokens)
+    def decode(key, sentences):
+        return _find(decoding, key, target_tokens=target_tokens, sentences=sentences)
 
     at = f"training, length {length}"
     naive_lengths = [r["length"] for r in training if r["key"] == "naive_par" and r["length"] <= length]
@@ -63,20 +74,37 @@ def evaluate_targets(training: List[dict], decoding: List[dict], length: int, ta
                      "--no-copy row separates the copy layer from the rest of PALM)"),
         ratio_target("PMLM AE+PAR <= 1.5x plain MLM", train("pmlm_mlm"), train("pmlm_ae_par"), "tokens_per_s",
                      1.5, False, f"{at}: MLM tokens/s / AE+PAR tokens/s (same unilm2 model and text)"),
-        ratio_target("PMLM AE+PAR >= 3x faster than naive per-step PAR",
-                     _find(training, "pmlm_ae_par", length=naive_length),
-                     _find(training, "naive_par", length=naive_length), "tokens_per_s", 3.0, True,
-                     f"training, length {naive_length} (the longest the naive baseline ran): AE+PAR tokens/s / naive "
-                     "tokens/s"),
     ]
+    if gpu:
+        for key in ("unilm_pretraining", "unilm_seq2seq"):
+            targets.append(ratio_target(f"{key} step cost <= 1.1x fairseq roberta", train("roberta"), train(key),
+                                        "tokens_per_s", 1.1, False,
+                                        f"{at}: roberta tokens/s / {key} tokens/s (same tokens per update)"))
+    else:
+        targets.append(ratio_target(
+            "PMLM AE+PAR >= 3x faster than naive per-step PAR", _find(training, "pmlm_ae_par", length=naive_length),
+            _find(training, "naive_par", length=naive_length), "tokens_per_s", 3.0, True,
+            f"training, length {naive_length} (the longest the naive baseline ran): AE+PAR tokens/s / naive tokens/s"))
     for version in ("unilm", "unilm2"):
-        at = f"decoding, beam 5, {target_tokens} target tokens"
-        targets.append(ratio_target(f"cached {version} decoding >= 3x faster than recomputation", decode(version),
-                                    decode(f"{version}_recompute"), "sentences_per_s", 3.0, True,
-                                    f"{at}: cached sentences/s / recomputation sentences/s"))
-        targets.append(ratio_target(f"cached {version} decoding within 1.3x of fairseq transformer",
-                                    decode("transformer"), decode(version), "sentences_per_s", 1.3, False,
-                                    f"{at}: transformer sentences/s / {version} sentences/s"))
+        for sentences in counts:
+            at = f"decoding, beam 5, {target_tokens} target tokens, {sentences} sentence(s) per batch"
+            batch = f", batch {sentences}" if len(counts) > 1 else ""
+            if gpu:
+                targets.append(ratio_target(f"cached {version} decoding no slower than fairseq transformer{batch}",
+                                            decode("transformer", sentences), decode(version, sentences),
+                                            "sentences_per_s", 1.0, False,
+                                            f"{at}: transformer sentences/s / {version} sentences/s"))
+                continue
+            targets.append(ratio_target(f"cached {version} decoding >= 3x faster than recomputation{batch}",
+                                        decode(version, sentences), decode(f"{version}_recompute", sentences),
+                                        "sentences_per_s", 3.0, True,
+                                        f"{at}: cached sentences/s / recomputation sentences/s"))
+            targets.append(ratio_target(f"cached {version} decoding within 1.3x of fairseq transformer{batch}",
+                                        decode("transformer", sentences), decode(version, sentences),
+                                        "sentences_per_s", 1.3, False,
+                                        f"{at}: transformer sentences/s / {version} sentences/s"))
+    if gpu:
+        return targets
     for row in training:
         if row["length"] == length and row["plugin"] and row["key"] != "palm_nocopy":
             targets.append(_target(f"{row['key']} training >= 50% of measured matmul throughput", row["mfu"], 0.5,
@@ -97,21 +125,34 @@ METHOD = """### How it is measured
   batches have the real layouts. Baselines have the plugin model's shape: fairseq `transformer` with PALM's layers,
   sizes, GELU, shared embeddings and dropout (12 + 12 layers, 768 / 3072 / 12 heads at base size); fairseq
   `roberta_base` (12 layers, 768) for UniLM. Vocabulary: the run's `vocab_size` (settings in the JSON).
+- **Device and precision** are fairseq's own flags, applied as fairseq-train applies them: `--cpu` on the CPU;
+  for `--bf16` / `--fp16` the model and criterion are converted to that dtype (as fairseq's Trainer does), the
+  optimizer is fairseq's `FP16Optimizer` around Adam (fp32 master weights; a dynamic loss scale for fp16), and
+  batches are moved with `utils.move_to_cuda`. Decoding models are converted to the same dtype and prepared with
+  `prepare_for_inference_`, as fairseq-generate does for `--fp16` (fairseq-generate itself leaves a model in fp32
+  under `--bf16`).
 - **Training update**: `optimizer.zero_grad()`, `task.train_step` (criterion forward, backward), gradients divided
-  by the sample size, `optimizer.step()`, dropout on. Wall-clock time of each update; one untimed warm-up update
-  per configuration and length, then the timed updates of a group's configurations interleaved; median.
+  by the sample size, the gradient norm (fairseq's `clip_grad_norm` with its default `--clip-norm 0`: computed, not
+  clipped; the fp16 loss scaler's overflow check) and its finiteness check, `optimizer.step()`, dropout on.
+  Wall-clock time of each update (on CUDA read after `torch.cuda.synchronize()`); one untimed warm-up update per
+  configuration and length, then the timed updates of a group's configurations interleaved; median.
   **tokens/s** counts the text of the batch: source + target tokens for sequence-to-sequence rows, the original
   sequence for UniLMv2 (the appended pseudo and original tokens are cost, not text).
 - **Peak memory**: live torch tensor bytes (parameters, gradients, Adam state, batch, activations, temporaries) over
-  the warm-up update, from the PyTorch profiler's memory timeline (`profile_memory=True`,
-  `export_memory_timeline`); not the Python heap nor memory the allocator keeps cached. The naive PAR baseline's
-  peak is taken over its first two passes (every pass has the same shape).
+  the warm-up update; not the Python heap nor memory the allocator keeps cached. On the CPU from the PyTorch
+  profiler's memory timeline (`profile_memory=True`, `export_memory_timeline`); on CUDA the bytes the configuration
+  holds between updates (parameters, fp32 master weights, gradients, Adam state) plus
+  `torch.cuda.max_memory_allocated()` above the level before the update (after `reset_peak_memory_stats()`), so the
+  other models of the group, resident on the same card, are not counted. The naive PAR baseline's peak is taken
+  over its first two passes (every pass has the same shape).
 - **FLOPs and MFU**: analytic count of the matrix products only, 2 FLOPs per multiply-add, 3x the forward pass
   per update: `6 * params * tokens` for every linear layer on the rows it is applied to, plus attention
   `12 * T_q * T_k * d` per layer over the full score matrix, plus output layers on the rows they predict
   (`palm_tools/bench_flops.py`; tests check it equals `torch.utils.flop_counter` on real updates). MFU =
-  FLOPs per update / median update time / the machine limit: the best median fp32 `torch.mm` throughput measured
-  in the same run (a square GEMM and a 512x768x3072 feed-forward GEMM).
+  FLOPs per update / median update time / the machine limit: the best median `torch.mm` throughput in the
+  training dtype measured on the device in the same run, on random operands (a square `gemm_size` GEMM and a
+  feed-forward GEMM of `batch_sequences * reference_length` x 768 x 3072); on a GPU also against the datasheet peak
+  `peak_tflops` (the H100 SXM's dense bf16 989.4 TFLOP/s by default).
 - **Naive per-step PAR** (a baseline of this benchmark, not of the plugin): for UniLMv2's factorization steps
   M_1..M_K of the same batch, pass i feeds the text with steps < i restored and steps >= i corrupted, predicts M_i
   (pass 1 also predicts every masked token, the AE loss), backward after each pass, one update: K passes where
@@ -123,38 +164,51 @@ METHOD = """### How it is measured
   so tokens/s = `data_length` x examples/s. fairseq's own `masked_lm` and `translation` are measured in the same
   run as reference points (`palm_tools/bench_pipeline.py`).
 - **Decoding**: fairseq's `SequenceGenerator` (beam search) with `--min-len T --max-len-a 0 --max-len-b T`, so
-  every hypothesis has exactly T tokens; random sources of `source_tokens` tokens. UniLM's *full recomputation*
+  every hypothesis has exactly T tokens; random sources of `source_tokens` tokens, `sentences` per batch (one row
+  per batch size). UniLM's *full recomputation*
   baseline is the same model and generator with the generator's incremental path switched off: the decoder then
   re-runs `[source | decoded tokens | placeholder]` every step (tests check both decode the same hypotheses).
+- **Profiles** (`--profile-dir DIR`): one extra update of each training configuration at the reference length under
+  `torch.profiler` (CPU and CUDA activities on a GPU); `DIR/<configuration>.txt` holds its operator table (top 25
+  by self device time, then by self CPU time, on a GPU; by self CPU time on the CPU) and
+  `DIR/traces/<configuration>.json.gz` its timeline (chrome://tracing, Perfetto).
 """
 
 
 # Settings a later run must share with the record it is merged into, so that its rows are comparable with the
 # record's (the number of timed repeats may differ: the headings give each run's).
-COMPARABLE_SETTINGS = ("size", "batch_sequences", "vocab_size", "beam", "source_tokens", "sentences")
+COMPARABLE_SETTINGS = ("size", "batch_sequences", "vocab_size", "beam", "source_tokens", "device", "precision")
+# what records written before a setting existed ran with
+OLD_DEFAULTS = {"device": "cpu", "precision": "fp32"}
 
 
 def check_comparable(settings: Dict, later: Dict):
     """Raise ValueError unless a run with the settings ``later`` can be merged into a record with ``settings``."""
-    differing = [key for key in COMPARABLE_SETTINGS if settings.get(key) != later.get(key)]
+    differing = [key for key in COMPARABLE_SETTINGS
+                 if settings.get(key, OLD_DEFAULTS.get(key)) != later.get(key, OLD_DEFAULTS.get(key))]  # fmt: skip
     if differing:
         raise ValueError(f"cannot merge runs with different settings: {', '.join(differing)}")
 
 
+# the fields that, with the key, name a row of each section
+ROW_FIELDS = {"training": ("length",), "decoding": ("target_tokens", "sentences"), "data": ("length",)}
+
+
 def merge(record: Dict, rerun: Dict) -> Dict:
     """``record`` with the rows of ``rerun`` (a later run of some configurations and lengths) in place of its rows
-    of the same configuration and length (or target tokens); the rerun's command, date, machine and matmul limit
-    are kept in ``reruns`` and its rows are marked with their run number (the record's own run is run 1)."""
+    of the same configuration and length (or target tokens and sentences); the rerun's command, date, machine and
+    matmul limit are kept in ``reruns`` and its rows are marked with their run number (the record's own run is
+    run 1)."""
     check_comparable(record["settings"], rerun["settings"])
     merged = copy.deepcopy(record)
     merged.setdefault("reruns", []).append(
         {key: rerun[key] for key in ("command", "date", "elapsed_s", "complete", "machine", "settings", "gemm")}
     )
     run = len(merged["reruns"]) + 1
-    for section, same in (("training", "length"), ("decoding", "target_tokens"), ("data", "length")):
+    for section, fields in ROW_FIELDS.items():
         rows = merged.setdefault(section, [])
         for row in rerun.get(section, []):  # records written before a section existed lack it
-            old = _find(rows, row["key"], **{same: row[same]})
+            old = _find(rows, row["key"], **{field: row[field] for field in fields})
             new = dict(row, run=run)
             if old is None:
                 rows.append(new)
@@ -167,20 +221,19 @@ def merge(record: Dict, rerun: Dict) -> Dict:
 
 def finish(result: Dict):
     """Speed ratios to each row's baseline (measured in the same run) and the targets."""
-    for rows, speed, same in ((result["training"], "tokens_per_s", "length"),
-                              (result["decoding"], "sentences_per_s", "target_tokens")):  # fmt: skip
+    for section, speed in (("training", "tokens_per_s"), ("decoding", "sentences_per_s")):
+        rows = result[section]
         for row in rows:
-            where = {same: row[same], "run": row.get("run")}
-            base = _find(rows, row["baseline"], **where) if row["baseline"] else None
+            where = {field: row[field] for field in ROW_FIELDS[section]}
+            base = _find(rows, row["baseline"], run=row.get("run"), **where) if row["baseline"] else None
             row["speed_vs_baseline"] = row[speed] / base[speed] if base else None
             if base is None:
                 row["baseline"] = None
-    s = result["settings"]
     for row in result.get("data", []):
         base = _find(result["data"], "masked_lm", length=row["length"], run=row.get("run"))
         row["vs_masked_lm"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
-    result["targets"] = evaluate_targets(result["training"], result["decoding"], s["reference_length"],
-                                         max(s["target_tokens"]), result.get("data", []))  # fmt: skip
+    result["targets"] = evaluate_targets(result["training"], result["decoding"], result["settings"],
+                                         result.get("data", []))
 
 
 def _fmt(value, digits=2):
@@ -188,16 +241,27 @@ def _fmt(value, digits=2):
 
 
 def _run_header(run: Dict) -> List[str]:
-    """Command, machine and matmul limit of one run."""
-    m = run["machine"]
+    """Command, machine, device, precision and matmul limit of one run."""
+    m, gemm, s = run["machine"], run["gemm"], run["settings"]
     cut_short = "" if run.get("complete", True) else ", **cut short: the rows measured before it stopped**"
-    return [f"Command: `{run['command']}` ({run['date']}, {run['elapsed_s'] / 60:.1f} min{cut_short})", "",
-            f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, fairseq {m['fairseq']}, "
-            f"Python {m['python']}; 1-minute load average {m.get('load_average_start', 0):.1f} at the start, "
-            f"{m.get('load_average_end', 0):.1f} at the end (other processes share the cores)", "",
-            f"Machine limit: fp32 matmul {run['gemm']['peak_gflops']:.1f} GFLOP/s ("
-            + ", ".join(f"{g['m']}x{g['k']}x{g['n']}: {g['gflops']:.1f}" for g in run["gemm"]["shapes"])
-            + f"), {m['threads']} threads.", ""]  # fmt: skip
+    lines = [f"Command: `{run['command']}` ({run['date']}, {run['elapsed_s'] / 60:.1f} min{cut_short})", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, fairseq {m['fairseq']}, "
+             f"Python {m['python']}; 1-minute load average {m.get('load_average_start', 0):.1f} at the start, "
+             f"{m.get('load_average_end', 0):.1f} at the end (other processes share the cores)", ""]  # fmt: skip
+    device, precision = s.get("device", "cpu"), s.get("precision", "fp32")
+    mixed = "" if precision == "fp32" else f" (fairseq's --{precision}: the model in {precision}, fp32 master weights)"
+    if device == "cuda":
+        lines += [f"Device: {m['gpu']} ({m['gpu_memory_gb']} GiB, compute capability {m['gpu_capability']}), CUDA "
+                  f"{m['cuda']}, cuDNN {m['cudnn']}; precision {precision}{mixed}.", ""]
+    elif mixed:
+        lines += [f"Precision: {precision} on the CPU{mixed}.", ""]
+    threads = "" if device == "cuda" else f", {m['threads']} threads"
+    lines += [f"Machine limit: {gemm.get('dtype', 'float32')} matmul on {device}, {gemm['peak_gflops']:.1f} GFLOP/s "
+              "(best median of: " + ", ".join(f"{g['m']}x{g['k']}x{g['n']}: {g['gflops']:.1f}" for g in gemm["shapes"])
+              + f"){threads}."]  # fmt: skip
+    if s.get("peak_tflops"):
+        lines[-1] += f" Datasheet peak: {s['peak_tflops']} TFLOP/s (`--peak-tflops`)."
+    return lines + [""]
 
 
 def _repeats(result: Dict, key: str) -> str:
@@ -219,23 +283,34 @@ def markdown(result: Dict) -> str:
     for run, rerun in enumerate(result.get("reruns", []), start=2):
         lines += [f"**Run {run}**: the rows marked [run {run}] were measured again later, their MFU against that "
                   "run's matmul limit and their ratios against rows of the same run:", ""] + _run_header(rerun)
+    datasheet = s.get("peak_tflops")
+    gemm_dtype = result["gemm"].get("dtype", "float32")
+    mfu_head = f"MFU vs measured {gemm_dtype} matmul" + (f" | MFU vs {datasheet} TFLOP/s datasheet" if datasheet else "")
     lines += [f"### Training: tokens/s, median of {_repeats(result, 'repeats')} updates (size {s['size']}, "
-              f"{s['batch_sequences']} sequence(s) per update)", "",
-              "| length | configuration | batch | tokens/s | vs baseline | peak MB | GFLOP/update | MFU |",
-              "|---:|---|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+              f"{s['batch_sequences']} sequence(s) per update, {s.get('precision', 'fp32')})", "",
+              f"| length | configuration | batch | tokens/s | vs baseline | peak MB | GFLOP/update | {mfu_head} |",
+              "|---:|---|---:|---:|---|---:|---:|---:|" + ("---:|" if datasheet else "")]  # fmt: skip
     for row in result["training"]:
         versus = "-" if row["baseline"] is None else f"{_fmt(row['speed_vs_baseline'])}x speed of {row['baseline']}"
+        mfu = f"{100 * row['mfu']:.1f}%"
+        if datasheet:
+            mfu += " | -" if row.get("mfu_datasheet") is None else f" | {100 * row['mfu_datasheet']:.1f}%"
         lines.append(
             f"| {row['length']} | {_label(row)} | {row['batch_sequences']} | {row['tokens_per_s']:.1f} | {versus} "
-            f"| {row['peak_memory_mb']:.0f} | {row['flops_per_update'] / 1e9:.1f} | {100 * row['mfu']:.1f}% |"
+            f"| {row['peak_memory_mb']:.0f} | {row['flops_per_update'] / 1e9:.1f} | {mfu} |"
         )
-    lines += ["", f"### Decoding: sentences/s, beam {s['beam']}, {s['sentences']} sentences of "
-              f"{s['source_tokens']} source tokens, median of {_repeats(result, 'decode_repeats')}", "",
-              "| target tokens | configuration | sentences/s | s/sentence | vs baseline |", "|---:|---|---:|---:|---|"]
+    skipped = [f"{row['key']} at {row['length']}: {row['overflow_skips']}" for row in result["training"]
+               if row.get("overflow_skips")]  # fmt: skip
+    if skipped:
+        lines += ["", "fp16 updates skipped by the loss scaler (overflow; timed as run): " + ", ".join(skipped)]
+    lines += ["", f"### Decoding: sentences/s, beam {s['beam']}, sources of {s['source_tokens']} tokens, median of "
+              f"{_repeats(result, 'decode_repeats')} generations", "",
+              "| sentences per batch | target tokens | configuration | sentences/s | s/sentence | vs baseline |",
+              "|---:|---:|---|---:|---:|---|"]  # fmt: skip
     for row in result["decoding"]:
         versus = "-" if row["baseline"] is None else f"{_fmt(row['speed_vs_baseline'])}x speed of {row['baseline']}"
-        lines.append(f"| {row['target_tokens']} | {_label(row)} | {row['sentences_per_s']:.3f} "
-                     f"| {1 / row['sentences_per_s']:.2f} | {versus} |")
+        lines.append(f"| {row['sentences']} | {row['target_tokens']} | {_label(row)} | {row['sentences_per_s']:.3f} "
+                     f"| {1 / row['sentences_per_s']:.3f} | {versus} |")
     if result.get("data"):
         first = result["data"][0]
         lines += ["", f"### Data pipeline: each task's dataset + collater on one thread, batches of {first['batch']}, "
@@ -245,7 +320,9 @@ def markdown(result: Dict) -> str:
         for row in result["data"]:
             lines.append(f"| {row['length']} | {_label(row)} | {row['examples_per_s']:.0f} | "
                          f"{row['tokens_per_s'] / 1e6:.2f}M | {_fmt(row['vs_masked_lm'])}x |")
-    lines += ["", "### Targets", "", "| target | measured | threshold | result | how |", "|---|---:|---:|---|---|"]
+    issue = "issue #15, on the GPU" if s.get("device", "cpu") == "cuda" else "issue #7, on the CPU"
+    lines += ["", f"### Targets ({issue})", "", "| target | measured | threshold | result | how |",
+              "|---|---:|---:|---|---|"]
     for t in result["targets"]:
         lines.append(f"| {t['target']} | {_fmt(t['value'], 3)} | {t['threshold']} | {t['status']} | {t['note']} |")
     if s["size"] == "tiny":
@@ -285,16 +362,19 @@ def plot(result: Dict, path: str):
     axes.flat[0].legend(fontsize=8)
     ax = axes.flat[3]
     decode_keys = list(dict.fromkeys(row["key"] for row in result["decoding"]))
-    lengths = sorted({row["target_tokens"] for row in result["decoding"]})
+    shapes = sorted({(row["sentences"], row["target_tokens"]) for row in result["decoding"]})
     width = 0.8 / max(len(decode_keys), 1)
     for i, key in enumerate(decode_keys):
-        values = [(_find(result["decoding"], key, target_tokens=t) or {}).get("sentences_per_s", 0) for t in lengths]
-        ax.bar([j + i * width for j in range(len(lengths))], values, width, label=key)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], [f"{t} target tokens" for t in lengths])
+        values = [(_find(result["decoding"], key, sentences=n, target_tokens=t) or {}).get("sentences_per_s", 0)
+                  for n, t in shapes]  # fmt: skip
+        ax.bar([j + i * width for j in range(len(shapes))], values, width, label=key)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))],
+                  [f"batch {n}, {t} target tokens" for n, t in shapes])
     ax.set_yscale("log")
     ax.set_title(f"decoding sentences/s (beam {result['settings']['beam']})")
     ax.legend(fontsize=8)
-    fig.suptitle(f"palm-bench ({result['settings']['size']}), {result['date']}")
+    where = f"{result['settings'].get('device', 'cpu')}, {result['settings'].get('precision', 'fp32')}"
+    fig.suptitle(f"palm-bench ({result['settings']['size']}, {where}), {result['date']}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

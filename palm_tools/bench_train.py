@@ -1,14 +1,17 @@
 """Training measurements of ``palm-bench``: one real fairseq update per call, its time and its peak memory.
 
 A step is what ``fairseq-train``'s trainer does per update: ``optimizer.zero_grad()``, ``task.train_step``
-(forward through the criterion, backward), gradients divided by the sample size, ``optimizer.step()`` (fairseq's
-Adam). Batches are built once, before timing.
+(forward through the criterion, backward), gradients divided by the sample size, the gradient norm
+(``clip_grad_norm(0)``: computed, not clipped; with fp16 it is the loss scaler's overflow check) and the check that
+it is finite, ``optimizer.step()`` (fairseq's Adam, wrapped in ``FP16Optimizer`` for bf16 / fp16). Batches are
+built once, before timing. On CUDA the clock is read after ``torch.cuda.synchronize()``.
 
 Peak memory is the peak of live torch tensor bytes (parameters, gradients, Adam state, batch, activations and
-temporaries) during one update, taken from the PyTorch profiler's memory timeline (``profile_memory=True``;
-``export_memory_timeline``) on the untimed warm-up update. It counts what torch allocates, not the Python heap
-nor memory the allocator keeps cached; ``tracemalloc`` cannot see torch tensors, and a process's peak RSS would
-mix configurations measured in one process.
+temporaries) during one update, on the untimed warm-up update. On the CPU it is taken from the PyTorch
+profiler's memory timeline (``profile_memory=True``; ``export_memory_timeline``); on CUDA from the caching
+allocator's counters (:func:`peak_cuda_bytes`). It counts what torch allocates, not the Python heap nor memory the
+allocator keeps cached; ``tracemalloc`` cannot see torch tensors, and a process's peak RSS would mix
+configurations measured in one process.
 
 :class:`NaivePARStep` is the benchmark's own baseline for UniLMv2's partially autoregressive loss, not part of the
 plugin: one forward and backward pass per factorization step, the cost PMLM's pseudo masks avoid.
@@ -17,12 +20,13 @@ import json
 import os
 import tempfile
 import time
+from itertools import chain
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from palm_tools.bench_flops import encoder_only_step
+from palm_tools.bench_flops import encoder_only_step, synchronize
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 
 
@@ -32,6 +36,7 @@ class TrainStep:
     def __init__(self, spec, built, batch):
         self.spec, self.built, self.batch = spec, built, batch
         self.updates = 0
+        self.overflows = 0  # fp16 updates skipped by the loss scaler
 
     @property
     def text_tokens(self) -> int:
@@ -48,8 +53,18 @@ class TrainStep:
         self._update(sample_size)
 
     def _update(self, sample_size):
-        self.built.optimizer.multiply_grads(1.0 / float(sample_size or 1))
-        self.built.optimizer.step()
+        """What fairseq's trainer does after the backward pass (with its default ``--clip-norm 0``)."""
+        optimizer = self.built.optimizer
+        optimizer.multiply_grads(1.0 / float(sample_size or 1))
+        try:
+            grad_norm = optimizer.clip_grad_norm(0.0)
+        except OverflowError:  # fp16: the loss scale is lowered and the update skipped, as the trainer does
+            self.overflows += 1
+            optimizer.zero_grad()
+            return
+        if not torch.isfinite(grad_norm).all():
+            raise FloatingPointError(f"{self.spec.key}: gradients are NaN/Inf")
+        optimizer.step()
         self.updates += 1
 
 
@@ -122,10 +137,69 @@ class NaivePARStep(TrainStep):
 
 
 def timed(step) -> float:
-    """Seconds one call of ``step`` takes."""
+    """Seconds one call of ``step`` takes (its kernels finished)."""
+    synchronize(step.built.device)
     start = time.perf_counter()
     step()
+    synchronize(step.built.device)
     return time.perf_counter() - start
+
+
+def resident_bytes(built) -> int:
+    """Bytes of the tensors a configuration holds between updates: parameters and buffers, the optimizer's
+    parameters (fp32 master weights under bf16 / fp16), their gradients, and the optimizer's state. Storages are
+    counted once."""
+    torch_optimizer = built.optimizer.optimizer
+    tensors = list(chain(built.model.parameters(), built.model.buffers()))
+    tensors += [p for group in torch_optimizer.param_groups for p in group["params"]]
+    tensors += [p.grad for p in tensors if p.grad is not None]
+    tensors += [t for state in torch_optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    storages = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def peak_cuda_bytes(step) -> int:
+    """Peak tensor bytes of one call of ``step`` on CUDA: what the configuration holds before it
+    (:func:`resident_bytes`) plus the most the allocator had allocated above its level before the update. Other
+    configurations of the group, resident on the same card, are left out."""
+    synchronize(step.built.device)
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    resident = resident_bytes(step.built)
+    step()
+    synchronize(step.built.device)
+    return resident + torch.cuda.max_memory_allocated() - before
+
+
+def peak_memory_bytes(step) -> int:
+    """Peak tensor bytes of one call of ``step``: the allocator's counters on CUDA, the profiler's memory timeline
+    on the CPU."""
+    if torch.device(step.built.device).type == "cuda":
+        return peak_cuda_bytes(step)
+    return peak_tensor_bytes(step)
+
+
+def write_profile(step, path: str, header: str) -> None:
+    """Profile one call of ``step`` and write the profiler's per-operator table to ``path``: on CUDA the top 25
+    operators by self device time, then the top 25 by self CPU time (launch and Python overhead); on the CPU the
+    top 25 by self CPU time. Its timeline goes to ``traces/<name>.json.gz`` beside it (chrome://tracing, Perfetto;
+    compressed, a few MB; kept apart so that the tables can be copied without them)."""
+    cuda = torch.device(step.built.device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(step.built.device)
+    with profile(activities=activities) as prof:
+        step()
+        synchronize(step.built.device)
+    averages = prof.key_averages()
+    sections = [("self device time", "self_device_time_total")] if cuda else []
+    sections.append(("self CPU time", "self_cpu_time_total"))
+    with open(path, "w") as f:
+        f.write(header + "\n")
+        for title, key in sections:
+            f.write(f"\nTop 25 operators by {title}\n{averages.table(sort_by=key, row_limit=25)}\n")
+    directory, name = os.path.split(path)
+    os.makedirs(os.path.join(directory, "traces"), exist_ok=True)
+    prof.export_chrome_trace(os.path.join(directory, "traces", os.path.splitext(name)[0] + ".json.gz"))
 
 
 def peak_tensor_bytes(step) -> int:

@@ -7,19 +7,24 @@ noisy machine. It measures
 * training tokens/s, peak tensor memory and model-FLOPs utilisation (MFU) at each ``--lengths``:
   ``palm`` vs fairseq ``transformer``; UniLMv2's ``pmlm_ae_par`` vs plain MLM on the same ``unilm2`` model vs a
   naive per-step PAR baseline; ``unilm_pretraining`` and ``unilm_seq2seq`` vs fairseq ``roberta_base``;
-* decoding sentences/s with beam search at each ``--target-tokens``: ``unilm`` / ``unilm2`` cached vs full
-  recomputation vs fairseq ``transformer``, and ``palm``;
-* the machine's fp32 matmul throughput (the denominator of MFU),
+* decoding sentences/s with beam search at each ``--target-tokens`` and ``--sentences`` (sentences per batch):
+  ``unilm`` / ``unilm2`` cached vs full recomputation vs fairseq ``transformer``, and ``palm``;
+* the device's matmul throughput in the training precision (the denominator of MFU; ``--peak-tflops`` gives a
+  second one, a datasheet figure),
 * the data pipeline: examples/s and tokens/s per core of each task's own dataset + collater at ``--data-length``
   (every task of the plugin beside fairseq's ``masked_lm`` and ``translation``; :mod:`palm_tools.bench_pipeline`),
 
-then prints a markdown table with PASS/MISS for the targets of issue #7, and writes JSON and a PNG chart. Models
-are built in-process through fairseq's APIs on synthetic data of the measured shapes
-(:mod:`palm_tools.bench_data`); see :mod:`~palm_tools.bench_flops` for how FLOPs are counted and
-:mod:`~palm_tools.bench_train` for how memory is measured.
+then prints a markdown table with PASS/MISS for the targets (issue #7's on the CPU, issue #15's on a GPU), and
+writes JSON and a PNG chart. Models are built in-process through fairseq's APIs on synthetic data of the measured
+shapes (:mod:`palm_tools.bench_data`), on ``--device`` in ``--precision`` the way fairseq-train and
+fairseq-generate run with ``--bf16`` / ``--fp16`` (:mod:`palm_tools.bench_models`); see
+:mod:`~palm_tools.bench_flops` for how FLOPs are counted and :mod:`~palm_tools.bench_train` for how memory is
+measured. ``--profile-dir`` writes a profile of one update of each training configuration.
 
-``palm-bench --quick`` runs the tiny archs in well under a minute (the test suite runs it). ``--merge-into`` re-measures
-some configurations (``--only``, ``--lengths``) and replaces their rows in a saved record, keeping the rest.
+Presets: ``cpu`` (the default without a GPU; about 12 minutes on 2 cores), ``gpu`` (the default on CUDA: base
+size, lengths 512 and 768, 16 sequences per update, bf16), ``quick`` (``--quick``: tiny archs, well under a minute;
+the test suite runs it). ``--merge-into`` re-measures some configurations (``--only``, ``--lengths``) and replaces
+their rows in a saved record, keeping the rest.
 """
 import argparse
 import datetime
@@ -37,48 +42,76 @@ import fairseq
 import torch
 
 from palm_tools import bench_report
-from palm_tools.bench_data import SyntheticCorpus, target_split
+from palm_tools.bench_data import SyntheticCorpus
 from palm_tools.bench_decode import DECODE_SPECS, time_decoding
 from palm_tools.bench_flops import measure_matmul
-from palm_tools.bench_models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench_models import PRECISIONS, TRAIN_SPECS, build, load_batch
 from palm_tools.bench_pipeline import DATA_SPECS, measure_data_pipeline
-from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes, timed
+from palm_tools.bench_train import NaivePARStep, TrainStep, peak_memory_bytes, timed, write_profile
 
-# The full run fits in about 12 minutes on 2 CPU cores: one sequence per update, the naive PAR baseline (one pass
-# per factorization step) up to length 256, the recomputation baselines only at the longest target.
-QUICK = dict(size="tiny", lengths=[32, 64], batch_sequences=2, repeats=2, naive_repeats=1, naive_max_length=64,
-             target_tokens=[8, 16], recompute_target_tokens=[8, 16], source_tokens=16, sentences=2, decode_repeats=2,
-             recompute_repeats=1, vocab_size=1000, gemm_size=512, data_length=64, data_examples=32, data_batch=8,
-             data_repeats=1)
-FULL = dict(size="base", lengths=[128, 256, 512, 768], batch_sequences=1, repeats=2, naive_repeats=1,
-            naive_max_length=256, target_tokens=[64, 128], recompute_target_tokens=[128], source_tokens=32, sentences=1,
-            decode_repeats=1, recompute_repeats=1, vocab_size=32000, gemm_size=2048, data_length=512,
-            data_examples=512, data_batch=16, data_repeats=3)  # fmt: skip
+# quick: a smoke run of the tiny archs.
+# cpu: about 12 minutes on 2 CPU cores: one sequence per update, the naive PAR baseline (one pass per factorization
+# step) up to length 256, the recomputation baselines only at the longest target.
+# gpu: a few minutes on one H100 in bf16. 16 sequences per update keep the card busy (about 8k tokens at 512, 12k at
+# 768); at ~6 * 110M params * tokens FLOPs an update is ~6-9 TFLOP, tens of ms at a few hundred TFLOP/s, so 10 timed
+# updates per configuration cost seconds. The naive PAR baseline (~0.07 * length passes of that size) takes about
+# 1-3 s per update at 512-768: 3 timed updates of it fit. Decoding at 1 and 32 sentences per batch.
+PRESETS = {
+    "quick": dict(size="tiny", lengths=[32, 64], batch_sequences=2, repeats=2, naive_repeats=1, naive_max_length=64,
+                  target_tokens=[8, 16], recompute_target_tokens=[8, 16], source_tokens=16, sentences=[2],
+                  decode_repeats=2, recompute_repeats=1, vocab_size=1000, gemm_size=512, data_length=64,
+                  data_examples=32, data_batch=8, data_repeats=1),
+    "cpu": dict(size="base", lengths=[128, 256, 512, 768], batch_sequences=1, repeats=2, naive_repeats=1,
+                naive_max_length=256, target_tokens=[64, 128], recompute_target_tokens=[128], source_tokens=32,
+                sentences=[1], decode_repeats=1, recompute_repeats=1, vocab_size=32000, gemm_size=2048,
+                data_length=512, data_examples=512, data_batch=16, data_repeats=3),
+    "gpu": dict(size="base", lengths=[512, 768], batch_sequences=16, repeats=10, naive_repeats=3,
+                naive_max_length=768, target_tokens=[64, 128], recompute_target_tokens=[128], source_tokens=32,
+                sentences=[1, 32], decode_repeats=3, recompute_repeats=2, vocab_size=32000, gemm_size=8192,
+                data_length=512, data_examples=512, data_batch=16, data_repeats=3),
+}  # fmt: skip
+FULL = PRESETS["cpu"]
+H100_SXM_BF16_DENSE_TFLOPS = 989.4  # NVIDIA's H100 SXM datasheet, dense (no sparsity) BF16 / FP16 Tensor Core
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="palm-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny archs, short sequences: a smoke run (< 1 min)")
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        help="where models, optimizer state and batches live (default: cuda if available)")
+    parser.add_argument("--precision", choices=list(PRECISIONS),
+                        help="training and decoding precision, as fairseq's --bf16 / --fp16 (default: bf16 on cuda, "
+                        "fp32 on the CPU; fp16 needs cuda)")
+    parser.add_argument("--preset", choices=list(PRESETS),
+                        help="default settings (default: gpu on cuda, cpu otherwise); options given override them")
+    parser.add_argument("--quick", action="store_true", help="--preset quick: tiny archs, short sequences (< 1 min)")
+    parser.add_argument("--peak-tflops", type=float,
+                        help="a datasheet peak (TFLOP/s) for a second MFU column (default on cuda: "
+                        f"{H100_SXM_BF16_DENSE_TFLOPS}, the H100 SXM dense bf16 figure; none on the CPU)")
+    parser.add_argument("--profile-dir", metavar="DIR",
+                        help="write DIR/<configuration>.txt: the profiler's operator table of one extra update of "
+                        "each training configuration at the reference length, and its timeline in "
+                        "DIR/traces/<configuration>.json.gz")
     parser.add_argument("--size", choices=["tiny", "base"], help="model size (default: base; --quick: tiny)")
-    parser.add_argument("--lengths", type=int, nargs="+", help="training sequence lengths (default 128 256 512 768)")
+    parser.add_argument("--lengths", type=int, nargs="+", help="training sequence lengths (cpu: 128 256 512 768)")
     parser.add_argument("--reference-length", type=int,
                         help="training length the targets are judged at (default: 512 if measured, else the longest)")
-    parser.add_argument("--batch-sequences", type=int, help="sequences per training batch (default 1)")
+    parser.add_argument("--batch-sequences", type=int, help="sequences per training batch (cpu: 1, gpu: 16)")
     parser.add_argument("--repeats", type=int, help="timed training updates per configuration and length (median)")
     parser.add_argument("--naive-repeats", type=int, help="timed updates of the naive per-step PAR baseline")
     parser.add_argument("--naive-max-length", type=int,
                         help="skip the naive PAR baseline above this length: it costs one pass per factorization "
-                        "step, ~0.07 * length passes (default 256)")
+                        "step, ~0.07 * length passes (cpu: 256)")
     parser.add_argument("--target-tokens", type=int, nargs="+", help="decoded tokens per hypothesis (default 64 128)")
     parser.add_argument("--recompute-target-tokens", type=int, nargs="+",
                         help="target lengths at which the recomputation baselines run (default 128)")
     parser.add_argument("--source-tokens", type=int, help="source length for decoding (default 32)")
-    parser.add_argument("--sentences", type=int, help="sentences per decoding batch (default 1)")
+    parser.add_argument("--sentences", type=int, nargs="+",
+                        help="sentences per decoding batch, one measurement each (cpu: 1, gpu: 1 32)")
     parser.add_argument("--beam", type=int, default=5, help="beam size")
-    parser.add_argument("--decode-repeats", type=int, help="timed generations per decoder and length (default 1)")
+    parser.add_argument("--decode-repeats", type=int, help="timed generations per decoder and length")
     parser.add_argument("--recompute-repeats", type=int, help="timed generations of the recomputation baselines")
     parser.add_argument("--vocab-size", type=int, help="dictionary size of the synthetic data (default 32000)")
-    parser.add_argument("--gemm-size", type=int, help="square GEMM size for the machine limit (default 2048)")
+    parser.add_argument("--gemm-size", type=int, help="square GEMM size for the machine limit (cpu: 2048, gpu: 8192)")
     parser.add_argument("--only", nargs="+", metavar="KEY",
                         help="measure only these configurations (keys: "
                         + ", ".join([s.key for s in TRAIN_SPECS] + [s.key for s in DECODE_SPECS[1:]]
@@ -100,9 +133,23 @@ def parse_args(argv=None):
                         "render the merged record, re-measured rows marked with their run. Re-measure a row's "
                         "baseline with it: ratios are only taken between rows of one run")
     args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    if args.precision is None:
+        args.precision = "bf16" if args.device == "cuda" else "fp32"
+    if args.precision == "fp16" and args.device == "cpu":
+        parser.error("--precision fp16 needs --device cuda (fairseq's FP16Optimizer keeps its fp32 copy on a GPU); "
+                     "use bf16 or fp32 on the CPU")
+    if args.quick:
+        args.preset = "quick"
+    args.preset = args.preset or ("gpu" if args.device == "cuda" else "cpu")
+    for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.peak_tflops is None and args.device == "cuda":
+        args.peak_tflops = H100_SXM_BF16_DENSE_TFLOPS
     if args.reference_length is None:
         args.reference_length = 512 if 512 in args.lengths else max(args.lengths)
     return args  # fmt: skip
@@ -120,11 +167,37 @@ def _short_error(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
+def _failed(missing, key, where, error):
+    """Record a configuration that failed (a model that has not landed, an error or out-of-memory on the device) and
+    go on with the others."""
+    log(f"{key} {where}: failed: {_short_error(error)}")
+    missing.append({"key": key, "reason": f"{where}: {_short_error(error)}"})
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _naive_first_passes(step):
+    """The naive PAR baseline cut to its first two passes (every pass has the same shape): what its memory peak and
+    profile are taken on."""
+    return NaivePARStep(step.spec, step.built, step.batch, max_passes=2)
+
+
+def _profile(args, key, step, length, seconds, times):
+    naive = key == "naive_par"
+    header = (f"{key}: {step.spec.label}\nlength {length}, {args.batch_sequences} sequence(s) per update, "
+              f"{args.precision} on {args.device}; median update {seconds:.4f} s over {times} timed updates"
+              + (f"\nprofiled: the first 2 of its {len(step.passes)} passes" if naive else ""))
+    write_profile(_naive_first_passes(step) if naive else step, os.path.join(args.profile_dir, f"{key}.txt"), header)
+
+
 def measure_training(args, corpus, result, checkpoint):
     """Per group (configurations compared with each other; a group's models stay in memory together), per length:
-    a profiled warm-up update (peak memory), then ``repeats`` timed updates with the group's configurations
-    interleaved. Appends to ``result["training"]`` and calls ``checkpoint()`` after each length."""
+    a warm-up update (peak memory), then ``repeats`` timed updates with the group's configurations interleaved
+    (and with ``--profile-dir``, at the reference length, one profiled update each). Appends to
+    ``result["training"]`` and calls ``checkpoint()`` after each length."""
     rows, missing = result["training"], result["missing"]
+    where = dict(device=args.device, precision=args.precision)
     groups = list(dict.fromkeys(spec.group for spec in TRAIN_SPECS))
     longest = max(args.lengths)
     for group in groups:
@@ -134,95 +207,131 @@ def measure_training(args, corpus, result, checkpoint):
             if spec.key == "naive_par":
                 continue
             try:
-                models[spec.key] = build(corpus.path(spec.layout, longest, 1), spec.args(args.size, longest))
+                models[spec.key] = build(corpus.path(spec.layout, longest, 1), spec.args(args.size, longest), **where)
             except Exception as error:  # a model that has not landed (or fails to build) is reported, not fatal
-                missing.append({"key": spec.key, "reason": _short_error(error)})
+                _failed(missing, spec.key, "build", error)
         for length in args.lengths:
             batch_sequences = args.batch_sequences
             steps = {}
             for spec in specs:
-                if spec.key == "naive_par":
-                    if "pmlm_ae_par" not in steps or length > args.naive_max_length:
+                try:
+                    if spec.key == "naive_par":
+                        if "pmlm_ae_par" not in steps or length > args.naive_max_length:
+                            continue
+                        # the same unilm2 model and batch as AE+PAR, trained the naive way
+                        steps[spec.key] = NaivePARStep(spec, steps["pmlm_ae_par"].built, steps["pmlm_ae_par"].batch)
                         continue
-                    # the same unilm2 model and batch as AE+PAR, trained the naive way
-                    steps[spec.key] = NaivePARStep(spec, steps["pmlm_ae_par"].built, steps["pmlm_ae_par"].batch)
-                    continue
-                if spec.key not in models:
-                    continue
-                task_built = build(corpus.path(spec.layout, length, batch_sequences), spec.args(args.size, length),
-                                   reuse=models[spec.key])  # fmt: skip
-                steps[spec.key] = TrainStep(spec, task_built, load_batch(task_built, batch_sequences))
+                    if spec.key not in models:
+                        continue
+                    task_built = build(corpus.path(spec.layout, length, batch_sequences),
+                                       spec.args(args.size, length), reuse=models[spec.key], **where)  # fmt: skip
+                    steps[spec.key] = TrainStep(spec, task_built, load_batch(task_built, batch_sequences))
+                except Exception as error:
+                    _failed(missing, spec.key, f"length {length}, batch", error)
             records = {}
-            for key, step in steps.items():
-                log(f"train {key} length {length}: warm-up update (memory profile)")
-                warmup = NaivePARStep(step.spec, step.built, step.batch, max_passes=2) if key == "naive_par" else step
-                # Gradients of an earlier update are freed before profiling: the profiler does not see frees of
-                # tensors allocated before it started, and would count them as live.
+            for key, step in list(steps.items()):
+                log(f"train {key} length {length}: warm-up update (memory)")
+                # Gradients of an earlier update are freed before the peak is taken: the profiler does not see frees
+                # of tensors allocated before it started, and would count them as live.
                 step.built.optimizer.zero_grad()
-                records[key] = {"times": [], "peak": peak_tensor_bytes(warmup)}
+                try:
+                    peak = peak_memory_bytes(_naive_first_passes(step) if key == "naive_par" else step)
+                    records[key] = {"times": [], "peak": peak}
+                except Exception as error:
+                    del steps[key]
+                    _failed(missing, key, f"length {length}, warm-up update", error)
             for repeat in range(args.repeats):
-                for key, step in steps.items():
+                for key, step in list(steps.items()):
                     if key == "naive_par" and repeat >= args.naive_repeats:
                         continue
-                    records[key]["times"].append(timed(step))
-                    log(f"train {key} length {length}: {records[key]['times'][-1]:.2f} s")
+                    try:
+                        records[key]["times"].append(timed(step))
+                    except Exception as error:
+                        del steps[key]
+                        _failed(missing, key, f"length {length}, timed update", error)
+                        continue
+                    log(f"train {key} length {length}: {records[key]['times'][-1]:.3f} s")
             for key, step in steps.items():
                 seconds = bench_report.median(records[key]["times"])
                 rows.append({
                     "key": key, "label": step.spec.label, "group": group, "plugin": step.spec.plugin,
-                    "baseline": step.spec.baseline, "length": length,
-                    "batch_sequences": batch_sequences, "text_tokens": step.text_tokens,
+                    "baseline": step.spec.baseline, "length": length, "batch_sequences": batch_sequences,
+                    "precision": args.precision, "text_tokens": step.text_tokens,
                     "times_s": records[key]["times"], "median_s": seconds,
                     "tokens_per_s": step.text_tokens / seconds, "peak_memory_mb": records[key]["peak"] / bench_report.MB,
                     "flops_per_update": step.flops, "achieved_gflops": step.flops / seconds / 1e9,
                     "mfu": step.flops / seconds / 1e9 / args.peak_gflops,
+                    "mfu_datasheet": step.flops / seconds / 1e12 / args.peak_tflops if args.peak_tflops else None,
+                    "overflow_skips": step.overflows,
                 })  # fmt: skip
+                if args.profile_dir and length == args.reference_length:
+                    log(f"train {key} length {length}: profiled update")
+                    try:
+                        _profile(args, key, step, length, seconds, len(records[key]["times"]))
+                    except Exception as error:
+                        _failed(missing, key, f"length {length}, profile", error)
             del steps
             gc.collect()
             checkpoint()
         del models
         gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def measure_decoding(args, corpus, result, checkpoint):
-    """Each decoder at each ``--target-tokens``; appends to ``result["decoding"]``, ``checkpoint()`` per decoder."""
+    """Each decoder at each ``--target-tokens`` and ``--sentences``; appends to ``result["decoding"]``,
+    ``checkpoint()`` per decoder."""
     rows, missing = result["decoding"], result["missing"]
     total = args.source_tokens + max(args.target_tokens) + 2
     for spec in DECODE_SPECS:
         if not _wanted(args, spec.key) and not (spec.key == "transformer" and args.only):
             continue
         try:
-            built = build(corpus.path("parallel", 64, 1), spec.args(args.size, total), training=False)
+            built = build(corpus.path("parallel", 64, 1), spec.args(args.size, total), training=False,
+                          device=args.device, precision=args.precision)  # fmt: skip
         except Exception as error:
-            missing.append({"key": f"decode {spec.key}", "reason": _short_error(error)})
+            _failed(missing, f"decode {spec.key}", "build", error)
             continue
-        for target_tokens in args.target_tokens:
-            if spec.recompute and target_tokens not in args.recompute_target_tokens:
-                continue
-            log(f"decode {spec.key}, {target_tokens} target tokens")
-            repeats = args.recompute_repeats if spec.recompute else args.decode_repeats
-            times = time_decoding(built, spec, args.beam, target_tokens, args.sentences, args.source_tokens, repeats)
-            seconds = bench_report.median(times)
-            rows.append({
-                "key": spec.key, "label": spec.label, "plugin": spec.plugin, "baseline": spec.baseline,
-                "target_tokens": target_tokens, "source_tokens": args.source_tokens, "beam": args.beam,
-                "sentences": args.sentences, "times_s": times, "median_s": seconds,
-                "sentences_per_s": args.sentences / seconds,
-            })  # fmt: skip
+        for sentences in args.sentences:
+            for target_tokens in args.target_tokens:
+                if spec.recompute and target_tokens not in args.recompute_target_tokens:
+                    continue
+                log(f"decode {spec.key}, {sentences} sentence(s), {target_tokens} target tokens")
+                repeats = args.recompute_repeats if spec.recompute else args.decode_repeats
+                try:
+                    times = time_decoding(built, spec, args.beam, target_tokens, sentences, args.source_tokens,
+                                          repeats)  # fmt: skip
+                except Exception as error:
+                    _failed(missing, f"decode {spec.key}", f"{sentences} sentence(s), {target_tokens} tokens", error)
+                    continue
+                seconds = bench_report.median(times)
+                rows.append({
+                    "key": spec.key, "label": spec.label, "plugin": spec.plugin, "baseline": spec.baseline,
+                    "target_tokens": target_tokens, "source_tokens": args.source_tokens, "beam": args.beam,
+                    "sentences": sentences, "precision": args.precision, "times_s": times, "median_s": seconds,
+                    "sentences_per_s": sentences / seconds,
+                })  # fmt: skip
         del built
         gc.collect()
         checkpoint()
 
 
-def machine() -> dict:
+def machine(device: str = "cpu") -> dict:
     model = platform.processor()
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         model = names[0] if names else model
-    return {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    info = {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "fairseq": fairseq.__version__, "python": platform.python_version(),
             "load_average_start": os.getloadavg()[0]}  # fmt: skip
+    if device == "cuda":
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(gpu=properties.name, gpu_memory_gb=round(properties.total_memory / 2**30, 1),
+                    gpu_capability=f"{properties.major}.{properties.minor}", cuda=torch.version.cuda,
+                    cudnn=torch.backends.cudnn.version())  # fmt: skip
+    return info
 
 
 def run(argv=None) -> dict:
@@ -248,16 +357,22 @@ def run(argv=None) -> dict:
     table = bench_report.markdown(result)
     print(table)
     bench_report.write_json(result, stem + ".json")
-    bench_report.plot(result, stem + ".png")
     with open(stem + ".md", "w") as f:
         f.write(table + "\n" + bench_report.METHOD)
-    log(f"wrote {stem}.json, {stem}.png and {stem}.md")
+    written = [stem + ".json", stem + ".md"]
+    try:
+        bench_report.plot(result, stem + ".png")
+        written.append(stem + ".png")
+    except ImportError as error:  # matplotlib is not among the plugin's install requirements (a bare GPU machine)
+        log(f"no chart: {error} (pip install matplotlib; then palm-bench --from-json {stem}.json)")
+    log("wrote " + ", ".join(written))
     return result
 
 
 def settings(args) -> dict:
     """The run's settings, as its record keeps them."""
-    return {key: getattr(args, key) for key in list(FULL) + ["beam", "reference_length"]}
+    keys = list(FULL) + ["beam", "reference_length", "device", "precision", "preset", "peak_tflops"]
+    return {key: getattr(args, key) for key in keys}
 
 
 def measure(args, argv, json_path, record=None) -> dict:
@@ -265,13 +380,17 @@ def measure(args, argv, json_path, record=None) -> dict:
     step of the run (a run cut short leaves its measurements there, ``--from-json`` renders them). Returns this
     run's record."""
     started = datetime.datetime.now(datetime.timezone.utc)
-    log(f"matmul throughput ({args.gemm_size}^3 and feed-forward shapes)")
-    gemm = measure_matmul(args.gemm_size)
+    log(f"{args.device}, {args.precision}: matmul throughput ({args.gemm_size}^3 and feed-forward shapes)")
+    feed_forward = (args.batch_sequences * args.reference_length, 768, 3072)  # a base-size layer on a whole batch
+    gemm = measure_matmul(args.gemm_size, (feed_forward,), repeats=20 if args.device == "cuda" else 5,
+                          dtype=PRECISIONS[args.precision], device=args.device)  # fmt: skip
     args.peak_gflops = gemm["peak_gflops"]
+    if args.profile_dir:
+        os.makedirs(args.profile_dir, exist_ok=True)
     result = {
         "command": "palm-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": 0.0, "complete": False, "machine": machine(),
-        "settings": settings(args), "gemm": gemm,
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": 0.0, "complete": False,
+        "machine": machine(args.device), "settings": settings(args), "gemm": gemm,
         "training": [], "decoding": [], "data": [], "missing": [],
     }  # fmt: skip
 

@@ -1,6 +1,8 @@
 """palm-bench: the harness runs and writes its outputs (not how fast anything is), and the parts its numbers rest
 on are right: analytic FLOPs against torch's FLOP counter, the naive PAR baseline against the pmlm criterion,
-the recomputation decoding baseline against cached decoding, and the memory measure against what Adam must hold.
+the recomputation decoding baseline against cached decoding, the memory measures against what Adam must hold (in
+fp32, and in bf16 with fairseq's fp32 master weights), and the GPU targets against the rows they are read from.
+The CUDA paths themselves run on a GPU only (`palm-bench` there); here the same code runs on the CPU.
 """
 import json
 import logging
@@ -14,9 +16,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from palm_tools import bench_report, benchmark
 from palm_tools.bench_data import SyntheticCorpus
 from palm_tools.bench_decode import DECODE_SPECS, generate, generator_for, source_batch
-from palm_tools.bench_models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench_models import PRECISIONS, TRAIN_SPECS, build, load_batch
 from palm_tools.bench_pipeline import DATA_SPECS, measure_data_pipeline, training_dataset
-from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes
+from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes, resident_bytes
 
 LENGTH = 32
 SPECS = {spec.key: spec for spec in TRAIN_SPECS}
@@ -30,9 +32,9 @@ def corpus(tmp_path_factory):
     logging.disable(logging.NOTSET)
 
 
-def train_step(corpus, key, sequences=2, **extra):
+def train_step(corpus, key, sequences=2, precision="fp32"):
     spec = SPECS[key]
-    built = build(corpus.path(spec.layout, LENGTH, sequences), spec.args("tiny", LENGTH) + list(extra.get("args", [])))
+    built = build(corpus.path(spec.layout, LENGTH, sequences), spec.args("tiny", LENGTH), precision=precision)
     return TrainStep(spec, built, load_batch(built, sequences))
 
 
@@ -151,6 +153,58 @@ def test_peak_memory_is_the_same_on_a_later_update(corpus):
     assert abs(later - first) < parameters
 
 
+@pytest.mark.parametrize("precision, bytes_per_parameter", [("fp32", 12), ("bf16", 18)])
+def test_resident_bytes_hold_parameters_master_weights_and_adam_state(corpus, precision, bytes_per_parameter):
+    """What a configuration holds between updates (the base of the peak on CUDA), after an update and zero_grad:
+    fp32 parameters and Adam's two moments, 12 bytes per parameter; under bf16, as fairseq-train --bf16, a bf16
+    model plus FP16Optimizer's fp32 master weights, their gradient buffer and Adam's moments: 2 + 4 + 4 + 8."""
+    step = train_step(corpus, "roberta", precision=precision)
+    step()
+    step.built.optimizer.zero_grad()
+    parameters = list(step.built.model.parameters())
+    assert {p.dtype for p in parameters} == {PRECISIONS[precision]}
+    assert type(step.built.optimizer).__name__ == ("FP16Optimizer" if precision == "bf16" else "FairseqAdam")
+    buffers = sum(b.numel() * b.element_size() for b in step.built.model.buffers())
+    assert resident_bytes(step.built) == bytes_per_parameter * sum(p.numel() for p in parameters) + buffers
+
+
+def test_bf16_run_records_precision_mfu_profiles_and_each_batch_size(tmp_path):
+    """palm-bench --precision bf16 on the CPU end to end (tiny archs, a few configurations): bf16 models, a bf16
+    matmul limit and an MFU per training row, a profile per training configuration, and decoding rows for each
+    --sentences value."""
+    argv = ["--quick", "--precision", "bf16", "--sentences", "1", "2", "--lengths", "32", "--target-tokens", "8",
+            "--recompute-target-tokens", "8", "--only", "transformer", "palm", "unilm", "--no-data",
+            "--profile-dir", str(tmp_path / "profiles"), "--output-dir", str(tmp_path)]  # fmt: skip
+    with warnings.catch_warnings():
+        try:
+            record = benchmark.run(argv)
+        finally:
+            logging.disable(logging.NOTSET)
+    assert record["missing"] == [] and record["settings"]["precision"] == "bf16"
+    assert record["gemm"]["dtype"] == "bfloat16" and record["gemm"]["peak_gflops"] > 0
+    assert {row["key"] for row in record["training"]} == {"transformer", "palm"}
+    for row in record["training"]:
+        assert row["precision"] == "bf16" and 0 < row["mfu"] and row["mfu_datasheet"] is None
+        assert row["overflow_skips"] == 0 and len(row["times_s"]) == 2
+        profile = (tmp_path / "profiles" / f"{row['key']}.txt").read_text()
+        assert "Top 25 operators by self CPU time" in profile and "aten::mm" in profile
+        assert (tmp_path / "profiles" / "traces" / f"{row['key']}.json.gz").stat().st_size > 0
+    decoded = {(row["key"], row["sentences"]) for row in record["decoding"]}
+    assert decoded == {(key, n) for key in ("transformer", "palm", "unilm") for n in (1, 2)}
+    assert {t["target"] for t in record["targets"]} >= {
+        "cached unilm decoding within 1.3x of fairseq transformer, batch 1",
+        "cached unilm decoding within 1.3x of fairseq transformer, batch 2",
+    }
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "Precision: bf16 on the CPU" in table and "bfloat16 matmul on cpu" in table
+
+
+def test_fp16_on_the_cpu_is_refused_with_what_to_do(capsys):
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--device", "cpu", "--precision", "fp16"])
+    assert "use bf16 or fp32 on the CPU" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def _record(command, tokens_per_s, **settings):
     """A saved palm-bench record with training rows only: ``tokens_per_s`` ``{(key, length): tokens/s}``."""
     specs = {spec.key: spec for spec in TRAIN_SPECS}
@@ -193,6 +247,53 @@ def test_merge_replaces_rows_and_takes_ratios_within_one_run():
     assert "palm, translation (fine-tuning, copy layer) [run 2]" in table
     with pytest.raises(ValueError, match="vocab_size"):
         bench_report.merge(first, _record("palm-bench --vocab-size 50", {}, vocab_size=50))
+
+
+def _decode_rows(sentences_per_s):
+    """Decoding rows of a saved record: ``sentences_per_s`` ``{(key, sentences per batch): sentences/s}`` at 128
+    target tokens."""
+    specs = {spec.key: spec for spec in DECODE_SPECS}
+    return [{"key": key, "label": specs[key].label, "plugin": specs[key].plugin, "baseline": specs[key].baseline,
+             "target_tokens": 128, "source_tokens": 32, "beam": 5, "sentences": sentences, "sentences_per_s": speed}
+            for (key, sentences), speed in sentences_per_s.items()]  # fmt: skip
+
+
+def test_gpu_record_is_judged_on_issue_15_targets():
+    """A record of a CUDA run: issue #15's targets, each the ratio of the rows it names (palm 1.15x transformer,
+    AE+PAR 1.5x MLM, both UniLM trainings 1.1x roberta, cached decoding no slower than transformer at each batch
+    size), and a table naming the card, CUDA, the precision and both MFU denominators."""
+    record = _record("palm-bench", {("transformer", 512): 100.0, ("palm", 512): 90.0, ("pmlm_mlm", 512): 100.0,
+                                    ("pmlm_ae_par", 512): 60.0, ("roberta", 512): 100.0,
+                                    ("unilm_pretraining", 512): 95.0, ("unilm_seq2seq", 512): 80.0},
+                     device="cuda", precision="bf16", peak_tflops=989.4, sentences=[1, 32])  # fmt: skip
+    record["machine"].update(gpu="NVIDIA H100 80GB HBM3", gpu_memory_gb=79.2, gpu_capability="9.0", cuda="13.0",
+                             cudnn=91300)  # fmt: skip
+    record["gemm"]["dtype"] = "bfloat16"
+    for row in record["training"]:
+        row["mfu_datasheet"] = row["mfu"] / 4
+    record["decoding"] = _decode_rows({("transformer", 1): 10.0, ("unilm", 1): 12.0, ("unilm2", 1): 9.0,
+                                       ("transformer", 32): 100.0, ("unilm", 32): 50.0, ("unilm2", 32): 100.0})
+    bench_report.finish(record)
+    expected = {
+        "PALM (copy layer) step cost <= 1.15x fairseq transformer": (100 / 90, "PASS"),
+        "PMLM AE+PAR <= 1.5x plain MLM": (100 / 60, "MISS"),
+        "unilm_pretraining step cost <= 1.1x fairseq roberta": (100 / 95, "PASS"),
+        "unilm_seq2seq step cost <= 1.1x fairseq roberta": (100 / 80, "MISS"),
+        "cached unilm decoding no slower than fairseq transformer, batch 1": (10 / 12, "PASS"),
+        "cached unilm decoding no slower than fairseq transformer, batch 32": (100 / 50, "MISS"),
+        "cached unilm2 decoding no slower than fairseq transformer, batch 1": (10 / 9, "MISS"),
+        "cached unilm2 decoding no slower than fairseq transformer, batch 32": (1.0, "PASS"),
+    }
+    targets = {t["target"]: t for t in record["targets"]}
+    assert set(targets) == set(expected)
+    for name, (value, status) in expected.items():
+        assert (targets[name]["value"], targets[name]["status"]) == (pytest.approx(value), status), name
+    table = bench_report.markdown(record)
+    assert "Device: NVIDIA H100 80GB HBM3" in table and "CUDA 13.0" in table and "precision bf16" in table
+    assert "| MFU vs measured bfloat16 matmul | MFU vs 989.4 TFLOP/s datasheet |" in table
+    palm = next(row for row in record["training"] if row["key"] == "palm")
+    assert f"| {100 * palm['mfu']:.1f}% | {100 * palm['mfu'] / 4:.1f}% |" in table
+    assert "### Targets (issue #15, on the GPU)" in table and "| 32 | 128 | unilm, cached |" in table
 
 
 def test_data_pipeline_rows_time_each_task_own_batches(corpus):
