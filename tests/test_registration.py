@@ -94,3 +94,12 @@ def test_every_arch_has_the_sizes_of_the_design(monkeypatch):
         assert stack.embeddings.segments.num_embeddings == segments, arch
         relative = stack.relative_position
         assert (tuple(relative.weight.shape) == (heads, buckets)) if buckets else relative is None, arch
+
+
+def test_import_turns_cudnn_attention_off_in_a_fresh_process():
+    """fixes/cudnn_attention.py: on by default in torch, off once the plugin is imported (a fresh process, so no
+    earlier import in this one decides the outcome)."""
+    code = ("import torch; before = torch.backends.cuda.cudnn_sdp_enabled(); import palm_plugin; "
+            "print(before, torch.backends.cuda.cudnn_sdp_enabled())")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.split()[-2:] == ["True", "False"]

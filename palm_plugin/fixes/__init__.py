@@ -13,6 +13,7 @@ from palm_plugin.fixes import (
     bf16_without_xla,
     checkpoint_copy,
     checkpoint_paths,
+    cudnn_attention,
     distributed,
     generation_options,
     ngram_repeat_block,
@@ -35,6 +36,8 @@ FIXES = (
     (saved_model_build, "models cannot tell a build for a saved checkpoint from a new one (--roberta-path re-read)"),
     (checkpoint_paths, "a directory, missing or HF file as a checkpoint trains from scratch or fails obscurely; "
                        "fine-tuning needs the checkpoint's sizes retyped"),
+    (cudnn_attention, "--fp16/--bf16 on Hopper GPUs: cuDNN attention builds a graph per new batch shape, and "
+                      "length-bucketed batches change shape every update"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),

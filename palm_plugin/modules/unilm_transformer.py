@@ -18,16 +18,9 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from palm_plugin.modules.attention_masks import to_additive
 from palm_plugin.modules.relative_position import RelativePositionBias
-
-
-# Every backend of scaled_dot_product_attention but cuDNN's: on Hopper GPUs torch picks cuDNN attention for
-# fp16/bf16, which builds a graph for each new batch shape, and seq2seq batches change shape every step
-# (the slowdown measured is in docs/benchmarks-gpu.md).
-ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class UniLMEmbeddings(nn.Module):
@@ -103,8 +96,7 @@ class UniLMLayer(nn.Module):
         """
         q, k, v = self.project(x)
         dropout_p = self.attention_dropout if self.training else 0.0
-        with sdpa_kernel(ATTENTION_BACKENDS):
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         return self._finish(x, context), (k, v)
 
     def forward_cached(self, x, source_kv, target_kv, additive_mask):
