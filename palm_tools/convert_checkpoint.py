@@ -375,7 +375,7 @@ def convert_bert(args):
           + (f"; resized {', '.join(changes)}" if changes else ""), file=sys.stderr)
     task_cfg = dict(source_segment=source_segment, target_segment=target_segment)
     arch = "unilm2" if model_cfg["relative_position_buckets"] else "unilm"
-    write_output(args.output, symbols, model_cfg, converted, bin_path, arch, task_cfg)
+    write_output(args.output, symbols, model_cfg, converted, bin_path, arch, task_cfg, args.seed)
     output = Path(args.output)
     atomic_write_bytes(output / "vocab.txt", vocab_bytes)
     tokenizer_config = {"do_lower_case": lower_case[0], "tokenizer_class": "BertTokenizer"}
@@ -433,7 +433,7 @@ def convert_roberta(args):
     # RoBERTa has no segments of its own (all rows start at zero): UniLM v1's seq2seq ids fit the 6 types
     source, target = (4, 5) if model_cfg["num_segments"] >= 6 else (0, 1)
     segments = dict(source_segment=source, target_segment=target)
-    write_output(args.output, symbols, model_cfg, converted, args.input, "unilm", segments)
+    write_output(args.output, symbols, model_cfg, converted, args.input, "unilm", segments, args.seed)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -674,7 +674,7 @@ def fairseq_cfg(output, model_cfg, task_cfg):
     return OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
 
 
-def write_output(output, symbols, model_cfg, converted, source_path, arch_family, task_cfg):
+def write_output(output, symbols, model_cfg, converted, source_path, arch_family, task_cfg, seed=1):
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     dictionary = Dictionary()
@@ -682,6 +682,7 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
         dictionary.add_symbol(symbol)
     dictionary.add_symbol(MASK)
     cfg = fairseq_cfg(output, model_cfg, task_cfg)
+    torch.manual_seed(seed)  # what the checkpoint lacks keeps this random init: the same file on every run
     model = UniLMModel.build_model(OmegaConf.create(cfg["model"]), argparse.Namespace(source_dictionary=dictionary))
     expected = model.state_dict()
     for name, tensor in converted.items():
@@ -758,6 +759,9 @@ def main(argv=None):
         command.add_argument("--max-positions", type=int, default=None,
                              help="position embeddings of the converted model (default: the checkpoint's); more are "
                                   "filled as the authors' s2s-ft does, by copying the pre-trained rows again")
+        command.add_argument("--seed", type=int, default=1,
+                             help="random seed of the parameters the checkpoint lacks (an MLM head a sentence-embedding "
+                                  "model does not ship, a next-sentence head): fine-tuning results depend on them")
     hf_roberta = commands.add_parser("hf-roberta", help="HF RoBERTa directory -> fairseq RoBERTa for --roberta-path")
     hf_roberta.add_argument("--input", required=True, help="HF directory (config.json, vocab.json, merges.txt and "
                             "model.safetensors / pytorch_model.bin), or a .zip of one")

