@@ -159,10 +159,13 @@ def dense_probs(generator, states, encoder_out):
 # Equation (3) is computed in blocks of (sentence, target step) rows and recomputed in the backward pass. S x A is
 # 6 x 5 here: 2**18 elements hold the whole batch (the default), 1 gives one row at a time, 90 three of a
 # sentence's four rows and then the last, 150 one sentence at a time.
+# The memory gradient is summed row by row (the CPU's way) or per block (accelerators'), here both on the CPU.
+@pytest.mark.parametrize("row_by_row", [True, False], ids=["row-by-row", "per-block"])
 @pytest.mark.parametrize("block_elements", [2**18, 1, 90, 150])
-def test_gradients_equal_dense_reference(monkeypatch, block_elements):
+def test_gradients_equal_dense_reference(monkeypatch, block_elements, row_by_row):
     """Token 5 is held twice by sentence 0: its copy mass, and its gradient, must be counted once per type."""
     monkeypatch.setitem(copy_generator.BLOCK_ELEMENTS, "cpu", block_elements)
+    monkeypatch.setattr(copy_generator, "ROW_BY_ROW", {"cpu"} if row_by_row else set())
     states, encoder_out = make_inputs()
     states.requires_grad_(True)
     targets = torch.tensor([[5, 7, VOCAB + 1, 0], [9, 3, 8, 2]])

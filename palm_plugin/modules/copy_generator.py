@@ -41,6 +41,10 @@ LOG_ZERO = float(torch.log(torch.tensor(TINY)))
 # the memory.
 BLOCK_ELEMENTS = {"cpu": 2**18}
 ACCELERATOR_BLOCK_ELEMENTS = 2**26
+# Devices on which the backward pass sums the memory gradient one target row at a time (a row stays in cache); on
+# others one reduction per block, since a kernel launch per row made the loop launch-bound on a GPU
+# (docs/benchmarks-gpu.md).
+ROW_BY_ROW = {"cpu"}
 
 
 @with_incremental_state
@@ -221,8 +225,11 @@ class AdditiveAttentionScores(torch.autograd.Function):
             grad_weight += torch.mm(g.reshape(1, -1), y.view(-1, dim))  # not addmm_: FLOP counters skip it
             y.addcmul_(y, y, value=-1)  # y (1 - y), in place
             torch.bmm(g.reshape(-1, 1, sources), y.view(-1, sources, dim), out=grad_query[b, t].view(-1, 1, dim))
-            for row in range(y.size(1)):
-                grad_memory[b].addcmul_(y[:, row], g[:, row].unsqueeze(-1))
+            if y.device.type in ROW_BY_ROW:
+                for row in range(y.size(1)):
+                    grad_memory[b].addcmul_(y[:, row], g[:, row].unsqueeze(-1))
+            else:
+                grad_memory[b] += y.mul_(g.unsqueeze(-1)).sum(1)
         memory_dtype, query_dtype, weight_dtype = ctx.dtypes
         return (
             grad_memory.mul_(4 * w).to(memory_dtype),
