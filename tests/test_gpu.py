@@ -209,23 +209,19 @@ def assert_same(ours, reference, atol):
             torch.testing.assert_close(a["positional_scores"].cpu(), b["positional_scores"].cpu(), atol=atol, rtol=0)
 
 
-@needs_cuda
-@pytest.mark.parametrize("options", BEAMS, ids=["greedy", "beam4"])
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_cached_decoding_on_cuda_equals_recomputation(family, options):
-    build, arch = FAMILIES[family]
-    model, dictionary, sample = build(arch)
-    cached = generate(model, dictionary, sample, CUDA, options)
-    recomputed = generate(model, dictionary, sample, CUDA, options, cached=False)
-    assert_same(cached, recomputed, atol=1e-4)
+# (c) cached decoding on CUDA against full recomputation on CUDA; (d) CUDA against the CPU, both cached
+AGREEMENTS = {"cuda_cached_equals_recomputation": ((CUDA, True), (CUDA, False)),
+              "cuda_equals_cpu": ((CUDA, True), ("cpu", True))}
 
 
 @needs_cuda
+@pytest.mark.parametrize("agreement", list(AGREEMENTS))
 @pytest.mark.parametrize("options", BEAMS, ids=["greedy", "beam4"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_gpu_and_cpu_generate_the_same_hypotheses(family, options):
+def test_decoding_gives_the_same_hypotheses(family, options, agreement):
     build, arch = FAMILIES[family]
     model, dictionary, sample = build(arch)
-    on_cpu = generate(model, dictionary, sample, "cpu", options)
-    on_gpu = generate(model, dictionary, sample, CUDA, options)
-    assert_same(on_gpu, on_cpu, atol=1e-4)
+    (device, cached), (reference_device, reference_cached) = AGREEMENTS[agreement]
+    ours = generate(model, dictionary, sample, device, options, cached=cached)
+    reference = generate(model, dictionary, sample, reference_device, options, cached=reference_cached)
+    assert_same(ours, reference, atol=1e-4)
