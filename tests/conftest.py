@@ -64,3 +64,14 @@ def mono_data(tmp_path_factory):
     run_cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref",
             root / "valid.txt", "--destdir", root / "bin", "--workers", "1")
     return root / "bin"
+
+
+@pytest.fixture(scope="session")
+def small_palm_data(tmp_path_factory):
+    """palm-data's layout (dictionary, bin/chitchat10k, bin/sotu, ...) made from small real text in seconds: the
+    smoke recipe's chitchat dialogues and pre-training text, a 200-piece vocabulary, 300 training pairs."""
+    download, data = tmp_path_factory.mktemp("download"), tmp_path_factory.mktemp("palm_data") / "data"
+    run_cli(REPO / "examples" / "smoke_data.py", "chitchat", download)
+    run_cli("palm-data", "--out", data, "--dialog-json", download / "dialog.json", "--pretrain-text",
+            download / "pretrain.txt", "--vocab-size", 200, "--small-train-pairs", 300, "--workers", 1)
+    return data

@@ -151,13 +151,10 @@ def test_scheduler_order_failures_and_reuse(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_every_row_end_to_end(tmp_path):
+def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
     """palm-experiments --quick on palm-data made from small real text: every row of every experiment trains and
     is evaluated with real fairseq processes; tables, JSON and chart are written; a rerun reuses every run."""
-    download, data, work = tmp_path / "download", tmp_path / "data", tmp_path / "work"
-    run_cli(REPO / "examples" / "smoke_data.py", "chitchat", download)
-    run_cli("palm-data", "--out", data, "--dialog-json", download / "dialog.json", "--pretrain-text",
-            download / "pretrain.txt", "--vocab-size", 200, "--small-train-pairs", 300, "--workers", 1)
+    data, work = small_palm_data, tmp_path / "work"
     arguments = ["--quick", "--work", work, "--scale", f"data={data}", "--jobs", 2]
     first = run_cli(REPO / "palm_tools" / "experiments.py", *arguments, timeout=1500)
     report = json.loads((work / "paper_tables.json").read_text())
