@@ -70,7 +70,6 @@ PRESETS = {
                 sentences=[1, 32], decode_repeats=3, recompute_repeats=2, vocab_size=32000, gemm_size=8192,
                 data_length=512, data_examples=512, data_batch=16, data_repeats=3),
 }  # fmt: skip
-FULL = PRESETS["cpu"]
 H100_SXM_BF16_DENSE_TFLOPS = 989.4  # NVIDIA's H100 SXM datasheet, dense (no sparsity) BF16 / FP16 Tensor Core
 
 
@@ -371,7 +370,7 @@ def run(argv=None) -> dict:
 
 def settings(args) -> dict:
     """The run's settings, as its record keeps them."""
-    keys = list(FULL) + ["beam", "reference_length", "device", "precision", "preset", "peak_tflops"]
+    keys = list(PRESETS["cpu"]) + ["beam", "reference_length", "device", "precision", "preset", "peak_tflops"]
     return {key: getattr(args, key) for key in keys}
 
 

@@ -217,7 +217,7 @@ def _record(command, tokens_per_s, **settings):
     return {
         "command": command, "date": "2026-01-01 00:00 UTC", "elapsed_s": 60.0, "complete": True,
         "machine": {"cpu": "cpu", "cores": 2, "threads": 1, "torch": "torch", "fairseq": "fairseq", "python": "3"},
-        "settings": dict(benchmark.FULL, beam=5, reference_length=512, **settings),
+        "settings": dict(benchmark.PRESETS["cpu"], beam=5, reference_length=512, **settings),
         "gemm": {"shapes": [{"m": 8, "k": 8, "n": 8, "gflops": 100.0}], "peak_gflops": 100.0},
         "training": rows, "decoding": [], "missing": [],
     }  # fmt: skip
