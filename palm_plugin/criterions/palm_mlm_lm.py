@@ -49,6 +49,9 @@ class PalmMlmLmConfig(FairseqDataclass):
 class PalmMlmLmCriterion(FairseqCriterion):
     def __init__(self, task, stage, mlm_weight, lm_weight):
         super().__init__(task)
+        if stage == "ae" and getattr(task.cfg, "objective", None) == "unconditional":
+            raise ValueError("--stage ae trains the encoder, and --objective unconditional gives it no source: train "
+                             "stage ae with --objective continuation, then stage joint with --objective unconditional")
         self.stage = stage
         self.mlm_weight = mlm_weight
         self.lm_weight = lm_weight
@@ -99,7 +102,8 @@ class PalmMlmLmCriterion(FairseqCriterion):
         sample_size = total("sample_size")
         metrics.log_scalar("loss", total("loss") / sample_size / math.log(2), sample_size, round=3)
         mlm_tokens = total("mlm_tokens")
-        metrics.log_scalar("mlm_loss", total("mlm_loss") / mlm_tokens / math.log(2), mlm_tokens, round=3)
+        if mlm_tokens:  # none with --objective unconditional
+            metrics.log_scalar("mlm_loss", total("mlm_loss") / mlm_tokens / math.log(2), mlm_tokens, round=3)
         if any("lm_loss" in log for log in logging_outputs):
             ntokens = total("ntokens")
             metrics.log_scalar("lm_loss", total("lm_loss") / ntokens / math.log(2), ntokens, round=3)

@@ -16,9 +16,16 @@ the documents too short for any pair (one sentence in ``sentence`` mode, one tok
 task logs the counts. Pairs live only as index arrays (token offsets into the corpus read as one stream, and
 lengths), computed once with numpy; tokens are read from the memory-mapped corpus when an item is requested.
 
-Items: the source (BERT-masked: ``mask_prob`` of its tokens selected, 80/10/10, seeded by ``(seed, epoch, index)``)
-followed by EOS, the MLM targets (original tokens at the selected positions, padding elsewhere), and the target
-followed by EOS. Batches use fairseq's translation layout (``prev_output_tokens`` = EOS + target[:-1]), so the same
+Items (``objective``; randomness seeded by ``(seed, epoch, index)``), each followed by EOS:
+
+* ``continuation`` (PALM): the source BERT-masked (``mask_prob`` of its tokens selected, 80/10/10), the MLM
+  targets (original tokens at the selected positions, padding elsewhere), the target = the continuation;
+* ``masked_span`` (a MASS-like baseline, Song et al. 2019): the source is the whole fragment (pair source + target)
+  with one contiguous span, as long as the pair's target and at a random place, selected and replaced 80/10/10;
+  the target is that span. The decoder predicts as many tokens as PALM's, from the text on both sides of them;
+* ``unconditional`` (a BERT+LM-like baseline, PALM Table 5): no source (EOS alone), the target the continuation:
+  the decoder learns it as a language model; the encoder learns only in PALM's stage ``ae`` before.
+ Batches use fairseq's translation layout (``prev_output_tokens`` = EOS + target[:-1]), so the same
 model fine-tunes with fairseq's ``translation`` task.
 """
 from dataclasses import dataclass
@@ -126,7 +133,21 @@ class ContinuationPairDataset(FairseqDataset):
         seed: with the epoch and the item index, seeds each item's masking.
     """
 
-    def __init__(self, sentences, pairs: PairIndex, dictionary, mask_idx: int, masking: TokenMaskingPolicy, seed: int):
+    OBJECTIVES = ("continuation", "masked_span", "unconditional")
+
+    def __init__(
+        self,
+        sentences,
+        pairs: PairIndex,
+        dictionary,
+        mask_idx: int,
+        masking: TokenMaskingPolicy,
+        seed: int,
+        objective: str = "continuation",
+    ):
+        if objective not in self.OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}: expected one of {', '.join(self.OBJECTIVES)}")
+        self.objective = objective
         self.sentences = sentences
         self.pairs = pairs
         self.dictionary = dictionary
@@ -155,10 +176,22 @@ class ContinuationPairDataset(FairseqDataset):
 
     def __getitem__(self, index):
         eos = self.dictionary.eos()
-        source = self._stream(int(self.pairs.source_start[index]), int(self.pairs.source_length[index]))
-        target = self._stream(int(self.pairs.target_start[index]), int(self.pairs.target_length[index]))
+        source_length, target_length = int(self.pairs.source_length[index]), int(self.pairs.target_length[index])
+        source = self._stream(int(self.pairs.source_start[index]), source_length)
+        target = self._stream(int(self.pairs.target_start[index]), target_length)
         rng = sample_rng(self.seed, self.epoch, index)
-        selected = self.masking.select(np.ones(len(source), dtype=bool), rng)
+        if self.objective == "masked_span":
+            # the target follows the source in the stream in both split modes: together they are the fragment
+            source = np.concatenate([source, target])
+            start = int(rng.integers(0, len(source) - target_length + 1))
+            target = source[start:start + target_length]
+            selected = np.zeros(len(source), dtype=bool)
+            selected[start:start + target_length] = True
+        elif self.objective == "unconditional":
+            source = source[:0]
+            selected = np.zeros(0, dtype=bool)
+        else:
+            selected = self.masking.select(np.ones(len(source), dtype=bool), rng)
         noised = self.masking.corrupt(
             source, selected, rng, self.mask_idx, self.dictionary.nspecial, len(self.dictionary)
         )

@@ -45,6 +45,16 @@ class ContinuationPairConfig(BertReplacementConfig):
         default=100, metadata={"help": "most target tokens, EOS not counted; longer sentences are truncated"}
     )
     mask_prob: float = field(default=0.15, metadata={"help": "fraction of source tokens the encoder predicts (MLM)"})
+    objective: ChoiceEnum(list(ContinuationPairDataset.OBJECTIVES)) = field(
+        default="continuation",
+        metadata={
+            "help": "what the decoder predicts from what. continuation: PALM (the text after the masked context); "
+            "masked_span: a MASS-like baseline (a span as long as the target, at a random place in the fragment, "
+            "masked in the encoder's input and predicted by the decoder; no other source token masked); "
+            "unconditional: a BERT+LM-like baseline (the continuation with no source: the decoder as a language "
+            "model; use after a --stage ae run, which trains the encoder)"
+        },
+    )
     seed: int = II("common.seed")
 
 
@@ -90,8 +100,9 @@ class ContinuationPairTask(SharedDictionaryTask):
             )
         logger.info(f"{split}: {len(pairs)} pairs ({self.cfg.split_mode} mode) from {len(sentences)} lines")
         self.datasets[split] = ContinuationPairDataset(
-            sentences, pairs, self.dictionary, self.mask_idx, self.masking, self.cfg.seed
+            sentences, pairs, self.dictionary, self.mask_idx, self.masking, self.cfg.seed, self.cfg.objective
         )
 
     def max_positions(self):
-        return self.cfg.max_source_tokens + 1, self.cfg.max_target_tokens + 1
+        source = self.cfg.max_source_tokens + (self.cfg.max_target_tokens if self.cfg.objective == "masked_span" else 0)
+        return source + 1, self.cfg.max_target_tokens + 1
