@@ -1,9 +1,12 @@
 """fairseq-generate --score-reference for unilm: the one-pass reference scorer against the incremental decoder
 forced along the reference, token by token (the probabilities beam search would compute)."""
+import numpy as np
 import pytest
 import torch
 
 from palm_plugin.data.symbols import PSEUDO_SYMBOL
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.reference_scorer import UniLMReferenceScorer
 from tests.test_unilm_decoding import ARCHS, net_input, sources, tiny_dictionary, tiny_model
 
@@ -79,3 +82,49 @@ def test_pair_longer_than_the_positions_is_refused():
     sample = {"net_input": net_input("unilm_tiny", src_tokens), "target": references(dictionary, [5])[0][None]}
     with pytest.raises(ValueError, match="exceed the model's .* positions"):
         UniLMReferenceScorer(dictionary, 4, 5).generate([model], sample)
+
+
+class _Sentences(list):
+    """A fairseq indexed dataset's interface (items and sizes) over tensors."""
+
+    @property
+    def sizes(self):
+        return np.array([len(item) for item in self])
+
+
+def test_scores_equal_the_training_layout_with_one_token_masked():
+    """UniLM v1 fine-tunes with target tokens masked in place ([SOS] S1 [EOS] S2' [EOS], seq2seq mask). With only
+    token i masked, training predicts it from the source and y_<i, the condition decoding and the scorer use: the
+    scorer's log-probability of every reference token equals the training layout's, built by the task's collater.
+    (So what fine-tuning optimises, with one mask, is exactly what --score-reference measures.)"""
+    arch = "unilm_tiny"
+    dictionary = tiny_dictionary()
+    model = tiny_model(arch, dictionary)
+    mask, pad = dictionary.index("<mask>"), dictionary.pad()
+    model.decoder.placeholder = mask
+    _, source_segment, target_segment = ARCHS[arch]
+    src_tokens = sources(dictionary, [7, 4, 9])
+    refs = references(dictionary, [5, 8, 3])
+    bodies = [row[1:int(row.ne(pad).sum()) - 1] for row in src_tokens]  # binarized S1 [EOS], without [SOS]
+    dataset = UniLMSeq2SeqDataset(
+        _Sentences(torch.cat([b, torch.tensor([dictionary.eos()])]) for b in bodies), _Sentences(refs), dictionary,
+        64, 64, TokenMaskingPolicy(), mask, source_segment, target_segment, seed=1,
+    )
+    sample = {"net_input": net_input(arch, src_tokens),
+              "target": torch.nn.utils.rnn.pad_sequence(refs, batch_first=True, padding_value=pad)}
+    hypos = UniLMReferenceScorer(dictionary, source_segment, target_segment).generate([model], sample)
+    for index, (hypo, reference) in enumerate(zip(hypos, refs)):
+        source = dataset[index]["source"].numpy()
+        items = []
+        for i in range(len(reference)):
+            noised = reference.numpy().copy()
+            noised[i] = mask
+            labels = np.full(len(source) + len(reference), pad)
+            labels[len(source) + i] = reference[i]
+            items.append({"source": source, "packed": np.concatenate([source, noised]), "labels": labels})
+        batch = dataset.training_batch(items)
+        predicted = batch["target"].ne(pad)
+        with torch.no_grad():
+            logits, _ = model(**batch["net_input"], masked_tokens=predicted)
+        training = torch.log_softmax(logits.float(), -1).gather(1, batch["target"][predicted].unsqueeze(1)).squeeze(1)
+        torch.testing.assert_close(hypo[0]["positional_scores"], training, atol=2e-5, rtol=0)
