@@ -91,7 +91,7 @@ def train_command(config, scale, updates, lr, data, precision, device, log_inter
             at = args.index("--finetune-from-model")
             del args[at: at + 2]
     else:
-        args = list(plan.runs[plan.finetune_run(Row(config, key, None), GEN, 1)].commands[0][1])
+        args = list(plan.runs[plan.finetune_run(Row(config, config, key, None), GEN, 1)].commands[0][1])
         args[0] = Path(data) / "bin" / "chitchat10k"  # the pairs as palm-data binarized them
     if device != "cpu":
         args.remove("--cpu")

@@ -66,6 +66,21 @@ def test_judge_passes_a_close_stable_fp16_run_and_names_each_failure():
     assert any("stopped at update 50 of 100" in r for r in gpu_check.judge(short, FP32)["reasons"])
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_configuration_builds_the_experiments_command_at_each_size(precision, tmp_path):
+    """Each check trains what palm-experiments trains (same task, criterion, model options), at each size, with
+    fairseq's precision flag and without a stage-ae checkpoint to start from."""
+    for size, (scale, updates, lr) in gpu_check.SIZES.items():
+        for config, (kind, *_) in gpu_check.CONFIGS.items():
+            command = [str(a) for a in gpu_check.train_command(config, scale, updates, lr, tmp_path, precision, "cuda",
+                                                               4, tmp_path)]
+            assert "--finetune-from-model" not in command, config
+            assert command[command.index("--encoder-embed-dim") + 1] == str(scale.dim), (size, config)
+            assert ("--bf16" in command) == (precision == "bf16") and "--cpu" not in command
+            if config in ("palm_ae", "palm_joint"):
+                assert command[command.index("--stage") + 1] == config.split("_")[1]
+
+
 @pytest.mark.slow
 def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_data):
     """A real harness run: fairseq-train in fp32 and bf16, the profiler, pytest on tests/test_gpu.py (skipped here)."""
