@@ -46,7 +46,6 @@ import platform
 import random
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,17 +53,9 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from palm_tools.atomic_files import atomic_open, atomic_path
+from palm_tools.logged_run import REPO, run_logged
 from palm_tools.score import perplexity_from_generate
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def tool_path(name: str) -> str:
-    """A console script of this environment: beside its Python, else on PATH (``pip install --target`` and
-    ``--user`` put scripts elsewhere)."""
-    beside = BIN / name
-    return str(beside) if beside.exists() else (shutil.which(name) or str(beside))
 USER_DIR = REPO / "palm_plugin"
 
 
@@ -387,20 +378,13 @@ class Plan:
 def _call(tool, args, log):
     """Run a tool, its output appended to ``log``; return the CPU seconds it used (user + system: unlike wall time,
     what a run costs whatever else the machine is doing)."""
-    command = [tool_path(tool)] + [str(a) for a in args]
-    with open(log, "a") as output:
-        output.write("$ " + " ".join(command) + "\n")
-        output.flush()
-        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        process = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = returncode = os.waitstatus_to_exitcode(status)
+    returncode, _, cpu = run_logged([tool, *args], log)
     if returncode != 0:
         lines = [line for line in Path(log).read_text().splitlines() if line.strip()]
         # the first line names the cause (fairseq's and our tools' last line), the table shows it
         raise RuntimeError(f"{tool} failed (exit {returncode}): {lines[-1][:200]}; see {log}\n" +
                            "\n".join(lines[-15:]))
-    return usage.ru_utime + usage.ru_stime
+    return cpu
 
 
 def _stage(folder, build):

@@ -42,9 +42,9 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from palm_tools.experiments import GEN, PRESETS, Plan, Row, Scale, tool_path
+from palm_tools.experiments import GEN, PRESETS, Plan, Row, Scale
+from palm_tools.logged_run import REPO, run_logged
 
-REPO = Path(__file__).resolve().parents[1]
 
 FP16_TOLERANCE = 0.02
 BF16_TOLERANCE = 0.03
@@ -101,20 +101,11 @@ def train_command(config, scale, updates, lr, data, precision, device, log_inter
 
 
 def run_tool(command, log, timeout):
-    """Run ``command`` with its output in ``log``; returns (exit status, seconds); a timeout is status 124."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
-    started = time.time()
-    with open(log, "w") as output:
-        output.write("$ " + " ".join(command) + "\n")
-        output.flush()
-        try:
-            status = subprocess.run(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env,
-                                    timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            output.write(f"\npalm-gpu-check: stopped after {timeout} s\n")
-            status = 124
-    return status, time.time() - started
+    """Run ``command`` with two threads, its output in a new ``log``; returns (exit status, seconds); a timeout is
+    status 124."""
+    Path(log).unlink(missing_ok=True)
+    status, seconds, _ = run_logged(command, log, threads=2, timeout=timeout)
+    return status, seconds
 
 
 # ------------------------------------------------------------------------------------------------ reading logs
@@ -196,7 +187,7 @@ def training(args, work, log):
                 name = f"{config}-{size}-{precision}"
                 runs.append({"name": name, "config": config, "size": size, "precision": precision, "updates": updates,
                              "log": work / "logs" / f"{name}.log",
-                             "command": [tool_path("fairseq-train")] + train_command(
+                             "command": ["fairseq-train"] + train_command(
                                  config, scale, updates, lr, args.data, precision, args.device, interval, work)})
     (work / "logs").mkdir(parents=True, exist_ok=True)
 

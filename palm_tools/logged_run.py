@@ -1,0 +1,51 @@
+"""Running the console scripts a tool drives (fairseq-train, fairseq-generate, palm-data...): found in this
+environment, their output appended to a log file, their exit status, wall time and CPU time returned."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tool_path(name: str) -> str:
+    """A console script of this environment: beside its Python, else on PATH (``pip install --target`` and
+    ``--user`` put scripts elsewhere)."""
+    beside = BIN / name
+    return str(beside) if beside.exists() else (shutil.which(name) or str(beside))
+
+
+def run_logged(command, log, threads: int = 1, timeout: float = None):
+    """Run ``command`` (its first item a console script name or a path) from the repository with ``threads`` OpenMP
+    threads, its output appended to ``log`` after the command line.
+
+    Returns:
+        (exit status, wall seconds, CPU seconds): a run stopped at ``timeout`` has status 124 and a line saying so
+        in the log. CPU seconds are the user + system time of the process and its children, what the run costs
+        whatever else the machine is doing (read with ``os.wait4``, per process, so runs in threads do not mix).
+    """
+    command = [tool_path(str(command[0])) if os.sep not in str(command[0]) else str(command[0])] + [
+        str(a) for a in command[1:]]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    started = time.time()
+    with open(log, "a") as output:
+        output.write("$ " + " ".join(command) + "\n")
+        output.flush()
+        process = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        while pid == 0 and (timeout is None or time.time() - started < timeout):
+            time.sleep(0.2)
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        stopped = pid == 0
+        if stopped:  # the tool and whatever it started (data loader workers)
+            os.killpg(process.pid, signal.SIGKILL)
+            _, status, usage = os.wait4(process.pid, 0)
+            output.write(f"\n{Path(command[0]).name}: stopped after {timeout} s\n")
+        process.returncode = 124 if stopped else os.waitstatus_to_exitcode(status)
+    return process.returncode, time.time() - started, usage.ru_utime + usage.ru_stime
