@@ -165,6 +165,7 @@ class Pretraining:
 PRETRAININGS = {
     "palm": Pretraining("palm"),
     "palm_nocopy": Pretraining("palm", ("--no-copy",)),
+    "palm_one_stage": Pretraining("palm", stage_ae=False),
     # PALM Table 5's baselines, on PALM's network and fragments (equal text, equal decoder tokens per block)
     "mass_like": Pretraining("palm", ("--objective", "masked_span"), stage_ae=False),
     "bert_lm_like": Pretraining("palm", joint_options=("--objective", "unconditional")),
@@ -181,6 +182,8 @@ EXPERIMENTS = (
          Row("reinit_encoder", "- autoencoding (encoder re-initialised)", "palm", "palm", ("--reinit-encoder",)),
          Row("reinit_decoder", "- autoregression (decoder re-initialised)", "palm", "palm", ("--reinit-decoder",)),
          Row("scratch", "- pre-training", "palm", None),
+         Row("one_stage", "PALM, stage joint only (every update trains the decoder, as the MASS-like row's)", "palm",
+             "palm_one_stage"),
          Row("mass_like", "MASS-like (a masked span of the fragment, one stage)", "palm", "mass_like"),
          Row("bert_lm_like", "BERT+LM-like (encoder MLM, then the decoder as an LM without context)", "palm",
              "bert_lm_like")),
