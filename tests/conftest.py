@@ -32,6 +32,14 @@ def cli():
     return run_cli
 
 
+def binarize_pairs(destdir, train, valid, test=None):
+    """fairseq-preprocess of parallel text (PREFIX.src / PREFIX.tgt for each split) into ``destdir`` with one joined
+    dictionary, as the plugin's tasks read it."""
+    splits = ["--trainpref", train, "--validpref", valid] + (["--testpref", test] if test else [])
+    return run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", *splits, "--destdir", destdir,
+                   "--joined-dictionary", "--workers", 1)
+
+
 # fairseq-train arguments of each pre-training objective on tiny models, with dropout off so that runs on
 # different processes can be compared exactly. fairseq's own masked_lm is the reference for the mechanisms.
 PRETRAINING = {

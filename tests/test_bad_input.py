@@ -6,7 +6,7 @@ import random
 import pytest
 
 from palm_plugin.modules.dictionary_check import DictionaryMismatchError
-from tests.conftest import PRETRAINING, USER_DIR, run_cli
+from tests.conftest import PRETRAINING, USER_DIR, binarize_pairs, run_cli
 from tests.test_determinism import OURS, build_dataset
 
 
@@ -70,9 +70,7 @@ def two_dictionaries(tmp_path_factory):
     root = tmp_path_factory.mktemp("dictionaries")
     for name, words in (("small", 30), ("large", 60)):
         write_pairs(root / name, words)
-        run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
-                root / name / "train", "--validpref", root / name / "valid", "--destdir", root / name / "bin",
-                "--joined-dictionary", "--workers", 1)
+        binarize_pairs(root / name / "bin", root / name / "train", root / name / "valid")
     return root
 
 

@@ -11,7 +11,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel
-from tests.conftest import PRETRAINING, USER_DIR, run_cli
+from tests.conftest import PRETRAINING, USER_DIR, binarize_pairs, run_cli
 from tests.test_determinism import OURS
 from tests.test_unilm_decoding import ARCHS, net_input, sources, tiny_dictionary
 
@@ -149,8 +149,7 @@ def awkward_pairs(tmp_path_factory):
         target.append(sentence(rng, 40 if index in (9, 10, 12) else 0 if index in (5, 7) else rng.randint(3, 8)))
     (root / "train.src").write_text("\n".join(source) + "\n")
     (root / "train.tgt").write_text("\n".join(target) + "\n")
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "train",
-            "--validpref", root / "train", "--destdir", root / "bin", "--joined-dictionary", "--workers", 1)
+    binarize_pairs(root / "bin", root / "train", root / "train")
     return root / "bin"
 
 

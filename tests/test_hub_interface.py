@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, binarize_pairs, run_cli
 
 USER_DIR = REPO / "palm_plugin"
 
@@ -44,9 +44,7 @@ def data(tmp_path_factory):
             targets.append(" ".join(words[:4]))
         (root / f"{split}.src").write_text("\n".join(sources) + "\n")
         (root / f"{split}.tgt").write_text("\n".join(targets) + "\n")
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "train",
-            "--validpref", root / "valid", "--testpref", root / "test", "--destdir", root / "bin",
-            "--joined-dictionary", "--workers", "1")
+    binarize_pairs(root / "bin", root / "train", root / "valid", root / "test")
     return root
 
 

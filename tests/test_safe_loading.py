@@ -10,7 +10,7 @@ import torch
 
 import palm_plugin  # noqa: F401  (installs the allow-list)
 from palm_plugin.fixes.safe_loading import CorruptCheckpointError, UnsafeCheckpointError, load_state
-from tests.conftest import USER_DIR
+from tests.conftest import USER_DIR, binarize_pairs
 
 
 class CodePayload:
@@ -49,8 +49,7 @@ def trained(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("safe_loading")
     write_pairs(root)
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "train",
-            "--validpref", root / "valid", "--destdir", root / "bin", "--joined-dictionary", "--workers", "1")
+    binarize_pairs(root / "bin", root / "train", root / "valid")
     run_cli("fairseq-train", root / "bin", "--user-dir", USER_DIR, "--save-dir", root / "ck", "--max-update", "4",
             *TINY_TRANSFORMER)
     return root

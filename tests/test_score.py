@@ -8,7 +8,7 @@ import re
 import pytest
 
 from palm_tools import score
-from tests.conftest import REPO, USER_DIR, run_cli
+from tests.conftest import REPO, USER_DIR, binarize_pairs, run_cli
 
 
 def sotu_sentences(count, start=0):
@@ -201,8 +201,7 @@ def test_perplexity_from_generate_equals_fairseq_validate(tmp_path):
         write(raw / f"{split}.src", [" ".join(s.split()[:12]) for s in chunk])
         write(raw / f"{split}.tgt", [" ".join(s.split()[-12:]) for s in chunk])
     data = tmp_path / "bin"
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
-            "--validpref", raw / "valid", "--destdir", data, "--joined-dictionary", "--workers", "1")
+    binarize_pairs(data, raw / "train", raw / "valid")
     checkpoints = tmp_path / "ckpt"
     run_cli("fairseq-train", data, "--task", "translation", "--arch", "transformer", "--encoder-layers", "1",
             "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",

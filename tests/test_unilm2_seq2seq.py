@@ -13,7 +13,7 @@ from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel, unilm2_tiny
 from palm_plugin.modules.attention_masks import mask_from_fields, pseudo_seq2seq_mask
-from tests.conftest import REPO
+from tests.conftest import REPO, binarize_pairs
 
 SOURCE_SEGMENT, TARGET_SEGMENT = 0, 1
 
@@ -265,9 +265,7 @@ def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
     """fairseq-preprocess -> fairseq-train --pseudo-masks --arch unilm2_tiny -> fairseq-generate learns the task."""
     raw = prefix_copy_data(tmp_path, {"train": 2000, "valid": 16, "test": 10})
     data = tmp_path / "bin"
-    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
-        "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", data, "--joined-dictionary",
-        "--workers", "1")
+    binarize_pairs(data, raw / "train", raw / "valid", raw / "test")
     task = ["--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--pseudo-masks", "--cpu",
             "--source-segment", "0", "--target-segment", "1", "--max-source-positions", "10",
             "--max-target-positions", "8"]

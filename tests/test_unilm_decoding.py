@@ -8,7 +8,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel, unilm2_tiny, unilm_tiny
 from palm_plugin.modules.attention_masks import Objective
-from tests.conftest import REPO
+from tests.conftest import REPO, binarize_pairs
 
 ARCHS = {"unilm_tiny": (unilm_tiny, 4, 5), "unilm2_tiny": (unilm2_tiny, 0, 1)}
 
@@ -152,9 +152,7 @@ def copy_data(directory, lines_per_split, seed=0):
 def test_fairseq_preprocess_train_generate_end_to_end(tmp_path, cli):
     raw = copy_data(tmp_path, {"train": 64, "valid": 16, "test": 10})
     data = tmp_path / "bin"
-    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
-        "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", data, "--joined-dictionary",
-        "--workers", "1")
+    binarize_pairs(data, raw / "train", raw / "valid", raw / "test")
     task = ["--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--cpu", "--max-source-positions", "10",
             "--max-target-positions", "5"]
     train = cli("fairseq-train", data, *task, "--arch", "unilm_tiny", "--criterion", "unilm_cloze", "--label-smoothing",

@@ -7,7 +7,7 @@ import pytest
 import sentencepiece
 import torch
 
-from tests.conftest import BIN, REPO
+from tests.conftest import BIN, REPO, binarize_pairs
 
 
 def raw_pairs(directory, lines_per_split, seed=0):
@@ -58,9 +58,7 @@ LAYOUTS = {
 def test_interactive_from_stdin_equals_generate(tmp_path, cli, layout):
     raw, bpe, spm = raw_pairs(tmp_path, {"train": 64, "valid": 8, "test": 8})
     data = tmp_path / "bin"
-    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", bpe / "train",
-        "--validpref", bpe / "valid", "--testpref", bpe / "test", "--destdir", data, "--joined-dictionary",
-        "--workers", "1")
+    binarize_pairs(data, bpe / "train", bpe / "valid", bpe / "test")
     task = ["--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--cpu", "--max-source-positions", "16",
             "--max-target-positions", "16"]
     arch = LAYOUTS[layout][2:]  # the task options of the layout (the arch is for training only)
