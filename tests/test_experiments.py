@@ -170,9 +170,13 @@ def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
     assert scored and len(scored) == 1 and next(iter(scored))[1] == ex.PRESETS["quick"].eval_pairs, scored
     assert (work / "paper_tables.png").read_bytes()[:4] == b"\x89PNG"
     assert "paper: AE+PAR best" in (work / "paper_tables.md").read_text()
-    check_budgets_and_seeds(ex.Plan(ex.PRESETS["quick"].with_overrides([f"data={data}"]), work), min_seeds=1)
+    plan = ex.Plan(ex.PRESETS["quick"].with_overrides([f"data={data}"]), work)
+    check_budgets_and_seeds(plan, min_seeds=1)
     second = run_cli(REPO / "palm_tools" / "experiments.py", *arguments)
-    assert "0 to run" in second.stdout and "34 of 34 runs already finished" in second.stdout, first.stdout[-2000:]
+    runs = len(plan.runs)
+    assert "0 to run" in second.stdout and f"{runs} of {runs} runs already finished" in second.stdout, \
+        first.stdout[-2000:]
+    assert runs == 42  # 12 pre-trainings and 30 fine-tunings: a change of the tables shows here
 
 
 def test_work_folder_keeps_its_scale(tmp_path):
