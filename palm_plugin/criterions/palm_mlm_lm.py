@@ -49,7 +49,7 @@ class PalmMlmLmConfig(FairseqDataclass):
 class PalmMlmLmCriterion(FairseqCriterion):
     def __init__(self, task, stage, mlm_weight, lm_weight):
         super().__init__(task)
-        if stage == "ae" and getattr(task.cfg, "objective", None) == "unconditional":
+        if stage == "ae" and getattr(getattr(task, "cfg", None), "objective", None) == "unconditional":
             raise ValueError("--stage ae trains the encoder, and --objective unconditional gives it no source: train "
                              "stage ae with --objective continuation, then stage joint with --objective unconditional")
         self.stage = stage
