@@ -25,7 +25,8 @@ Items (``objective``; randomness seeded by ``(seed, epoch, index)``), each follo
   the target is that span. The decoder predicts as many tokens as PALM's, from the text on both sides of them;
 * ``unconditional`` (a BERT+LM-like baseline, PALM Table 5): no source (EOS alone), the target the continuation:
   the decoder learns it as a language model; the encoder learns only in PALM's stage ``ae`` before.
- Batches use fairseq's translation layout (``prev_output_tokens`` = EOS + target[:-1]), so the same
+
+Batches use fairseq's translation layout (``prev_output_tokens`` = EOS + target[:-1]), so the same
 model fine-tunes with fairseq's ``translation`` task.
 """
 from dataclasses import dataclass
