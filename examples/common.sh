@@ -147,7 +147,7 @@ dictionary() {  # the model's fixed dictionary; empty: fairseq-preprocess builds
 }
 
 wordpiece_cased() {  # 1 when the converted checkpoint's vocabulary is cased (what palm-prepare encode used)
-  "$PYTHON" -c 'import sys; from pathlib import Path; from palm_tools.encode import lower_case
+  "$PYTHON" -c 'import sys; from pathlib import Path; from palm_tools.data.encode import lower_case
 vocab = Path(sys.argv[1]); print(int(not lower_case(vocab.parent, vocab.read_text(encoding="utf-8").split())[0]))' \
     "$UNILM_DIR/vocab.txt"
 }

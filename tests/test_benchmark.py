@@ -13,12 +13,13 @@ import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from palm_tools import bench_report, benchmark
-from palm_tools.bench_data import SyntheticCorpus
-from palm_tools.bench_decode import DECODE_SPECS, generate, generator_for, source_batch
-from palm_tools.bench_models import PRECISIONS, TRAIN_SPECS, build, load_batch
-from palm_tools.bench_pipeline import DATA_SPECS, measure_data_pipeline, training_dataset
-from palm_tools.bench_train import NaivePARStep, TrainStep, peak_tensor_bytes, resident_bytes
+from palm_tools.bench import cli as benchmark
+from palm_tools.bench import report as bench_report
+from palm_tools.bench.data import SyntheticCorpus
+from palm_tools.bench.decode import DECODE_SPECS, generate, generator_for, source_batch
+from palm_tools.bench.models import PRECISIONS, TRAIN_SPECS, build, load_batch
+from palm_tools.bench.pipeline import DATA_SPECS, measure_data_pipeline, training_dataset
+from palm_tools.bench.train import NaivePARStep, TrainStep, peak_tensor_bytes, resident_bytes
 
 LENGTH = 32
 SPECS = {spec.key: spec for spec in TRAIN_SPECS}

@@ -1,4 +1,4 @@
-"""palm-convert (palm_tools/convert_checkpoint.py): BERT / UniLM v1 / UniLMv2 / RoBERTa checkpoints -> unilm, checked numerically
+"""palm-convert (palm_tools/convert/cli.py): BERT / UniLM v1 / UniLMv2 / RoBERTa checkpoints -> unilm, checked numerically
 against the reference implementations (transformers' BERT, fairseq's RoBERTa, an independent UniLMv2 forward)."""
 import argparse
 import os
@@ -16,7 +16,7 @@ from palm_plugin.models.unilm import UniLMModel
 from tests.conftest import REPO
 
 VOCAB = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(30)] + ["##s", "the"]
-from palm_tools import convert_checkpoint as convert
+from palm_tools.convert import cli as convert
 
 
 def tiny_bert_config(**overrides):

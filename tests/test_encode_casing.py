@@ -2,7 +2,7 @@
 vocab.txt, else the vocabulary itself), and text that turns into [UNK] more than 1% of the time is reported."""
 import json
 
-from palm_tools import prepare
+from palm_tools.data import prepare
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "."]
 TEXT = "The Cat sat on the Mat .\nthe cat sat .\n"  # 11 words; cased: The, Cat, Mat are not in the vocabulary

@@ -1,4 +1,4 @@
-"""palm-experiments (palm_tools/experiments.py): every row of a table gets the same budget and seeds (read back from
+"""palm-experiments (palm_tools/experiments/cli.py): every row of a table gets the same budget and seeds (read back from
 the fairseq command lines the plan builds), the statistics and directions, the resumable scheduler, and (slow) every
 row of every experiment end to end on tiny settings with real fairseq processes."""
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from palm_tools import experiments as ex
+from palm_tools.experiments import cli as ex
 from tests.conftest import REPO, run_cli
 
 BUDGET_FLAGS = ("--max-update", "--batch-size", "--lr", "--warmup-updates", "--encoder-layers", "--decoder-layers",

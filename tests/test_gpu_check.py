@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from palm_tools import gpu_check
+from palm_tools.experiments import gpu_check
 from tests.conftest import REPO, run_cli
 
 
@@ -86,7 +86,7 @@ def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_dat
     """A real harness run: fairseq-train in fp32 and bf16, the profiler, pytest on tests/test_gpu.py (skipped here)."""
     data = small_palm_data
     out = tmp_path / "check"
-    result = run_cli(sys.executable, "-m", "palm_tools.gpu_check", "--out", out, "--data", data, "--device", "cpu",
+    result = run_cli(sys.executable, "-m", "palm_tools.experiments.gpu_check", "--out", out, "--data", data, "--device", "cpu",
                      "--quick", "--configs", "unilm_s2s", cwd=REPO)
     report = json.loads((out / "gpu_check.json").read_text())
     rows = {(r["config"], r["precision"]): r for r in report["training"]}

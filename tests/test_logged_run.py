@@ -1,8 +1,8 @@
-"""palm_tools.logged_run: the runner palm-experiments and palm-gpu-check drive fairseq with."""
+"""palm_tools.experiments.logged_run: the runner palm-experiments and palm-gpu-check drive fairseq with."""
 import sys
 import time
 
-from palm_tools.logged_run import run_logged
+from palm_tools.experiments.logged_run import run_logged
 
 
 def test_output_status_and_cpu_time_of_a_run(tmp_path):

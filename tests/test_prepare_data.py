@@ -1,4 +1,4 @@
-"""palm-data (palm_tools/prepare_data.py): layout, determinism, idempotence and clear errors on bad input (real subprocesses)."""
+"""palm-data (palm_tools/data/corpora.py): layout, determinism, idempotence and clear errors on bad input (real subprocesses)."""
 import hashlib
 import json
 import subprocess
@@ -13,7 +13,7 @@ SMALL = ["--vocab-size", "300", "--spm-sentences", "5000", "--small-train-pairs"
 
 def run(*args, preamble=""):
     code = f"{preamble}import runpy, sys; sys.argv = ['palm-data'] + {list(map(str, args))!r}; " \
-           f"runpy.run_module('palm_tools.prepare_data', run_name='__main__')"
+           f"runpy.run_module('palm_tools.data.corpora', run_name='__main__')"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
 
 

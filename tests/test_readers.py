@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from palm_tools import prepare
-from palm_tools.readers.cornell import SMALL_TRAIN
+from palm_tools.data import prepare
+from palm_tools.data.readers.cornell import SMALL_TRAIN
 from tests.conftest import run_cli
 
 

@@ -2,7 +2,7 @@
 pieces on tiny hand-made vocabularies and a decode round trip through the class fairseq-generate decodes with."""
 import json
 
-from palm_tools import encode, prepare
+from palm_tools.data import encode, prepare
 
 
 def run(capsys, *argv):

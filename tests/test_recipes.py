@@ -112,7 +112,7 @@ def load_smoke_data():
 ])
 def test_smoke_data_is_in_the_readers_format(tmp_path, capsys, benchmark, argv, counts):
     """The small files of the recipes that test_smoke_data_converts does not run, through their readers in-process."""
-    from palm_tools import prepare
+    from palm_tools.data import prepare
 
     load_smoke_data().WRITERS[benchmark](tmp_path / "download")
     argv = [a.format(d=tmp_path / "download") for a in argv] + ["--out", str(tmp_path / "raw" / "test")]

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from palm_tools import score
+from palm_tools.scoring import cli as score
 from tests.conftest import REPO, USER_DIR, binarize_pairs, run_cli
 
 

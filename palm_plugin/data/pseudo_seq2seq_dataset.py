@@ -23,7 +23,7 @@ Noise on the target tokens (the history the pseudo rows condition on), two schem
 
 The generation view is the parent class's: the decoder needs the source only. The packing
 (:func:`pack_pseudo_seq2seq`) also serves ``fairseq-generate --score-reference``, with the reference as history
-(:mod:`palm_plugin.reference_scorer`).
+(:mod:`palm_plugin.models.unilm_reference_scorer`).
 """
 import numpy as np
 import torch

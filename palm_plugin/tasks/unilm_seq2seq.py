@@ -8,7 +8,7 @@ Training packs ``[SOS] S1 [EOS] S2 [EOS]`` (``--max-source-positions`` / ``--max
 counted and logged), predicts ``--mask-prob`` of ``S2 [EOS]`` (80/10/10) with ``--criterion unilm_cloze``
 (``--label-smoothing 0.1`` in the paper). ``fairseq-generate`` decodes with the model's cached incremental decoder;
 ``fairseq-generate --score-reference`` scores the references (perplexity) with
-:class:`~palm_plugin.reference_scorer.UniLMReferenceScorer`; ``fairseq-interactive`` (and fairseq's hub
+:class:`~palm_plugin.models.unilm_reference_scorer.UniLMReferenceScorer`; ``fairseq-interactive`` (and fairseq's hub
 interface) decodes raw text through :meth:`UniLMSeq2SeqTask.build_dataset_for_inference`.
 
 ``--pseudo-masks`` switches to UniLMv2's fine-tuning layout ``[source | target | pseudo target]`` (Bao et al.
@@ -33,7 +33,7 @@ from palm_plugin.data.pseudo_seq2seq_dataset import NOISE_SCHEMES, PseudoSeq2Seq
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
-from palm_plugin.reference_scorer import UniLMReferenceScorer
+from palm_plugin.models.unilm_reference_scorer import UniLMReferenceScorer
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
 
     def build_generator(self, models, args, **kwargs):
         """fairseq's beam search over the models' cached decoder; with ``--score-reference``, the reference scorer
-        (fairseq's own cannot call a UniLM, see :mod:`palm_plugin.reference_scorer`)."""
+        (fairseq's own cannot call a UniLM, see :mod:`palm_plugin.models.unilm_reference_scorer`)."""
         # fairseq-generate loads its split (load_dataset) before it builds the generator and draws the first batch
         # after: switch the loaded datasets to the generation view here, so decoding collates no training rows.
         for dataset in self.datasets.values():

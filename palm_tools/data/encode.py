@@ -13,7 +13,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from palm_tools.atomic_files import atomic_open
-from palm_tools.readers.common import ReaderError
+from palm_tools.data.readers.common import ReaderError
 
 _encoder = None
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from palm_tools.sentence_split import split_sentences  # noqa: E402
+from palm_tools.data.sentence_split import split_sentences  # noqa: E402
 
 SPECIAL_SYMBOLS = ["<mask>"]  # appended to the dictionary so every task (and fairseq's translation) sees one size
 

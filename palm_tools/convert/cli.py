@@ -70,7 +70,7 @@ from omegaconf import OmegaConf
 import palm_plugin
 from palm_plugin.fixes import safe_loading
 from palm_plugin.modules import table_extension
-from palm_tools import encode
+from palm_tools.data import encode
 from palm_tools.atomic_files import atomic_path
 from palm_plugin.models.unilm import UniLMModel
 

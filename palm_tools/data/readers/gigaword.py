@@ -1,6 +1,6 @@
 """Gigaword headline generation (Rush et al., 2015): parallel text files, an article's first sentence a line in
 one (``train.article.txt``, ``train.src.txt``) and its headline on the same line of the other."""
-from palm_tools.readers.common import ReaderError, read_text
+from palm_tools.data.readers.common import ReaderError, read_text
 
 
 def read_gigaword(source_file, target_file, counts):

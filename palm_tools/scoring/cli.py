@@ -6,7 +6,7 @@ Subcommands (each writes a small JSON file with ``--out`` and prints a one-line 
   ROUGE-1.5.5 Perl script with ``-c 95 -r 1000 -n 2 -a -m``: lower-cased alphanumeric tokens, Porter stemming of
   tokens longer than three characters, F1 averaged over examples. Its ROUGE-L is the summary-level LCS over
   sentence-split texts (ROUGE-Lsum). We compute the same with the ``rouge-score`` package and ROUGE-1.5.5's own
-  stemming (palm_tools/rouge155.py); the sentences of a line are split at ``<q>`` markers (how our readers
+  stemming (palm_tools/scoring/rouge155.py); the sentences of a line are split at ``<q>`` markers (how our readers
   join summary sentences) or, as files2rouge does by default, after every period. We report the exact mean over
   examples; the Perl script prints the mean of its 1000 bootstrap resamples, which differs from it by resampling
   noise (about sigma / sqrt(1000 N): 0.01 point on a test set of 10K summaries). tests/test_score_rouge_perl.py
@@ -141,7 +141,7 @@ def rouge_examples(hyps, refs, sentence_split="marker", stemming=True):
     ``{"rouge-1": {"p", "r", "f"}, "rouge-2": ..., "rouge-l": ...}``."""
     from rouge_score import rouge_scorer
 
-    from palm_tools.rouge155 import Rouge155Tokenizer
+    from palm_tools.scoring.rouge155 import Rouge155Tokenizer
 
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeLsum"], tokenizer=Rouge155Tokenizer(stemming))
     names = {"rouge1": "rouge-1", "rouge2": "rouge-2", "rougeLsum": "rouge-l"}

@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from palm_tools.bench_flops import encoder_only_step, synchronize
+from palm_tools.bench.flops import encoder_only_step, synchronize
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 
 
 class TrainStep:
-    """One fairseq update of ``built`` (:class:`palm_tools.bench_models.Built`) on ``batch``."""
+    """One fairseq update of ``built`` (:class:`palm_tools.bench.models.Built`) on ``batch``."""
 
     def __init__(self, spec, built, batch):
         self.spec, self.built, self.batch = spec, built, batch

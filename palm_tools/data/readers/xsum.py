@@ -13,7 +13,7 @@ import json
 import os
 import re
 
-from palm_tools.readers.common import ReaderError, read_text
+from palm_tools.data.readers.common import ReaderError, read_text
 
 _SECTION = re.compile(r"\[SN\](URL|TITLE|FIRST-SENTENCE|RESTBODY)\[SN\]")
 

@@ -18,8 +18,8 @@ from typing import Callable, List
 import torch
 
 from palm_plugin.data.symbols import MASK_SYMBOL
-from palm_tools.bench_flops import synchronize
-from palm_tools.bench_models import (palm_arch, prepare_sample, transformer_arch, translation_task, unilm_arch,
+from palm_tools.bench.flops import synchronize
+from palm_tools.bench.models import (palm_arch, prepare_sample, transformer_arch, translation_task, unilm_arch,
                                      unilm_seq2seq_task)
 
 

@@ -10,7 +10,7 @@ each model comes later). Source = the article's lines joined by spaces; target =
 import hashlib
 import os
 
-from palm_tools.readers.common import ReaderError, read_text
+from palm_tools.data.readers.common import ReaderError, read_text
 
 # See et al.'s list; \u2019 and \u201d are the DailyMail's closing quotes
 SENTENCE_END = (".", "!", "?", "...", "'", "`", '"', "\u2019", "\u201d", ")")

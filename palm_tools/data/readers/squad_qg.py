@@ -10,8 +10,8 @@ the answer span. Each question uses its first answer, as Du et al. did.
 """
 import json
 
-from palm_tools.readers.common import ReaderError, one_line, read_text
-from palm_tools.sentence_split import split_sentences
+from palm_tools.data.readers.common import ReaderError, one_line, read_text
+from palm_tools.data.sentence_split import split_sentences
 
 
 def _field(record, name, where, path):

@@ -18,9 +18,9 @@ import argparse
 import os
 import sys
 
-from palm_tools import encode
-from palm_tools.readers import cnndm, coqa, cornell, gigaword, msmarco, squad_qg, xsum
-from palm_tools.readers.common import Counts, ReaderError, write_pairs
+from palm_tools.data import encode
+from palm_tools.data.readers import cnndm, coqa, cornell, gigaword, msmarco, squad_qg, xsum
+from palm_tools.data.readers.common import Counts, ReaderError, write_pairs
 
 
 def build_parser():

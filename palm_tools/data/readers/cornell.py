@@ -11,7 +11,7 @@ import ast
 
 import numpy as np
 
-from palm_tools.readers.common import ReaderError, one_line, read_text
+from palm_tools.data.readers.common import ReaderError, one_line, read_text
 
 FIELD_SEPARATOR = " +++$+++ "
 SMALL_TRAIN = 10_000  # PALM Table 5's low-resource training set

@@ -28,8 +28,8 @@ from fairseq import optim, options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 import palm_plugin  # noqa: F401  (registers the plugin's tasks, models and criteria)
-from palm_tools.bench_data import target_split
-from palm_tools.bench_flops import Dims, encoder_decoder_step, encoder_only_step
+from palm_tools.bench.data import target_split
+from palm_tools.bench.flops import Dims, encoder_decoder_step, encoder_only_step
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 
 COMMON = ["--optimizer", "adam", "--lr", "0.0001", "--seed", "1", "--num-workers", "0"]
@@ -196,7 +196,7 @@ class TrainSpec:
 
     ``text_tokens(batch, pad)``: the text the step learns from (source + target tokens; for UniLMv2 the original
     sequence, not the appended pseudo/original copies, which are cost, not data). ``flops(built, batch)``: the
-    analytic training FLOPs of one step (:mod:`palm_tools.bench_flops`).
+    analytic training FLOPs of one step (:mod:`palm_tools.bench.flops`).
     """
 
     key: str

@@ -1,7 +1,7 @@
 """``palm-bench``'s data-pipeline table: how fast each task's own dataset and collater prepare batches.
 
 Each configuration is a task set up as ``fairseq-train`` sets it up (``load_dataset("train")`` on synthetic
-binarized data, :mod:`palm_tools.bench_data`); what is timed is what a fairseq data-loader worker does for a batch:
+binarized data, :mod:`palm_tools.bench.data`); what is timed is what a fairseq data-loader worker does for a batch:
 ``dataset[i]`` for each example, then ``dataset.collater``, on one thread (a worker is one process), for
 consecutive batches of ``batch`` examples. Time is the process's CPU time, so "per core" holds on a machine whose
 cores other processes share (wall-clock time would count their turns too). Every layout holds ``length`` tokens
@@ -16,8 +16,8 @@ import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from palm_tools.bench_data import target_split
-from palm_tools.bench_models import COMMON, positions, translation_task, unilm_seq2seq_task
+from palm_tools.bench.data import target_split
+from palm_tools.bench.models import COMMON, positions, translation_task, unilm_seq2seq_task
 
 
 @dataclass

@@ -18,7 +18,7 @@ import os
 from nltk.stem.porter import PorterStemmer
 from rouge_score import tokenize
 
-EXCEPTIONS_FILE = os.path.join(os.path.dirname(__file__), "data", "wordnet-2.0-exceptions.txt")
+EXCEPTIONS_FILE = os.path.join(os.path.dirname(__file__), "wordnet-2.0-exceptions.txt")
 
 
 @functools.lru_cache(maxsize=1)

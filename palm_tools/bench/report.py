@@ -148,7 +148,7 @@ METHOD = """### How it is measured
 - **FLOPs and MFU**: analytic count of the matrix products only, 2 FLOPs per multiply-add, 3x the forward pass
   per update: `6 * params * tokens` for every linear layer on the rows it is applied to, plus attention
   `12 * T_q * T_k * d` per layer over the full score matrix, plus output layers on the rows they predict
-  (`palm_tools/bench_flops.py`; tests check it equals `torch.utils.flop_counter` on real updates). MFU =
+  (`palm_tools/bench/flops.py`; tests check it equals `torch.utils.flop_counter` on real updates). MFU =
   FLOPs per update / median update time / the machine limit: the best median `torch.mm` throughput in the
   training dtype measured on the device in the same run, on random operands (a square `gemm_size` GEMM and a
   feed-forward GEMM of `batch_sequences * reference_length` x 768 x 3072); on a GPU also against the datasheet peak
@@ -162,7 +162,7 @@ METHOD = """### How it is measured
   runs on the machine), for each task set up as `fairseq-train` sets it up
   (`load_dataset("train")` on the synthetic binarized data); every layout holds `data_length` tokens per example,
   so tokens/s = `data_length` x examples/s. fairseq's own `masked_lm` and `translation` are measured in the same
-  run as reference points (`palm_tools/bench_pipeline.py`).
+  run as reference points (`palm_tools/bench/pipeline.py`).
 - **Decoding**: fairseq's `SequenceGenerator` (beam search) with `--min-len T --max-len-a 0 --max-len-b T`, so
   every hypothesis has exactly T tokens; random sources of `source_tokens` tokens, `sentences` per batch (one row
   per batch size). UniLM's *full recomputation*

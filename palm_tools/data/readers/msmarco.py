@@ -7,7 +7,7 @@ marked as used (``is_selected``), or all of them.
 """
 import json
 
-from palm_tools.readers.common import ReaderError, read_text
+from palm_tools.data.readers.common import ReaderError, read_text
 
 NO_ANSWER = "No Answer Present."
 

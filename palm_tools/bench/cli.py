@@ -12,13 +12,13 @@ noisy machine. It measures
 * the device's matmul throughput in the training precision (the denominator of MFU; ``--peak-tflops`` gives a
   second one, a datasheet figure),
 * the data pipeline: examples/s and tokens/s per core of each task's own dataset + collater at ``--data-length``
-  (every task of the plugin beside fairseq's ``masked_lm`` and ``translation``; :mod:`palm_tools.bench_pipeline`),
+  (every task of the plugin beside fairseq's ``masked_lm`` and ``translation``; :mod:`palm_tools.bench.pipeline`),
 
 then prints a markdown table with PASS/MISS for the targets (issue #7's on the CPU, issue #15's on a GPU), and
 writes JSON and a PNG chart. Models are built in-process through fairseq's APIs on synthetic data of the measured
-shapes (:mod:`palm_tools.bench_data`), on ``--device`` in ``--precision`` the way fairseq-train and
-fairseq-generate run with ``--bf16`` / ``--fp16`` (:mod:`palm_tools.bench_models`); see
-:mod:`~palm_tools.bench_flops` for how FLOPs are counted and :mod:`~palm_tools.bench_train` for how memory is
+shapes (:mod:`palm_tools.bench.data`), on ``--device`` in ``--precision`` the way fairseq-train and
+fairseq-generate run with ``--bf16`` / ``--fp16`` (:mod:`palm_tools.bench.models`); see
+:mod:`~palm_tools.bench.flops` for how FLOPs are counted and :mod:`~palm_tools.bench.train` for how memory is
 measured. ``--profile-dir`` writes a profile of one update of each training configuration.
 
 Presets: ``cpu`` (the default without a GPU; about 12 minutes on 2 cores), ``gpu`` (the default on CUDA: base
@@ -41,13 +41,13 @@ import warnings
 import fairseq
 import torch
 
-from palm_tools import bench_report
-from palm_tools.bench_data import SyntheticCorpus
-from palm_tools.bench_decode import DECODE_SPECS, time_decoding
-from palm_tools.bench_flops import measure_matmul
-from palm_tools.bench_models import PRECISIONS, TRAIN_SPECS, build, load_batch
-from palm_tools.bench_pipeline import DATA_SPECS, measure_data_pipeline
-from palm_tools.bench_train import NaivePARStep, TrainStep, peak_memory_bytes, timed, write_profile
+from palm_tools.bench import report as bench_report
+from palm_tools.bench.data import SyntheticCorpus
+from palm_tools.bench.decode import DECODE_SPECS, time_decoding
+from palm_tools.bench.flops import measure_matmul
+from palm_tools.bench.models import PRECISIONS, TRAIN_SPECS, build, load_batch
+from palm_tools.bench.pipeline import DATA_SPECS, measure_data_pipeline
+from palm_tools.bench.train import NaivePARStep, TrainStep, peak_memory_bytes, timed, write_profile
 
 # quick: a smoke run of the tiny archs.
 # cpu: about 12 minutes on 2 CPU cores: one sequence per update, the naive PAR baseline (one pass per factorization

@@ -42,8 +42,8 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from palm_tools.experiments import GEN, PRESETS, Plan, Row, Scale
-from palm_tools.logged_run import REPO, run_logged
+from palm_tools.experiments.cli import GEN, PRESETS, Plan, Row, Scale
+from palm_tools.experiments.logged_run import REPO, run_logged
 
 
 FP16_TOLERANCE = 0.02
@@ -313,7 +313,7 @@ def profiling(args, work, log):
         out.parent.mkdir(parents=True, exist_ok=True)
         fairseq_args = train_command(PROFILED, scale, skip + steps, lr, args.data, precision, args.device,
                                      LOG_INTERVAL, work)
-        command = [sys.executable, "-m", "palm_tools.gpu_check", "--profile-worker", str(out), str(skip), str(steps),
+        command = [sys.executable, "-m", "palm_tools.experiments.gpu_check", "--profile-worker", str(out), str(skip), str(steps),
                    cudnn_sdpa, *fairseq_args]
         status, seconds = run_tool(command, work / "logs" / f"profile-{name}.log", args.run_timeout)
         row = {"precision": name, "exit": status, "seconds": round(seconds, 1)}

@@ -1,0 +1,2 @@
+"""``palm-convert``: released checkpoints (HF BERT / UniLM / MiniLM / UniLMv2, fairseq and HF RoBERTa) to the
+plugin's fairseq format, and the plugin's UniLM checkpoints back to an HF BERT directory."""

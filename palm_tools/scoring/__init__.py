@@ -1,0 +1,2 @@
+"""``palm-score``: the metrics the papers report (ROUGE, BLEU, ROUGE-L, answer F1, METEOR, perplexity). Text only:
+nothing here imports fairseq or torch."""
