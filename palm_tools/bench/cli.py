@@ -28,7 +28,6 @@ their rows in a saved record, keeping the rest.
 """
 import argparse
 import datetime
-import gc
 import json
 import logging
 import os
@@ -43,11 +42,12 @@ import torch
 
 from palm_tools.bench import report as bench_report
 from palm_tools.bench.data import SyntheticCorpus
-from palm_tools.bench.decode import DECODE_SPECS, time_decoding
+from palm_tools.bench.decode import DECODE_SPECS, measure_decoding
 from palm_tools.bench.flops import measure_matmul
-from palm_tools.bench.models import PRECISIONS, TRAIN_SPECS, build, load_batch
+from palm_tools.bench.models import PRECISIONS, TRAIN_SPECS
 from palm_tools.bench.pipeline import DATA_SPECS, measure_data_pipeline
-from palm_tools.bench.train import NaivePARStep, TrainStep, peak_memory_bytes, timed, write_profile
+from palm_tools.bench.runlog import log, wanted
+from palm_tools.bench.train import measure_training
 
 # quick: a smoke run of the tiny archs.
 # cpu: about 12 minutes on 2 CPU cores: one sequence per update, the naive PAR baseline (one pass per factorization
@@ -154,168 +154,6 @@ def parse_args(argv=None):
     return args  # fmt: skip
 
 
-def log(message):
-    print(f"[palm-bench {datetime.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
-
-
-def _wanted(args, key):
-    return args.only is None or key in args.only
-
-
-def _short_error(error: Exception) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-
-
-def _failed(missing, key, where, error):
-    """Record a configuration that failed (a model that has not landed, an error or out-of-memory on the device) and
-    go on with the others."""
-    log(f"{key} {where}: failed: {_short_error(error)}")
-    missing.append({"key": key, "reason": f"{where}: {_short_error(error)}"})
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _naive_first_passes(step):
-    """The naive PAR baseline cut to its first two passes (every pass has the same shape): what its memory peak and
-    profile are taken on."""
-    return NaivePARStep(step.spec, step.built, step.batch, max_passes=2)
-
-
-def _profile(args, key, step, length, seconds, times):
-    naive = key == "naive_par"
-    header = (f"{key}: {step.spec.label}\nlength {length}, {args.batch_sequences} sequence(s) per update, "
-              f"{args.precision} on {args.device}; median update {seconds:.4f} s over {times} timed updates"
-              + (f"\nprofiled: the first 2 of its {len(step.passes)} passes" if naive else ""))
-    write_profile(_naive_first_passes(step) if naive else step, os.path.join(args.profile_dir, f"{key}.txt"), header)
-
-
-def measure_training(args, corpus, result, checkpoint):
-    """Per group (configurations compared with each other; a group's models stay in memory together), per length:
-    a warm-up update (peak memory), then ``repeats`` timed updates with the group's configurations interleaved
-    (and with ``--profile-dir``, at the reference length, one profiled update each). Appends to
-    ``result["training"]`` and calls ``checkpoint()`` after each length."""
-    rows, missing = result["training"], result["missing"]
-    where = dict(device=args.device, precision=args.precision)
-    groups = list(dict.fromkeys(spec.group for spec in TRAIN_SPECS))
-    longest = max(args.lengths)
-    for group in groups:
-        specs = [s for s in TRAIN_SPECS if s.group == group and _wanted(args, s.key)]
-        models = {}
-        for spec in specs:
-            if spec.key == "naive_par":
-                continue
-            try:
-                models[spec.key] = build(corpus.path(spec.layout, longest, 1), spec.args(args.size, longest), **where)
-            except Exception as error:  # a model that has not landed (or fails to build) is reported, not fatal
-                _failed(missing, spec.key, "build", error)
-        for length in args.lengths:
-            batch_sequences = args.batch_sequences
-            steps = {}
-            for spec in specs:
-                try:
-                    if spec.key == "naive_par":
-                        if "pmlm_ae_par" not in steps or length > args.naive_max_length:
-                            continue
-                        # the same unilm2 model and batch as AE+PAR, trained the naive way
-                        steps[spec.key] = NaivePARStep(spec, steps["pmlm_ae_par"].built, steps["pmlm_ae_par"].batch)
-                        continue
-                    if spec.key not in models:
-                        continue
-                    task_built = build(corpus.path(spec.layout, length, batch_sequences),
-                                       spec.args(args.size, length), reuse=models[spec.key], **where)  # fmt: skip
-                    steps[spec.key] = TrainStep(spec, task_built, load_batch(task_built, batch_sequences))
-                except Exception as error:
-                    _failed(missing, spec.key, f"length {length}, batch", error)
-            records = {}
-            for key, step in list(steps.items()):
-                log(f"train {key} length {length}: warm-up update (memory)")
-                # Gradients of an earlier update are freed before the peak is taken: the profiler does not see frees
-                # of tensors allocated before it started, and would count them as live.
-                step.built.optimizer.zero_grad()
-                try:
-                    peak = peak_memory_bytes(_naive_first_passes(step) if key == "naive_par" else step)
-                    records[key] = {"times": [], "peak": peak}
-                except Exception as error:
-                    del steps[key]
-                    _failed(missing, key, f"length {length}, warm-up update", error)
-            for repeat in range(args.repeats):
-                for key, step in list(steps.items()):
-                    if key == "naive_par" and repeat >= args.naive_repeats:
-                        continue
-                    try:
-                        records[key]["times"].append(timed(step))
-                    except Exception as error:
-                        del steps[key]
-                        _failed(missing, key, f"length {length}, timed update", error)
-                        continue
-                    log(f"train {key} length {length}: {records[key]['times'][-1]:.3f} s")
-            for key, step in steps.items():
-                seconds = bench_report.median(records[key]["times"])
-                rows.append({
-                    "key": key, "label": step.spec.label, "group": group, "plugin": step.spec.plugin,
-                    "baseline": step.spec.baseline, "length": length, "batch_sequences": batch_sequences,
-                    "precision": args.precision, "text_tokens": step.text_tokens,
-                    "times_s": records[key]["times"], "median_s": seconds,
-                    "tokens_per_s": step.text_tokens / seconds, "peak_memory_mb": records[key]["peak"] / bench_report.MB,
-                    "flops_per_update": step.flops, "achieved_gflops": step.flops / seconds / 1e9,
-                    "mfu": step.flops / seconds / 1e9 / args.peak_gflops,
-                    "mfu_datasheet": step.flops / seconds / 1e12 / args.peak_tflops if args.peak_tflops else None,
-                    "overflow_skips": step.overflows,
-                })  # fmt: skip
-                if args.profile_dir and length == args.reference_length:
-                    log(f"train {key} length {length}: profiled update")
-                    try:
-                        _profile(args, key, step, length, seconds, len(records[key]["times"]))
-                    except Exception as error:
-                        _failed(missing, key, f"length {length}, profile", error)
-            del steps
-            gc.collect()
-            checkpoint()
-        del models
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def measure_decoding(args, corpus, result, checkpoint):
-    """Each decoder at each ``--target-tokens`` and ``--sentences``; appends to ``result["decoding"]``,
-    ``checkpoint()`` per decoder."""
-    rows, missing = result["decoding"], result["missing"]
-    total = args.source_tokens + max(args.target_tokens) + 2
-    for spec in DECODE_SPECS:
-        if not _wanted(args, spec.key) and not (spec.key == "transformer" and args.only):
-            continue
-        try:
-            built = build(corpus.path("parallel", 64, 1), spec.args(args.size, total), training=False,
-                          device=args.device, precision=args.precision)  # fmt: skip
-        except Exception as error:
-            _failed(missing, f"decode {spec.key}", "build", error)
-            continue
-        for sentences in args.sentences:
-            for target_tokens in args.target_tokens:
-                if spec.recompute and target_tokens not in args.recompute_target_tokens:
-                    continue
-                log(f"decode {spec.key}, {sentences} sentence(s), {target_tokens} target tokens")
-                repeats = args.recompute_repeats if spec.recompute else args.decode_repeats
-                try:
-                    times = time_decoding(built, spec, args.beam, target_tokens, sentences, args.source_tokens,
-                                          repeats)  # fmt: skip
-                except Exception as error:
-                    _failed(missing, f"decode {spec.key}", f"{sentences} sentence(s), {target_tokens} tokens", error)
-                    continue
-                seconds = bench_report.median(times)
-                rows.append({
-                    "key": spec.key, "label": spec.label, "plugin": spec.plugin, "baseline": spec.baseline,
-                    "target_tokens": target_tokens, "source_tokens": args.source_tokens, "beam": args.beam,
-                    "sentences": sentences, "precision": args.precision, "times_s": times, "median_s": seconds,
-                    "sentences_per_s": sentences / seconds,
-                })  # fmt: skip
-        del built
-        gc.collect()
-        checkpoint()
-
-
 def machine(device: str = "cpu") -> dict:
     model = platform.processor()
     if os.path.exists("/proc/cpuinfo"):
@@ -403,7 +241,7 @@ def measure(args, argv, json_path, record=None) -> dict:
         if not args.no_data:
             log(f"data pipeline, length {args.data_length}")
             result["data"] = measure_data_pipeline(corpus, args.data_length, args.data_examples, args.data_batch,
-                                                   args.data_repeats, wanted=lambda key: _wanted(args, f"data_{key}"))
+                                                   args.data_repeats, wanted=lambda key: wanted(args, f"data_{key}"))
             checkpoint()
         if not args.no_training:
             measure_training(args, corpus, result, checkpoint)

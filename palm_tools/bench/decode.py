@@ -11,6 +11,8 @@ forbidden before ``T`` tokens and forced after), so random-weight models do the 
   generator with the generator's incremental path switched off (the UniLM decoder then takes its
   full-recomputation branch; both give the same hypotheses, tests/test_benchmark.py checks it).
 """
+import gc
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, List
@@ -19,8 +21,9 @@ import torch
 
 from palm_plugin.data.symbols import MASK_SYMBOL
 from palm_tools.bench.flops import synchronize
-from palm_tools.bench.models import (palm_arch, prepare_sample, transformer_arch, translation_task, unilm_arch,
-                                     unilm_seq2seq_task)
+from palm_tools.bench.models import (build, palm_arch, prepare_sample, transformer_arch, translation_task,
+                                     unilm_arch, unilm_seq2seq_task)
+from palm_tools.bench.runlog import log, record_failure, wanted
 
 
 @dataclass
@@ -101,3 +104,41 @@ def time_decoding(built, spec: DecodeSpec, beam: int, target_tokens: int, senten
         if produced != {target_tokens + 1}:
             raise RuntimeError(f"{spec.key}: decoded lengths {produced}, expected {target_tokens} tokens + EOS")
     return times
+
+
+def measure_decoding(args, corpus, result, checkpoint):
+    """Each decoder at each ``--target-tokens`` and ``--sentences``; appends to ``result["decoding"]``,
+    ``checkpoint()`` per decoder."""
+    rows, missing = result["decoding"], result["missing"]
+    total = args.source_tokens + max(args.target_tokens) + 2
+    for spec in DECODE_SPECS:
+        if not wanted(args, spec.key) and not (spec.key == "transformer" and args.only):
+            continue
+        try:
+            built = build(corpus.path("parallel", 64, 1), spec.args(args.size, total), training=False,
+                          device=args.device, precision=args.precision)  # fmt: skip
+        except Exception as error:
+            record_failure(missing, f"decode {spec.key}", "build", error)
+            continue
+        for sentences in args.sentences:
+            for target_tokens in args.target_tokens:
+                if spec.recompute and target_tokens not in args.recompute_target_tokens:
+                    continue
+                log(f"decode {spec.key}, {sentences} sentence(s), {target_tokens} target tokens")
+                repeats = args.recompute_repeats if spec.recompute else args.decode_repeats
+                try:
+                    times = time_decoding(built, spec, args.beam, target_tokens, sentences, args.source_tokens,
+                                          repeats)  # fmt: skip
+                except Exception as error:
+                    record_failure(missing, f"decode {spec.key}", f"{sentences} sentence(s), {target_tokens} tokens", error)
+                    continue
+                seconds = statistics.median(times)
+                rows.append({
+                    "key": spec.key, "label": spec.label, "plugin": spec.plugin, "baseline": spec.baseline,
+                    "target_tokens": target_tokens, "source_tokens": args.source_tokens, "beam": args.beam,
+                    "sentences": sentences, "precision": args.precision, "times_s": times, "median_s": seconds,
+                    "sentences_per_s": sentences / seconds,
+                })  # fmt: skip
+        del built
+        gc.collect()
+        checkpoint()

@@ -16,8 +16,10 @@ configurations measured in one process.
 :class:`NaivePARStep` is the benchmark's own baseline for UniLMv2's partially autoregressive loss, not part of the
 plugin: one forward and backward pass per factorization step, the cost PMLM's pseudo masks avoid.
 """
+import gc
 import json
 import os
+import statistics
 import tempfile
 import time
 from itertools import chain
@@ -26,8 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from palm_tools.bench.flops import encoder_only_step, synchronize
 from palm_plugin.modules.attention_masks import PseudoMaskKind
+from palm_tools.bench.flops import encoder_only_step, synchronize
+from palm_tools.bench.models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench.runlog import log, record_failure, wanted
+
+MB = 2**20
+median = statistics.median
 
 
 class TrainStep:
@@ -214,3 +221,105 @@ def peak_tensor_bytes(step) -> int:
         with open(path) as f:
             _, sizes = json.load(f)
     return int(max(sum(by_category) for by_category in sizes)) if sizes else 0
+
+
+def _naive_first_passes(step):
+    """The naive PAR baseline cut to its first two passes (every pass has the same shape): what its memory peak and
+    profile are taken on."""
+    return NaivePARStep(step.spec, step.built, step.batch, max_passes=2)
+
+
+def _profile(args, key, step, length, seconds, times):
+    naive = key == "naive_par"
+    header = (f"{key}: {step.spec.label}\nlength {length}, {args.batch_sequences} sequence(s) per update, "
+              f"{args.precision} on {args.device}; median update {seconds:.4f} s over {times} timed updates"
+              + (f"\nprofiled: the first 2 of its {len(step.passes)} passes" if naive else ""))
+    write_profile(_naive_first_passes(step) if naive else step, os.path.join(args.profile_dir, f"{key}.txt"), header)
+
+
+def measure_training(args, corpus, result, checkpoint):
+    """Per group (configurations compared with each other; a group's models stay in memory together), per length:
+    a warm-up update (peak memory), then ``repeats`` timed updates with the group's configurations interleaved
+    (and with ``--profile-dir``, at the reference length, one profiled update each). Appends to
+    ``result["training"]`` and calls ``checkpoint()`` after each length."""
+    rows, missing = result["training"], result["missing"]
+    where = dict(device=args.device, precision=args.precision)
+    groups = list(dict.fromkeys(spec.group for spec in TRAIN_SPECS))
+    longest = max(args.lengths)
+    for group in groups:
+        specs = [s for s in TRAIN_SPECS if s.group == group and wanted(args, s.key)]
+        models = {}
+        for spec in specs:
+            if spec.key == "naive_par":
+                continue
+            try:
+                models[spec.key] = build(corpus.path(spec.layout, longest, 1), spec.args(args.size, longest), **where)
+            except Exception as error:  # a model that has not landed (or fails to build) is reported, not fatal
+                record_failure(missing, spec.key, "build", error)
+        for length in args.lengths:
+            batch_sequences = args.batch_sequences
+            steps = {}
+            for spec in specs:
+                try:
+                    if spec.key == "naive_par":
+                        if "pmlm_ae_par" not in steps or length > args.naive_max_length:
+                            continue
+                        # the same unilm2 model and batch as AE+PAR, trained the naive way
+                        steps[spec.key] = NaivePARStep(spec, steps["pmlm_ae_par"].built, steps["pmlm_ae_par"].batch)
+                        continue
+                    if spec.key not in models:
+                        continue
+                    task_built = build(corpus.path(spec.layout, length, batch_sequences),
+                                       spec.args(args.size, length), reuse=models[spec.key], **where)  # fmt: skip
+                    steps[spec.key] = TrainStep(spec, task_built, load_batch(task_built, batch_sequences))
+                except Exception as error:
+                    record_failure(missing, spec.key, f"length {length}, batch", error)
+            records = {}
+            for key, step in list(steps.items()):
+                log(f"train {key} length {length}: warm-up update (memory)")
+                # Gradients of an earlier update are freed before the peak is taken: the profiler does not see frees
+                # of tensors allocated before it started, and would count them as live.
+                step.built.optimizer.zero_grad()
+                try:
+                    peak = peak_memory_bytes(_naive_first_passes(step) if key == "naive_par" else step)
+                    records[key] = {"times": [], "peak": peak}
+                except Exception as error:
+                    del steps[key]
+                    record_failure(missing, key, f"length {length}, warm-up update", error)
+            for repeat in range(args.repeats):
+                for key, step in list(steps.items()):
+                    if key == "naive_par" and repeat >= args.naive_repeats:
+                        continue
+                    try:
+                        records[key]["times"].append(timed(step))
+                    except Exception as error:
+                        del steps[key]
+                        record_failure(missing, key, f"length {length}, timed update", error)
+                        continue
+                    log(f"train {key} length {length}: {records[key]['times'][-1]:.3f} s")
+            for key, step in steps.items():
+                seconds = median(records[key]["times"])
+                rows.append({
+                    "key": key, "label": step.spec.label, "group": group, "plugin": step.spec.plugin,
+                    "baseline": step.spec.baseline, "length": length, "batch_sequences": batch_sequences,
+                    "precision": args.precision, "text_tokens": step.text_tokens,
+                    "times_s": records[key]["times"], "median_s": seconds,
+                    "tokens_per_s": step.text_tokens / seconds, "peak_memory_mb": records[key]["peak"] / MB,
+                    "flops_per_update": step.flops, "achieved_gflops": step.flops / seconds / 1e9,
+                    "mfu": step.flops / seconds / 1e9 / args.peak_gflops,
+                    "mfu_datasheet": step.flops / seconds / 1e12 / args.peak_tflops if args.peak_tflops else None,
+                    "overflow_skips": step.overflows,
+                })  # fmt: skip
+                if args.profile_dir and length == args.reference_length:
+                    log(f"train {key} length {length}: profiled update")
+                    try:
+                        _profile(args, key, step, length, seconds, len(records[key]["times"]))
+                    except Exception as error:
+                        record_failure(missing, key, f"length {length}, profile", error)
+            del steps
+            gc.collect()
+            checkpoint()
+        del models
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
