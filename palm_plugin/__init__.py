@@ -6,8 +6,8 @@ Importing this package (directly, through ``--user-dir palm_plugin``, or through
 1. installs the plugin's fixes of fairseq (:mod:`palm_plugin.fixes`: weights-only checkpoint loading under
    torch >= 2.6, atomic checkpoint copies, no dropped last batch, ``--help`` with the task's options, n-gram blocking
    on CPU, torchrun without GPUs, ``--cpu --bf16``);
-2. imports every module of ``criterions/``, ``models/`` and ``tasks/``, whose decorators register the plugin's
-   names with fairseq's registries.
+2. imports every module of ``criterions/``, ``models/``, ``optim/`` and ``tasks/``, whose decorators register the
+   plugin's names with fairseq's registries.
 
 The command-line tools (scoring, benchmark readers, checkpoint conversion, benchmarks) live beside this package in
 ``palm_tools`` and are not imported here.
@@ -28,7 +28,7 @@ def _import_submodules(subpackage: str) -> None:
             importlib.import_module(f"{__name__}.{subpackage}.{name[:-3]}")
 
 
-for _subpackage in ("criterions", "models", "tasks"):
+for _subpackage in ("criterions", "models", "optim", "tasks"):
     _import_submodules(_subpackage)
 
 fixes.install_after_registration()

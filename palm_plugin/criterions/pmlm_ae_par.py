@@ -14,6 +14,7 @@ of predictions ``2|M|``, so the gradient is the mean AE loss plus the mean PAR l
 Logged, in base 2 per predicted token: ``ae_loss``, ``par_loss`` and ``loss`` (their sum when both are on).
 """
 import math
+from dataclasses import dataclass, field
 
 import torch.nn.functional as F
 from fairseq import utils
@@ -22,23 +23,38 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 
 from palm_plugin.modules.attention_masks import PseudoMaskKind
+from palm_plugin.modules.host_syncs import SYNCS_AT_START_HELP, count, flat_indices, select
 
 
-@register_criterion("pmlm_ae_par", dataclass=FairseqDataclass)
+@dataclass
+class PseudoMaskedLMConfig(FairseqDataclass):
+    syncs_at_start: bool = field(default=False, metadata={"help": SYNCS_AT_START_HELP})
+
+
+@register_criterion("pmlm_ae_par", dataclass=PseudoMaskedLMConfig)
 class PseudoMaskedLMCriterion(FairseqCriterion):
     """Sums of AE and PAR cross-entropies; the objective mix is decided by the task's data (``--objective``)."""
+
+    def __init__(self, task, syncs_at_start=False):
+        super().__init__(task)
+        self.syncs_at_start = syncs_at_start
 
     def forward(self, model, sample, reduce=True):
         kinds = sample["net_input"]["kinds"]
         target = sample["target"]
         predicted = target.ne(self.padding_idx)  # (B, L): the [M] slots (AE) and the [P] tokens (PAR)
+        if self.syncs_at_start:  # both counts and the indices before anything is queued on the device
+            predicted = flat_indices(predicted)
+            is_par = select(kinds, predicted) == PseudoMaskKind.PSEUDO
+            par_count = int(is_par.sum())
         logits, _ = model(**sample["net_input"], masked_tokens=predicted)
-        losses = F.cross_entropy(logits.float(), target[predicted], reduction="none")  # (N,) nats
-        is_par = kinds[predicted] == PseudoMaskKind.PSEUDO
+        losses = F.cross_entropy(logits.float(), select(target, predicted), reduction="none")  # (N,) nats
+        if not self.syncs_at_start:
+            is_par = kinds[predicted] == PseudoMaskKind.PSEUDO
+            par_count = int(is_par.sum())
         ae_loss = losses.masked_fill(is_par, 0.0).sum()
         par_loss = losses.masked_fill(~is_par, 0.0).sum()
-        ae_count = int((~is_par).sum())
-        par_count = int(is_par.sum())
+        ae_count = count(predicted) - par_count
         # Every masked token is predicted once by each enabled objective.
         sample_size = max(ae_count, par_count)
         loss = ae_loss + par_loss

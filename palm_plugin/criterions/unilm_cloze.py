@@ -24,28 +24,36 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.dataclass import FairseqDataclass
 
+from palm_plugin.modules.host_syncs import SYNCS_AT_START_HELP, count, flat_indices, select
+
 
 @dataclass
 class UniLMClozeConfig(FairseqDataclass):
     label_smoothing: float = field(
         default=0.0, metadata={"help": "epsilon for label smoothing of the cloze loss (UniLM fine-tuning: 0.1)"}
     )
+    syncs_at_start: bool = field(default=False, metadata={"help": SYNCS_AT_START_HELP})
 
 
 @register_criterion("unilm_cloze", dataclass=UniLMClozeConfig)
 class UniLMClozeCriterion(FairseqCriterion):
-    def __init__(self, task, label_smoothing):
+    def __init__(self, task, label_smoothing, syncs_at_start=False):
         super().__init__(task)
         self.eps = label_smoothing
+        self.syncs_at_start = syncs_at_start
 
     def forward(self, model, sample, reduce=True):
         target = sample["target"]
         predicted = target.ne(self.padding_idx)
         with_next_sentence = "next_sentence_target" in sample
+        if self.syncs_at_start:  # every index the step needs, before anything is queued on the device
+            predicted = flat_indices(predicted)
+            if with_next_sentence:
+                rows = flat_indices(sample["next_sentence_target"].ne(-1))
         logits, extra = model(**sample["net_input"], masked_tokens=predicted, next_sentence=with_next_sentence)
         lprobs = F.log_softmax(logits.float(), dim=-1)
-        loss, nll_loss = label_smoothed_nll_loss(lprobs, target[predicted], self.eps, reduce=True)
-        sample_size = int(predicted.sum())
+        loss, nll_loss = label_smoothed_nll_loss(lprobs, select(target, predicted), self.eps, reduce=True)
+        sample_size = count(predicted)
         logging_output = {
             "nll_loss": nll_loss.data,
             "ntokens": sample["ntokens"],
@@ -54,16 +62,19 @@ class UniLMClozeCriterion(FairseqCriterion):
         }
         if with_next_sentence:
             next_target = sample["next_sentence_target"]
-            rows = next_target.ne(-1)
-            next_logits = extra["next_sentence_logits"][rows].float()
-            next_loss = F.cross_entropy(next_logits, next_target[rows], reduction="sum")
-            bidirectional_rows = int(rows.sum())
+            if not self.syncs_at_start:
+                rows = next_target.ne(-1)
+            next_logits = select(extra["next_sentence_logits"], rows, leading=1).float()
+            next_loss = F.cross_entropy(next_logits, select(next_target, rows, leading=1), reduction="sum")
+            bidirectional_rows = count(rows)
             if bidirectional_rows:
                 loss = loss + next_loss * sample_size / bidirectional_rows
+            correct = (next_logits.argmax(-1) == select(next_target, rows, leading=1)).sum()
             logging_output.update(
                 next_sentence_loss=next_loss.data,
                 next_sentence_rows=bidirectional_rows,
-                next_sentence_correct=int((next_logits.argmax(-1) == next_target[rows]).sum()),
+                # a device tensor with --syncs-at-start: summed where the trainer logs, not read inside the step
+                next_sentence_correct=correct.data if self.syncs_at_start else int(correct),
             )
         logging_output["loss"] = loss.data
         return loss, sample_size, logging_output

@@ -27,6 +27,12 @@ def building_saved_model() -> bool:
     return _SAVED.get() or _TRAINING_WILL_LOAD.get()
 
 
+def building_from_checkpoint() -> bool:
+    """True inside ``fairseq.models.build_model(..., from_checkpoint=True)`` only: a model built from a checkpoint's
+    configuration to be used (fairseq-generate, fairseq-interactive, hub loading), not to be trained on."""
+    return _SAVED.get()
+
+
 def training_will_load_checkpoint(checkpoint_cfg) -> bool:
     """Whether fairseq-train's ``checkpoint_utils.load_checkpoint`` will replace the built model's weights (its rules:
     ``checkpoint_last.pt`` in ``--save-dir`` if present, else ``--finetune-from-model``; a ``--restore-file`` that

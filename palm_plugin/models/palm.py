@@ -35,6 +35,7 @@ from fairseq.utils import safe_getattr
 from palm_plugin.fixes.saved_model_build import building_saved_model
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
+from palm_plugin.modules.compiled_layers import compile_layers
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
 
@@ -92,6 +93,11 @@ class PalmConfig(FairseqDataclass):
             "its last token before </s>). A checkpoint keeps the format it was trained with, and so do the models "
             "fine-tuned from it and fairseq-generate (checkpoints from before this option: no <s>)"
         },
+    )
+    compile_layers: bool = field(
+        default=False,
+        metadata={"help": "torch.compile each encoder and decoder layer for training (palm_plugin/modules/"
+                          "compiled_layers.py; off by default, measured in docs/benchmarks-gpu.md)"},
     )
     roberta_path: Optional[str] = field(
         default=None,
@@ -194,6 +200,8 @@ class PalmModel(FairseqEncoderDecoderModel):
         # A saved model already holds the RoBERTa weights (trained since): the file may be gone or stale.
         if cfg.roberta_path and not building_saved_model():
             load_roberta_encoder(model, cfg.roberta_path)
+        if safe_getattr(cfg, "compile_layers", False):
+            compile_layers(list(encoder.layers) + list(decoder.layers))
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens=None, masked_tokens=None, **kwargs):

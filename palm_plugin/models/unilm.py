@@ -38,6 +38,7 @@ from fairseq.models import (
 
 from palm_plugin.data.symbols import MASK_SYMBOL
 from palm_plugin.modules import table_extension
+from palm_plugin.modules.compiled_layers import compile_layers
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.modules.attention_masks import (
     bidirectional_mask,
@@ -72,6 +73,17 @@ class UniLMConfig(FairseqDataclass):
     )
     relative_position_max_distance: int = field(
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}
+    )
+    compile_layers: bool = field(
+        default=False,
+        metadata={"help": "torch.compile each layer for training (palm_plugin/modules/compiled_layers.py; off by "
+                          "default, measured in docs/benchmarks-gpu.md)"},
+    )
+    drop_full_masks: bool = field(
+        default=False,
+        metadata={"help": "give attention no mask when a batch's mask hides nothing (bidirectional rows without "
+                          "padding), so that torch may pick its flash kernel; one host sync per forward to find out. "
+                          "No effect with a relative position bias (UniLMv2), which always needs the masked kernels"},
     )
     decoding_placeholder: str = field(
         default=MASK_SYMBOL,
@@ -129,7 +141,8 @@ class UniLMSourceEncoder(FairseqEncoder):
                 tokens get. The task's data decides both (UniLM v1: 4 and 5; UniLMv2: 0 and 1).
         Returns:
             dict with ``source_keys`` / ``source_values`` (per layer ``(n, h, S, d)``), ``source_padding``
-            ``(n, S)``, ``src_tokens``, ``source_segments``, ``target_segment`` and ``rows_per_source`` (1).
+            ``(n, S)``, ``src_tokens``, ``source_segments``, ``target_segment``, ``rows_per_source`` (1) and
+            ``relative_bias_table`` (UniLMv2: the bias of every position offset, read by each decoding step).
         """
         if source_segments is None or target_segment is None:
             raise ValueError(
@@ -138,7 +151,9 @@ class UniLMSourceEncoder(FairseqEncoder):
         padding = src_tokens.eq(self.padding_idx)
         mask = hide_padding(bidirectional_mask(src_tokens.size(1), src_tokens.device), padding)
         cache = self.stack.forward_source(src_tokens, mask, source_segments)
+        table = self.stack.bias_table()
         return {
+            "relative_bias_table": [] if table is None else [table],  # per batch, not per row: never reordered
             "source_keys": [k for k, _ in cache],
             "source_values": [v for _, v in cache],
             "source_padding": [padding],
@@ -247,6 +262,7 @@ class UniLMIncrementalDecoder(FairseqIncrementalDecoder):
             mask,
             source_cache,
             target_cache,
+            encoder_out["relative_bias_table"][0] if encoder_out.get("relative_bias_table") else None,
         )
         if new == 2:  # keep the real token, never the placeholder
             updated: Dict[str, Optional[torch.Tensor]] = {}
@@ -332,6 +348,8 @@ class UniLMModel(FairseqEncoderDecoderModel):
         self.next_sentence_head = nn.Linear(cfg.encoder_embed_dim, 2)
         self.classification_heads = nn.ModuleDict()
         self.apply(self._init_weights)
+        if getattr(cfg, "compile_layers", False):
+            compile_layers(stack.layers)
 
     @staticmethod
     def _init_weights(module):
@@ -387,7 +405,8 @@ class UniLMModel(FairseqEncoderDecoderModel):
                 layout, the pseudo-masked LM, or bidirectional when all are None).
             attention_mask: boolean ``(B, T, T)`` or ``(T, T)``, an explicit mask instead of those fields (a caller's
                 own masks, e.g. tests). Padding is always hidden.
-            masked_tokens: ``(B, T)`` bool: compute LM logits only at these positions.
+            masked_tokens: ``(B, T)`` bool, or ``(M,)`` long indices into the ``B * T`` flattened positions:
+                compute LM logits only at these positions.
             features_only: return the top states instead of logits.
             classification_head_name: return that head's ``(B, classes)`` output.
             next_sentence: also return ``extra["next_sentence_logits"]`` ``(B, 2)``.
@@ -400,6 +419,8 @@ class UniLMModel(FairseqEncoderDecoderModel):
             attention_mask = mask_from_fields(padding, objectives, source_lengths, target_lengths, steps, kinds)
         else:
             attention_mask = hide_padding(attention_mask, padding)
+        if getattr(self.cfg, "drop_full_masks", False) and self.stack.relative_position is None:
+            attention_mask = None if bool(attention_mask.all()) else attention_mask
         features, hiddens = self.stack(src_tokens, attention_mask, position_ids, segment_ids, return_all_hiddens=True)
         extra = {"inner_states": hiddens if return_all_hiddens else None}
         if next_sentence:
@@ -408,8 +429,10 @@ class UniLMModel(FairseqEncoderDecoderModel):
             return self.classification_heads[classification_head_name](features), extra
         if features_only:
             return features, extra
-        if masked_tokens is not None:
+        if masked_tokens is not None and masked_tokens.dtype == torch.bool:
             features = features[masked_tokens]
+        elif masked_tokens is not None:  # indices into the B * T rows: no host sync (criteria's --syncs-at-start)
+            features = features.flatten(0, 1).index_select(0, masked_tokens)
         return self.lm_head(features), extra
 
     def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):

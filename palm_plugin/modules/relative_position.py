@@ -5,7 +5,8 @@ offset is taken between *position ids*, not between indices in the input: UniLMv
 of original tokens that carry the position id of the token they stand for, so the bias must follow the ids.
 
 The bias is computed once per forward pass from the position ids and added to the scores of every layer (the
-table is shared by all layers).
+table is shared by all layers); incremental decoding reads each step's rows from a table of every offset, computed
+once per batch of sentences (:meth:`RelativePositionBias.table`).
 
 Parameter layout: ``RelativePositionBias.weight`` is ``[num_heads, num_buckets]``, the layout of the released
 UniLMv2 checkpoints' ``bert.rel_pos_bias.weight`` (a bias-free ``nn.Linear(num_buckets, num_heads)`` applied to
@@ -73,6 +74,20 @@ class RelativePositionBias(nn.Module):
         offsets = key_positions.unsqueeze(1) - query_positions.unsqueeze(2)  # (B, T, S): key - query
         buckets = relative_position_bucket(offsets, self.num_buckets, self.max_distance, bidirectional=True)
         return F.embedding(buckets, self.weight.t()).permute(0, 3, 1, 2)
+
+    def table(self, max_positions: int) -> torch.Tensor:
+        """``(num_heads, 2 P - 1)``: the bias of every offset ``1 - P .. P - 1`` between positions below ``P =
+        max_positions``, column ``offset + P - 1``. Decoding computes it once per batch of sentences and reads each
+        step's rows from it (:meth:`rows`) instead of bucketing the step's offsets again."""
+        offsets = torch.arange(1 - max_positions, max_positions, device=self.weight.device)
+        buckets = relative_position_bucket(offsets, self.num_buckets, self.max_distance, bidirectional=True)
+        return F.embedding(buckets, self.weight.t()).t()
+
+    @staticmethod
+    def rows(table: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s ``(B, num_heads, T, S)`` bias read from a :meth:`table` (the same values)."""
+        offsets = key_positions.unsqueeze(1) - query_positions.unsqueeze(2) + (table.size(1) // 2)
+        return F.embedding(offsets, table.t()).permute(0, 3, 1, 2)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"

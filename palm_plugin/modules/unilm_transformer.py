@@ -181,20 +181,26 @@ class UniLMTransformer(nn.Module):
         """``(B, T)`` absolute positions ``0 .. T-1`` (BERT's)."""
         return torch.arange(tokens.size(1), device=tokens.device).expand_as(tokens)
 
-    def attention_bias(self, query_positions, key_positions, mask, dtype):
+    def attention_bias(self, query_positions, key_positions, mask, dtype, bias_table=None):
         """The mask as the layers take it, with UniLMv2's bias folded in when the model has one.
 
         Args:
             query_positions ``(B, T)``, key_positions ``(B, S)``: position ids (used by the bias only).
-            mask: boolean ``(B, T, S)`` or ``(T, S)``.
+            mask: boolean ``(B, T, S)`` or ``(T, S)``, or None: every row sees every column.
+            bias_table: :meth:`RelativePositionBias.table`, to read the bias from (decoding), or None.
         Returns:
-            boolean ``(B or 1, 1, T, S)`` without a relative position bias; otherwise additive float
-            ``(B, h, T, S)`` = ``to_additive(mask) + bias``.
+            boolean ``(B or 1, 1, T, S)`` (None for no mask) without a relative position bias; otherwise additive
+            float ``(B, h, T, S)`` = ``to_additive(mask) + bias``.
         """
-        mask = mask.unsqueeze(0) if mask.dim() == 2 else mask
         if self.relative_position is None:
-            return mask.unsqueeze(1)
-        bias = self.relative_position(query_positions, key_positions).to(dtype)
+            return None if mask is None else (mask.unsqueeze(0) if mask.dim() == 2 else mask).unsqueeze(1)
+        if bias_table is None:
+            bias = self.relative_position(query_positions, key_positions).to(dtype)
+        else:
+            bias = RelativePositionBias.rows(bias_table, query_positions, key_positions).to(dtype)
+        if mask is None:
+            return bias
+        mask = mask.unsqueeze(0) if mask.dim() == 2 else mask
         return to_additive(mask, dtype).unsqueeze(1) + bias
 
     def forward(
@@ -209,7 +215,8 @@ class UniLMTransformer(nn.Module):
         Args:
             tokens: ``(B, T)`` token ids.
             attention_mask: boolean ``(B, T, T)`` or ``(T, T)``, True = row may attend to column; every row must see
-                at least one column (see :func:`palm_plugin.modules.attention_masks.hide_padding`).
+                at least one column (see :func:`palm_plugin.modules.attention_masks.hide_padding`). None: no mask
+                (``scaled_dot_product_attention`` may then use its flash kernel).
             positions: ``(B, T)`` position ids (default ``0 .. T-1``); UniLMv2 gives appended tokens the position
                 of the token they stand for.
             segments: ``(B, T)`` segment ids (default 0).
@@ -244,7 +251,15 @@ class UniLMTransformer(nn.Module):
             cache.append(kv)
         return cache
 
-    def forward_step(self, tokens, positions, segments, key_positions, attention_mask, source_cache, target_cache):
+    def bias_table(self):
+        """The relative position bias of every offset between the model's positions (None without a relative position
+        bias): what decoding computes once per batch of sentences instead of at every step."""
+        if self.relative_position is None:
+            return None
+        return self.relative_position.table(self.embeddings.positions.num_embeddings)
+
+    def forward_step(self, tokens, positions, segments, key_positions, attention_mask, source_cache, target_cache,
+                     bias_table=None):
         """Run new rows against cached keys and values (one step of incremental decoding).
 
         Args:
@@ -253,11 +268,12 @@ class UniLMTransformer(nn.Module):
             attention_mask: boolean ``(N, Tq, S + t + Tq)``.
             source_cache: from :meth:`forward_source`, ``n`` sentences (``N`` a multiple of ``n``).
             target_cache: per layer, keys and values ``(N, h, t, d)`` of earlier target rows, or None.
+            bias_table: the relative position bias of every offset (:meth:`bias_table`), or None.
         Returns:
             top states ``(N, Tq, C)`` and, per layer, the keys and values ``(N, h, Tq, d)`` of the new rows.
         """
         x = self.embeddings(tokens, positions, segments)
-        additive = self.attention_bias(positions, key_positions, attention_mask, x.dtype)
+        additive = self.attention_bias(positions, key_positions, attention_mask, x.dtype, bias_table)
         if additive.dtype == torch.bool:
             additive = to_additive(additive, x.dtype)
         new_cache = []

@@ -1,0 +1,28 @@
+"""``--compile-layers``: ``torch.compile`` each Transformer layer of a model built for training (off by default).
+
+A compiled layer (inductor) runs its elementwise work (bias adds, GELU, dropout, residual adds, layer norms) in a
+few fused kernels: fewer launches, fewer reads and writes of the activations, which is what bounds a GPU at the
+batch sizes of docs/benchmarks-gpu.md. Each layer is compiled in place (``nn.Module.compile``: parameter names in
+the state dict do not change); the first call of each new input shape compiles, later calls reuse it. A model built
+from a checkpoint's configuration for use (fairseq-generate, hub loading) is not compiled: decoding takes other
+paths (incremental states), which compiling would only slow down.
+"""
+from typing import Iterable
+
+import torch.nn as nn
+
+from palm_plugin.fixes.saved_model_build import building_from_checkpoint
+
+BACKEND = "inductor"  # tests/test_speed_options.py swaps in "aot_eager" (same graphs, no code generation)
+
+
+def compile_layers(layers: Iterable[nn.Module]) -> int:
+    """Compile each of ``layers`` in place, unless the model is being built from a checkpoint for use; returns how
+    many were compiled."""
+    if building_from_checkpoint():
+        return 0
+    count = 0
+    for layer in layers:
+        layer.compile(backend=BACKEND)
+        count += 1
+    return count

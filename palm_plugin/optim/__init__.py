@@ -1,0 +1,1 @@
+"""fairseq optimizers of the plugin (``@register_optimizer``)."""

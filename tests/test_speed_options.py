@@ -1,0 +1,208 @@
+"""The speed levers of issue 24, each off by default: switched on, each computes what the plain path computes
+(here on the CPU; whether each pays is measured on a GPU by ``palm-bench --preset gpu-sweep``)."""
+import copy
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq import optim
+from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
+from omegaconf import OmegaConf
+
+from palm_plugin.criterions.pmlm_ae_par import PseudoMaskedLMCriterion
+from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
+from palm_plugin.fixes import saved_model_build
+from palm_plugin.modules import compiled_layers, unilm_transformer
+from palm_plugin.modules.relative_position import RelativePositionBias
+from palm_plugin.optim.torch_adamw import TorchAdamW
+from palm_tools.bench.data import SyntheticCorpus
+from palm_tools.bench.models import TRAIN_SPECS, build, load_batch
+from palm_tools.bench.train import TrainStep
+
+LENGTH = 32
+SPECS = {spec.key: spec for spec in TRAIN_SPECS}
+NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    warnings.filterwarnings("ignore", module="hydra")
+    logging.disable(logging.INFO)
+    yield SyntheticCorpus(str(tmp_path_factory.mktemp("speed")), 300)
+    logging.disable(logging.NOTSET)
+
+
+def built_with(corpus, key, extra=(), sequences=4, precision="fp32"):
+    spec = SPECS[key]
+    built = build(corpus.path(spec.layout, LENGTH, sequences), spec.args("tiny", LENGTH) + NO_DROPOUT + list(extra),
+                  precision=precision)  # fmt: skip
+    return built, load_batch(built, sequences)
+
+
+def loss_and_gradients(model, criterion, batch):
+    model.zero_grad()
+    loss, sample_size, logged = criterion(model, batch)
+    loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    logged = {k: float(v) if torch.is_tensor(v) else v for k, v in logged.items()}
+    return loss.detach(), sample_size, logged, gradients
+
+
+@pytest.mark.parametrize("key, extra", [("unilm_pretraining", []), ("unilm_seq2seq", []), ("pmlm_ae_par", []),
+                                        ("pmlm_mlm", [])])
+def test_syncs_at_start_give_the_same_loss_counts_and_gradients(corpus, key, extra, monkeypatch):
+    """--syncs-at-start: indices taken before the model runs select the same rows as the boolean masks did, so the
+    loss, every logged count and every gradient are equal (bitwise); the model gets indices, not a mask."""
+    built, batch = built_with(corpus, key, extra)
+    option = built_with(corpus, key, ["--syncs-at-start"], sequences=1)[0].criterion
+    assert option.syncs_at_start and not built.criterion.syncs_at_start
+    plain = loss_and_gradients(built.model, built.criterion, batch)
+    kwargs = {"label_smoothing": built.criterion.eps} if isinstance(built.criterion, UniLMClozeCriterion) else {}
+    criterion = type(built.criterion)(built.task, syncs_at_start=True, **kwargs)
+    seen = []
+    forward = type(built.model).forward
+
+    def recording_forward(self, *args, masked_tokens=None, **kw):
+        seen.append(masked_tokens.dtype)
+        return forward(self, *args, masked_tokens=masked_tokens, **kw)
+
+    monkeypatch.setattr(type(built.model), "forward", recording_forward)
+    synced_first = loss_and_gradients(built.model, criterion, batch)
+    assert seen == [torch.long]
+    assert torch.equal(plain[0], synced_first[0]) and plain[1] == synced_first[1] and plain[2] == synced_first[2]
+    assert plain[3].keys() == synced_first[3].keys()
+    assert all(torch.equal(plain[3][name], synced_first[3][name]) for name in plain[3])
+    if key == "unilm_pretraining":
+        assert plain[2]["next_sentence_rows"] > 0
+
+
+def test_criteria_with_syncs_at_start_are_the_registered_ones():
+    assert {PseudoMaskedLMCriterion.__name__, UniLMClozeCriterion.__name__} == {
+        "PseudoMaskedLMCriterion", "UniLMClozeCriterion"}
+
+
+def test_drop_full_masks_gives_attention_no_mask_only_when_it_hides_nothing(corpus, monkeypatch):
+    """--drop-full-masks: a batch of bidirectional rows without padding reaches scaled_dot_product_attention with no
+    mask (torch may then take its flash kernel) and the same outputs; a batch with padding keeps its mask."""
+    bidirectional = ["--objective-probs", "1,0,0,0"]
+    built, batch = built_with(corpus, "unilm_pretraining", bidirectional)
+    dropping, _ = built_with(corpus, "unilm_pretraining", bidirectional + ["--drop-full-masks"])
+    dropping.model.load_state_dict(built.model.state_dict())
+    masks = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording_sdpa(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(unilm_transformer.F, "scaled_dot_product_attention", recording_sdpa)
+    net_input = batch["net_input"]
+    assert not net_input["src_tokens"].eq(built.task.dictionary.pad()).any()
+    with torch.no_grad():
+        expected = built.model.eval()(**net_input, features_only=True)[0]
+        assert all(mask is not None for mask in masks)
+        masks.clear()
+        got = dropping.model.eval()(**net_input, features_only=True)[0]
+        assert masks and all(mask is None for mask in masks)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        masks.clear()
+        padded = dict(net_input, src_tokens=net_input["src_tokens"].clone())
+        padded["src_tokens"][0, -3:] = built.task.dictionary.pad()
+        dropping.model(**padded, features_only=True)
+        assert masks and all(mask is not None for mask in masks)
+
+
+@pytest.mark.parametrize("key", ["unilm_seq2seq", "palm"])
+def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
+    """--compile-layers: every layer compiled in place (same state dict names), one update's loss and gradients equal
+    the plain model's; nothing is compiled when a model is built from a checkpoint for use. The suite compiles with
+    the aot_eager backend (the graphs inductor receives, without its code generation)."""
+    monkeypatch.setattr(compiled_layers, "BACKEND", "aot_eager")
+    plain, batch = built_with(corpus, key)
+    compiled, _ = built_with(corpus, key, ["--compile-layers"])
+    layers = [m for m in compiled.model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+    assert len(layers) == (2 if key == "unilm_seq2seq" else 4)
+    assert list(compiled.model.state_dict()) == list(plain.model.state_dict())
+    compiled.model.load_state_dict(plain.model.state_dict())
+    expected = loss_and_gradients(plain.model.train(), plain.criterion, batch)
+    got = loss_and_gradients(compiled.model.train(), compiled.criterion, batch)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
+    for name, gradient in expected[3].items():
+        torch.testing.assert_close(got[3][name], gradient, rtol=1e-4, atol=1e-6, msg=name)
+    token = saved_model_build._SAVED.set(True)
+    try:
+        assert compiled_layers.compile_layers([torch.nn.Linear(2, 2)]) == 0
+    finally:
+        saved_model_build._SAVED.reset(token)
+
+
+def _updated_by(built, batch, make_optimizer, initial, updates=3):
+    """The parameters after ``updates`` updates from ``initial`` with ``make_optimizer()`` (a fairseq optimizer,
+    built after the parameters are reset: fairseq's FP16Optimizer copies them)."""
+    built.model.load_state_dict(initial)
+    built.optimizer = make_optimizer()
+    step = TrainStep(SPECS["unilm_seq2seq"], built, batch)
+    for _ in range(updates):
+        step()
+    return {name: p.detach().float().clone() for name, p in built.model.named_parameters()}
+
+
+def _adamw(built, impl):
+    cfg = OmegaConf.merge(built.cfg.optimizer, {"adamw_impl": impl})
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    if built.precision == "fp32":
+        return TorchAdamW(cfg, params)
+    return optim.FP16Optimizer.build_optimizer(OmegaConf.merge(built.cfg, {"optimizer": cfg}), params)
+
+
+def test_torch_adamw_implementations_agree_and_follow_fairseq_adam(corpus):
+    """--optimizer torch_adamw: fused, foreach and for-loop give the same parameters after three updates. Their
+    update points where fairseq's Adam's does (cosine > 0.99); it is not equal: epsilon is added after the bias
+    correction of the second moment in torch and before it in fairseq, which matters where gradients are near
+    epsilon (here a few per cent of the update)."""
+    built, batch = built_with(corpus, "unilm_seq2seq", ["--optimizer", "torch_adamw"])
+    assert isinstance(built.optimizer, TorchAdamW) and built.cfg.optimizer.adamw_impl == "fused"
+    initial = copy.deepcopy(built.model.state_dict())
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    reference = _updated_by(built, batch, lambda: _adamw(built, "for-loop"), initial)
+    for impl in ("fused", "foreach"):
+        got = _updated_by(built, batch, lambda: _adamw(built, impl), initial)
+        for name, value in reference.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-6, atol=1e-7, msg=f"{impl} {name}")
+    fairseq_cfg = OmegaConf.structured(FairseqAdamConfig(lr=[1e-4], tpu=False))
+    fairseq_adam = _updated_by(built, batch, lambda: FairseqAdam(fairseq_cfg, params), initial)
+
+    def update(parameters):
+        return torch.cat([(parameters[name] - initial[name].float()).flatten() for name in parameters])
+
+    ours, theirs = update(reference), update(fairseq_adam)
+    assert theirs.norm() > 0 and F.cosine_similarity(ours, theirs, dim=0) > 0.99
+
+
+def test_torch_adamw_updates_fairseqs_fp32_master_weights_under_bf16(corpus):
+    """--bf16: fairseq's FP16Optimizer keeps an fp32 master copy of each parameter (it flattens them into one tensor
+    under --fp16 only) and hands those to the optimizer; fused and for-loop AdamW update them alike."""
+    built, batch = built_with(corpus, "unilm_seq2seq", ["--optimizer", "torch_adamw"], precision="bf16")
+    master = built.optimizer.fp32_params
+    assert type(built.optimizer).__name__ == "FP16Optimizer" and len(master) == len(list(built.model.parameters()))
+    initial = copy.deepcopy(built.model.state_dict())
+    masters = {}
+    for impl in ("fused", "for-loop"):
+        parameters = _updated_by(built, batch, lambda: _adamw(built, impl), initial)
+        masters[impl] = [p.detach().clone() for p in built.optimizer.fp32_params]
+        assert any(not torch.equal(parameters[name], initial[name].float()) for name in parameters)
+    for fused, loop in zip(masters["fused"], masters["for-loop"]):
+        torch.testing.assert_close(fused, loop, rtol=1e-6, atol=1e-7)
+
+
+def test_relative_bias_rows_from_the_table_equal_the_bias_computed_from_positions():
+    """Decoding reads the relative position bias from a table of every offset, computed once per batch of
+    sentences: the same values as bucketing each step's offsets (near, far, before and after the query)."""
+    torch.manual_seed(0)
+    bias = RelativePositionBias(num_heads=3, num_buckets=32, max_distance=16)
+    table = bias.table(100)
+    query = torch.tensor([[0, 99], [50, 51]])
+    keys = torch.tensor([[0, 1, 5, 20, 40, 98, 99], [0, 30, 49, 50, 51, 52, 99]])
+    assert torch.equal(RelativePositionBias.rows(table, query, keys), bias(query, keys))
