@@ -1,4 +1,4 @@
-"""palm-convert (palm_tools/convert/cli.py): BERT / UniLM v1 / UniLMv2 / RoBERTa checkpoints -> unilm, checked numerically
+"""palm-convert (palm_tools/convert/): BERT / UniLM v1 / UniLMv2 / RoBERTa checkpoints -> unilm, checked numerically
 against the reference implementations (transformers' BERT, fairseq's RoBERTa, an independent UniLMv2 forward)."""
 import argparse
 import os

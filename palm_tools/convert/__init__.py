@@ -1,2 +1,6 @@
 """``palm-convert``: released checkpoints (HF BERT / UniLM / MiniLM / UniLMv2, fairseq and HF RoBERTa) to the
 plugin's fairseq format, and the plugin's UniLM checkpoints back to an HF BERT directory."""
+
+
+class ConversionError(ValueError):
+    """The input is not a checkpoint palm-convert can convert; the message names the file."""

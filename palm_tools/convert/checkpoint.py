@@ -1,0 +1,93 @@
+"""Writing a converted model: a fairseq checkpoint of the unilm model with the complete configuration fairseq-train
+would save, its dict.txt, and the whole-or-nothing writes every output of palm-convert goes through."""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from fairseq import checkpoint_utils, options
+from fairseq.data import Dictionary
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from omegaconf import OmegaConf
+
+import palm_plugin
+from palm_plugin.models.unilm import UniLMModel
+from palm_tools.atomic_files import atomic_path
+from palm_tools.convert import ConversionError
+from palm_tools.convert.names import MASK
+
+
+def fairseq_cfg(output, model_cfg, task_cfg):
+    """A complete fairseq configuration (as fairseq-train would save it) for the converted model."""
+    # the plugin as already imported: fairseq refuses a --user-dir that names it by another path (a symlink, say)
+    argv = [str(output), "--user-dir", palm_plugin.__path__[0], "--task", "unilm_seq2seq", "--arch", "unilm",
+            "--criterion", "unilm_cloze"]
+    for key, value in {**model_cfg, **task_cfg}.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, argv)
+    return OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
+
+
+def write_output(output, symbols, model_cfg, converted, source_path, arch_family, task_cfg, seed=1):
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    dictionary = Dictionary()
+    for symbol in symbols:
+        dictionary.add_symbol(symbol)
+    dictionary.add_symbol(MASK)
+    cfg = fairseq_cfg(output, model_cfg, task_cfg)
+    torch.manual_seed(seed)  # what the checkpoint lacks keeps this random init: the same file on every run
+    model = UniLMModel.build_model(OmegaConf.create(cfg["model"]), argparse.Namespace(source_dictionary=dictionary))
+    expected = model.state_dict()
+    for name, tensor in converted.items():
+        if name not in expected:
+            raise ConversionError(f"{source_path}: parameter for {name!r} has no place in a {arch_family} model")
+        if tensor.shape != expected[name].shape:
+            raise ConversionError(
+                f"{source_path}: shape mismatch for {name}: the file has {tuple(tensor.shape)}, the model built from "
+                f"its config needs {tuple(expected[name].shape)}"
+            )
+    missing = sorted(set(expected) - set(converted) - {"lm_head.weight"})
+    essential = [n for n in missing if n.startswith("encoder.")]
+    if essential:
+        raise ConversionError(f"{source_path}: missing parameters {essential[:5]}{' ...' if len(essential) > 5 else ''}")
+    if missing:
+        print(f"not in {source_path}, initialised randomly: {', '.join(missing)}", file=sys.stderr)
+    if any(name.startswith("lm_head.") for name in missing):
+        print("no MLM head in this checkpoint (a sentence-embedding model?): the output layer that predicts tokens "
+              "starts untrained, with its softmax weights tied to the input embeddings; fine-tuning trains it",
+              file=sys.stderr)
+    expected.update({k: v.to(expected[k].dtype) for k, v in converted.items()})
+    expected["lm_head.weight"] = expected["encoder.stack.embeddings.tokens.weight"]
+    model.load_state_dict(expected, strict=True)
+    state = {
+        "args": None,
+        "cfg": cfg,
+        "model": model.state_dict(),
+        "optimizer_history": [
+            {"criterion_name": "UniLMClozeCriterion", "optimizer_name": "none", "lr_scheduler_state": {"best": None},
+             "num_updates": 0}
+        ],
+        "extra_state": {},
+        "last_optimizer_state": None,
+    }
+    atomic_save(output / "model.pt", state)
+    atomic_write_bytes(output / "dict.txt", "".join(f"{s} 1\n" for s in symbols).encode("utf-8"))
+    print(f"wrote {output / 'model.pt'} ({model_cfg['encoder_layers']} layers, {model_cfg['encoder_embed_dim']} dims, "
+          f"{len(dictionary)} symbols, {model_cfg['num_segments']} segments, relative position buckets "
+          f"{model_cfg['relative_position_buckets']}) and {output / 'dict.txt'}")
+    arch = "unilm2_base --pseudo-masks" if model_cfg["relative_position_buckets"] else "unilm_base"
+    print(f"fine-tune it with: fairseq-train DATA --user-dir palm_plugin --task unilm_seq2seq --arch {arch} "
+          f"--criterion unilm_cloze --finetune-from-model {output / 'model.pt'} ... (no size flags: its sizes and "
+          f"segment ids {task_cfg['source_segment']}/{task_cfg['target_segment']} are adopted)")
+
+
+def atomic_save(path, state):
+    with atomic_path(path) as temporary:
+        checkpoint_utils.torch_persistent_save(state, temporary)
+
+
+def atomic_write_bytes(path, data):
+    with atomic_path(path) as temporary:
+        Path(temporary).write_bytes(data)
