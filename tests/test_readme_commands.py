@@ -3,9 +3,8 @@
 The commands run page by page (README.md, examples/README.md, then every ``docs/**/*.md`` in the order of its path),
 in document order within a page, one bash process each (python blocks: one python process), in one workspace that
 holds what the pages say they need, made small: ``DATA_MONO`` and ``DATA_PAIRS`` (fairseq-preprocess output of
-random words, one dictionary), ``raw/`` (the text of both),
-``roberta.base/model.pt`` (a tiny RoBERTa trained here on DATA_MONO), a copy of ``examples/`` and links to the
-packages (so recipes write under the workspace). A block may use what an earlier block of the same page made (the
+random words, one dictionary), ``raw/`` (the text of both), ``roberta.base/model.pt`` (a tiny RoBERTa trained here
+on DATA_MONO), a copy of ``examples/`` and links to the packages (so recipes write under the workspace). A block may use what an earlier block of the same page made (the
 UniLM commands of docs/models.md decode what their fine-tuning wrote); no page relies on another page's blocks.
 Sizes change only through the variables the pages document: ``$ARGS`` (the tiny arch of the family named by
 ``--arch``, a few updates, CPU) and ``SMOKE=1`` for the recipes. Commands that cannot run here are listed in
