@@ -3,8 +3,10 @@ CPU; `palm-gpu-check` runs them on the card).
 
 (a) the copy layer's custom autograd function at the accelerator block size and at a forced small one, and in half
 precision; (b) the UniLM stack's attention with every boolean mask kind (padding included) in fp32 / bf16 / fp16;
-(c) cached decoding equals full recomputation on CUDA for unilm, unilm2 and palm; (d) GPU and CPU generate the same
-hypotheses. The models, inputs and references are the CPU tests' own (imported, not copied).
+(c) cached decoding equals full recomputation on CUDA for unilm, unilm2 and palm, and so does --decoding-graph's
+fixed-shape decoding replayed as CUDA graphs; (d) GPU and CPU generate the same hypotheses; (e) issue 24's training
+levers on CUDA (inductor-compiled layers, fused AdamW) against the plain path. The models, inputs and references are
+the CPU tests' own (imported, not copied).
 
 Half-precision tolerances are relative errors against the float64 reference: fp16 keeps 11 significant bits (unit
 roundoff 4.9e-4), bf16 8 (3.9e-3); a few layers of sums and softmaxes grow that by about an order of magnitude, so
@@ -194,7 +196,10 @@ BEAMS = ({"beam_size": 1}, {"beam_size": 4, "no_repeat_ngram_size": 2, "min_len"
 
 
 def generate(model, dictionary, sample, device, options, cached=True):
+    """``cached``: True (the growing cache), "graph" (--decoding-graph) or False (recomputation)."""
     model = model.to(device)
+    if hasattr(model.decoder, "decoding_graph"):
+        model.decoder.decoding_graph = cached == "graph"
     generator = SequenceGenerator([model], dictionary, max_len_b=8, **options)
     if not cached:
         generator.model.has_incremental = False  # the generator then re-runs the decoder on the whole prefix
@@ -211,7 +216,8 @@ def assert_same(ours, reference, atol):
 
 # (c) cached decoding on CUDA against full recomputation on CUDA; (d) CUDA against the CPU, both cached
 AGREEMENTS = {"cuda_cached_equals_recomputation": ((CUDA, True), (CUDA, False)),
-              "cuda_equals_cpu": ((CUDA, True), ("cpu", True))}
+              "cuda_equals_cpu": ((CUDA, True), ("cpu", True)),
+              "cuda_graph_equals_recomputation": ((CUDA, "graph"), (CUDA, False))}
 
 
 @needs_cuda
@@ -219,9 +225,44 @@ AGREEMENTS = {"cuda_cached_equals_recomputation": ((CUDA, True), (CUDA, False)),
 @pytest.mark.parametrize("options", BEAMS, ids=["greedy", "beam4"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_decoding_gives_the_same_hypotheses(family, options, agreement):
+    if agreement == "cuda_graph_equals_recomputation" and family == "palm":
+        pytest.skip("--decoding-graph is UniLM's")
     build, arch = FAMILIES[family]
     model, dictionary, sample = build(arch)
     (device, cached), (reference_device, reference_cached) = AGREEMENTS[agreement]
     ours = generate(model, dictionary, sample, device, options, cached=cached)
     reference = generate(model, dictionary, sample, reference_device, options, cached=reference_cached)
     assert_same(ours, reference, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ (e) training levers
+@needs_cuda
+def test_inductor_compiled_layers_on_cuda_train_as_the_plain_ones(tmp_path, monkeypatch):
+    """--compile-layers with inductor (the CPU suite compiles with aot_eager): one update's loss and gradients."""
+    from palm_plugin.modules import compiled_layers
+    from tests.test_speed_options import SyntheticCorpus, built_with, loss_and_gradients
+
+    monkeypatch.setattr(compiled_layers, "BACKEND", "inductor")
+    corpus = SyntheticCorpus(str(tmp_path), 300)
+    plain, batch = built_with(corpus, "unilm_seq2seq", device=CUDA)
+    compiled, _ = built_with(corpus, "unilm_seq2seq", ["--compile-layers"], device=CUDA)
+    compiled.model.load_state_dict(plain.model.state_dict())
+    expected = loss_and_gradients(plain.model.train(), plain.criterion, batch)
+    got = loss_and_gradients(compiled.model.train(), compiled.criterion, batch)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-4, atol=1e-5)
+    for name, gradient in expected[3].items():
+        torch.testing.assert_close(got[3][name], gradient, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@needs_cuda
+def test_fused_adamw_on_cuda_equals_the_for_loop(tmp_path):
+    """--optimizer torch_adamw on CUDA (fused, one kernel per tensor group) against torch's for-loop AdamW."""
+    from tests.test_speed_options import SyntheticCorpus, _adamw, _updated_by, built_with
+
+    corpus = SyntheticCorpus(str(tmp_path), 300)
+    built, batch = built_with(corpus, "unilm_seq2seq", ["--optimizer", "torch_adamw"], device=CUDA)
+    initial = {name: value.clone() for name, value in built.model.state_dict().items()}
+    fused = _updated_by(built, batch, lambda: _adamw(built, "fused"), initial)
+    loop = _updated_by(built, batch, lambda: _adamw(built, "for-loop"), initial)
+    for name, value in loop.items():
+        torch.testing.assert_close(fused[name], value, rtol=1e-5, atol=1e-6, msg=name)

@@ -34,10 +34,10 @@ def corpus(tmp_path_factory):
     logging.disable(logging.NOTSET)
 
 
-def built_with(corpus, key, extra=(), sequences=4, precision="fp32"):
+def built_with(corpus, key, extra=(), sequences=4, precision="fp32", device="cpu"):
     spec = SPECS[key]
     built = build(corpus.path(spec.layout, LENGTH, sequences), spec.args("tiny", LENGTH) + NO_DROPOUT + list(extra),
-                  precision=precision)  # fmt: skip
+                  precision=precision, device=device)  # fmt: skip
     return built, load_batch(built, sequences)
 
 

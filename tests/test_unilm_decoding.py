@@ -7,6 +7,7 @@ from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel, unilm2_tiny, unilm_tiny
+from palm_plugin.modules import fixed_shape_decoding
 from palm_plugin.modules.attention_masks import Objective
 from tests.conftest import REPO, binarize_pairs
 
@@ -53,10 +54,15 @@ def net_input(arch, src_tokens):
     }
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["growing_cache", "fixed_shape"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_cached_steps_equal_recomputation_through_beam_reorders_and_batch_shrinking(arch):
+def test_cached_steps_equal_recomputation_through_beam_reorders_and_batch_shrinking(arch, graph, monkeypatch):
+    """The growing cache, and --decoding-graph's fixed-shape steps (run eagerly on the CPU; its buffer of 2 slots
+    doubles twice here), equal recomputation step by step."""
+    monkeypatch.setattr(fixed_shape_decoding, "INITIAL_SLOTS", 2)
     dictionary = tiny_dictionary()
     model = tiny_model(arch, dictionary)
+    model.decoder.decoding_graph = graph
     src = sources(dictionary, [7, 4, 5])
     beam = 3
     with torch.no_grad():
@@ -86,6 +92,8 @@ def test_cached_steps_equal_recomputation_through_beam_reorders_and_batch_shrink
             if step < 3:  # reordering beams never copies the source cache
                 assert encoder_out["source_keys"][0].data_ptr() == source_keys.data_ptr()
         assert encoder_out["source_keys"][0].size(0) == 2 and encoder_out["rows_per_source"] == [beam]
+        if graph:
+            assert model.decoder.get_incremental_state(state, "fixed_shape")["step"].cache.size(4) == 8
 
 
 def greedy_by_training_forward(model, dictionary, arch, src, steps):
@@ -109,10 +117,12 @@ def greedy_by_training_forward(model, dictionary, arch, src, steps):
     return outputs
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["growing_cache", "fixed_shape"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_generator_with_cache_matches_recomputation_and_the_training_forward(arch):
+def test_generator_with_cache_matches_recomputation_and_the_training_forward(arch, graph):
     dictionary = tiny_dictionary()
     model = tiny_model(arch, dictionary, seed=3)
+    model.decoder.decoding_graph = graph
     src = sources(dictionary, [6, 9, 4], seed=4)
     sample = {"net_input": net_input(arch, src)}
     with torch.no_grad():
