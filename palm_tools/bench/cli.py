@@ -40,13 +40,16 @@ import warnings
 import fairseq
 import torch
 
+from palm_plugin.modules import compiled_layers
 from palm_tools.bench import report as bench_report
+from palm_tools.bench import sweep_report
 from palm_tools.bench.data import SyntheticCorpus
 from palm_tools.bench.decode import DECODE_SPECS, measure_decoding
 from palm_tools.bench.flops import measure_matmul
 from palm_tools.bench.models import PRECISIONS, TRAIN_SPECS
 from palm_tools.bench.pipeline import DATA_SPECS, measure_data_pipeline
 from palm_tools.bench.runlog import log, wanted
+from palm_tools.bench.sweep import LEVERS, measure_sweep
 from palm_tools.bench.train import measure_training
 
 # quick: a smoke run of the tiny archs.
@@ -70,6 +73,27 @@ PRESETS = {
                 sentences=[1, 32], decode_repeats=3, recompute_repeats=2, vocab_size=32000, gemm_size=8192,
                 data_length=512, data_examples=512, data_batch=16, data_repeats=3),
 }  # fmt: skip
+# --sweep (palm_tools/bench/sweep.py), over the preset's settings. quick: the test suite's (tiny archs, one length, two
+# sizes, a few levers; compiled with aot_eager: the graphs without inductor's code generation). cpu: the levers on 2
+# cores at base size. gpu (--preset gpu-sweep): the card run, about 17 minutes of one H100 with its decoding rows
+# (the estimate in docs/benchmarks-gpu.md, "Planned card run"); --time-budget-min keeps it inside its slot.
+SWEEP_PRESETS = {
+    "quick": dict(lengths=[32], sequences=[2, 4], find_max=False, repeats=1, lever_length=32, lever_sequences=4,
+                  levers=["torch_adamw", "compile", "syncs_at_start", "drop_full_masks", "loader_workers"],
+                  lever_configs=["pmlm_ae_par", "unilm_bidirectional"], loader_workers=1,
+                  profile_sequences=4, compile_backend="aot_eager", sentences=[1], target_tokens=[8],
+                  recompute_target_tokens=[], decode_repeats=1),
+    "cpu": dict(lengths=[256], sequences=[1, 2], find_max=False, repeats=2, lever_length=256, lever_sequences=2,
+                levers=["torch_adamw", "compile", "syncs_at_start", "drop_full_masks", "loader", "all"],
+                lever_configs=None, loader_workers=1, profile_sequences=2, compile_backend="inductor", sentences=[1],
+                target_tokens=[64], recompute_target_tokens=[], decode_repeats=2),
+    "gpu": dict(lengths=[512, 768], sequences=[16, 64, 256], find_max=True, repeats=3, lever_length=512,
+                lever_sequences=256, levers=list(LEVERS), loader_workers=8, profile_sequences=64,
+                lever_configs=["transformer", "palm", "pmlm_ae_par", "roberta", "unilm_pretraining", "unilm_seq2seq",
+                               "unilm_bidirectional"],
+                compile_backend="inductor", sentences=[1], target_tokens=[128], recompute_target_tokens=[],
+                decode_repeats=3, time_budget_min=17.0),
+}  # fmt: skip
 H100_SXM_BF16_DENSE_TFLOPS = 989.4  # NVIDIA's H100 SXM datasheet, dense (no sparsity) BF16 / FP16 Tensor Core
 
 
@@ -80,8 +104,9 @@ def parse_args(argv=None):
     parser.add_argument("--precision", choices=list(PRECISIONS),
                         help="training and decoding precision, as fairseq's --bf16 / --fp16 (default: bf16 on cuda, "
                         "fp32 on the CPU; fp16 needs cuda)")
-    parser.add_argument("--preset", choices=list(PRESETS),
-                        help="default settings (default: gpu on cuda, cpu otherwise); options given override them")
+    parser.add_argument("--preset", choices=list(PRESETS) + ["gpu-sweep"],
+                        help="default settings (default: gpu on cuda, cpu otherwise); options given override them; "
+                        "gpu-sweep: gpu with --sweep (the card run of docs/benchmarks-gpu.md)")
     parser.add_argument("--quick", action="store_true", help="--preset quick: tiny archs, short sequences (< 1 min)")
     parser.add_argument("--peak-tflops", type=float,
                         help="a datasheet peak (TFLOP/s) for a second MFU column (default on cuda: "
@@ -123,7 +148,7 @@ def parse_args(argv=None):
     parser.add_argument("--no-training", action="store_true", help="skip the training measurements")
     parser.add_argument("--no-decoding", action="store_true", help="skip the decoding measurements")
     parser.add_argument("--output-dir", default="bench-results", help="where benchmark.{json,png,md} are written")
-    parser.add_argument("--name", default="benchmark", help="file name stem of the outputs")
+    parser.add_argument("--name", help="file name stem of the outputs (default: benchmark; with --sweep: sweep)")
     parser.add_argument("--from-json", metavar="PATH",
                         help="measure nothing: render the table and chart of a saved record (a run cut short too)")
     parser.add_argument("--merge-into", metavar="PATH",
@@ -131,7 +156,29 @@ def parse_args(argv=None):
                         "the rows of the same configurations and lengths in the saved record PATH; the outputs "
                         "render the merged record, re-measured rows marked with their run. Re-measure a row's "
                         "baseline with it: ratios are only taken between rows of one run")
+    sweep = parser.add_argument_group("sweep (--sweep): speed, memory and MFU against sequences per update, and the "
+                                      "speed levers on and off (palm_tools/bench/sweep.py)")
+    sweep.add_argument("--sweep", action="store_true", help="run the sweep (and decoding) instead of the tables above")
+    sweep.add_argument("--sequences", type=int, nargs="+", help="sequences per update (gpu-sweep: 16 64 256)")
+    sweep.add_argument("--find-max", action=argparse.BooleanOptionalAction,
+                       help="also search the largest micro-batch that fits (gpu-sweep: on)")
+    sweep.add_argument("--memory-limit-mb", type=float,
+                       help="device memory to fit micro-batches in; a warm-up peak above it counts as out-of-memory "
+                       "(default: the card's memory; none on the CPU)")
+    sweep.add_argument("--levers", nargs="*", choices=list(LEVERS), help="levers measured on and off")
+    sweep.add_argument("--lever-configs", nargs="+", metavar="KEY",
+                       help="configurations the levers are measured on (default: all, and unilm_bidirectional)")
+    sweep.add_argument("--lever-length", type=int, help="sequence length of the lever rows (gpu-sweep: 512)")
+    sweep.add_argument("--lever-sequences", type=int, help="sequences per update of the lever rows (gpu-sweep: 256)")
+    sweep.add_argument("--loader-workers", type=int, help="data-loader workers of the loader_workers lever")
+    sweep.add_argument("--profile-sequences", type=int,
+                       help="with --profile-dir: profile the plain update at --lever-length and this many sequences")
+    sweep.add_argument("--compile-backend", help="torch.compile backend of the compile lever (default inductor)")
+    sweep.add_argument("--time-budget-min", type=float,
+                       help="skip the sweep rows not started after this many minutes (gpu-sweep: 17)")
     args = parser.parse_args(argv)
+    if args.preset == "gpu-sweep":
+        args.preset, args.sweep = "gpu", True
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -144,8 +191,9 @@ def parse_args(argv=None):
     if args.quick:
         args.preset = "quick"
     args.preset = args.preset or ("gpu" if args.device == "cuda" else "cpu")
-    for key, value in PRESETS[args.preset].items():
-        if getattr(args, key) is None:
+    defaults = dict(PRESETS[args.preset], **(SWEEP_PRESETS[args.preset] if args.sweep else {}))
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.peak_tflops is None and args.device == "cuda":
         args.peak_tflops = H100_SXM_BF16_DENSE_TFLOPS
@@ -177,7 +225,7 @@ def run(argv=None) -> dict:
     warnings.filterwarnings("ignore")  # hydra's deprecation notices from fairseq's config conversion
     logging.disable(logging.INFO)  # fairseq's and the tasks' per-dataset info lines
     os.makedirs(args.output_dir, exist_ok=True)
-    stem = os.path.join(args.output_dir, args.name)
+    stem = os.path.join(args.output_dir, args.name or ("sweep" if args.sweep else "benchmark"))
     if args.from_json:
         with open(args.from_json) as f:
             result = json.load(f)
@@ -190,15 +238,16 @@ def run(argv=None) -> dict:
         result = measure(args, argv, stem + ".json", record)
         if record is not None:
             result = bench_report.merge(record, result)
-    bench_report.finish(result)
-    table = bench_report.markdown(result)
+    report = sweep_report if "sweep" in result else bench_report
+    report.finish(result)
+    table = report.markdown(result)
     print(table)
     bench_report.write_json(result, stem + ".json")
     with open(stem + ".md", "w") as f:
-        f.write(table + "\n" + bench_report.METHOD)
+        f.write(table + "\n" + report.METHOD)
     written = [stem + ".json", stem + ".md"]
     try:
-        bench_report.plot(result, stem + ".png")
+        report.plot(result, stem + ".png")
         written.append(stem + ".png")
     except ImportError as error:  # matplotlib is not among the plugin's install requirements (a bare GPU machine)
         log(f"no chart: {error} (pip install matplotlib; then palm-bench --from-json {stem}.json)")
@@ -209,7 +258,9 @@ def run(argv=None) -> dict:
 def settings(args) -> dict:
     """The run's settings, as its record keeps them."""
     keys = list(PRESETS["cpu"]) + ["beam", "reference_length", "device", "precision", "preset", "peak_tflops"]
-    return {key: getattr(args, key) for key in keys}
+    if args.sweep:
+        keys += ["sweep"] + list(SWEEP_PRESETS["gpu"]) + ["memory_limit_mb"]
+    return {key: getattr(args, key, None) for key in dict.fromkeys(keys)}
 
 
 def measure(args, argv, json_path, record=None) -> dict:
@@ -230,6 +281,9 @@ def measure(args, argv, json_path, record=None) -> dict:
         "machine": machine(args.device), "settings": settings(args), "gemm": gemm,
         "training": [], "decoding": [], "data": [], "missing": [],
     }  # fmt: skip
+    if args.sweep:
+        result["sweep"] = []
+        compiled_layers.BACKEND = args.compile_backend
 
     def checkpoint():
         result["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
@@ -238,6 +292,11 @@ def measure(args, argv, json_path, record=None) -> dict:
 
     with tempfile.TemporaryDirectory() as root:
         corpus = SyntheticCorpus(root, args.vocab_size)
+        if args.sweep:  # decoding first: the shortest part, not to be cut by the time budget
+            if not args.no_decoding:
+                measure_decoding(args, corpus, result, checkpoint)
+            measure_sweep(args, corpus, result, checkpoint)
+            args.no_data = args.no_training = args.no_decoding = True
         if not args.no_data:
             log(f"data pipeline, length {args.data_length}")
             result["data"] = measure_data_pipeline(corpus, args.data_length, args.data_examples, args.data_batch,

@@ -9,7 +9,8 @@ forbidden before ``T`` tokens and forced after), so random-weight models do the 
   tokens, decoded with the model's cached incremental decoder; ``... recompute`` is the baseline that re-runs
   the whole packed ``[source | decoded tokens | placeholder]`` sequence at every step: the same model and
   generator with the generator's incremental path switched off (the UniLM decoder then takes its
-  full-recomputation branch; both give the same hypotheses, tests/test_benchmark.py checks it).
+  full-recomputation branch; both give the same hypotheses, tests/test_benchmark.py checks it); ``..._graph``
+  decodes with ``--decoding-graph`` (:mod:`palm_plugin.modules.fixed_shape_decoding`).
 """
 import gc
 import statistics
@@ -50,6 +51,11 @@ DECODE_SPECS = [
     DecodeSpec("unilm2_recompute", "unilm2, full recomputation (baseline)",
                lambda size, n: unilm_arch("unilm2", size, n) + unilm_seq2seq_task(n, "unilm2"), unilm=True,
                recompute=True, baseline="unilm2", plugin=False),
+    DecodeSpec("unilm_graph", "unilm, --decoding-graph (fixed shapes; a CUDA graph per step on a GPU)",
+               lambda size, n: unilm_arch("unilm", size, n) + unilm_seq2seq_task(n) + ["--decoding-graph"], unilm=True),
+    DecodeSpec("unilm2_graph", "unilm2, --decoding-graph (fixed shapes; a CUDA graph per step on a GPU)",
+               lambda size, n: unilm_arch("unilm2", size, n) + unilm_seq2seq_task(n, "unilm2") + ["--decoding-graph"],
+               unilm=True),
 ]  # fmt: skip
 
 
@@ -113,6 +119,8 @@ def measure_decoding(args, corpus, result, checkpoint):
     total = args.source_tokens + max(args.target_tokens) + 2
     for spec in DECODE_SPECS:
         if not wanted(args, spec.key) and not (spec.key == "transformer" and args.only):
+            continue
+        if spec.recompute and not set(args.target_tokens) & set(args.recompute_target_tokens):
             continue
         try:
             built = build(corpus.path("parallel", 64, 1), spec.args(args.size, total), training=False,

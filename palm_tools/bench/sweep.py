@@ -1,0 +1,383 @@
+"""``palm-bench --sweep``: training speed, memory and MFU against sequences per update, and the speed levers on and
+off (issue 24).
+
+**Sweep.** For each configuration of :data:`~palm_tools.bench.models.TRAIN_SPECS` (the naive PAR baseline aside), at
+each ``--lengths`` and ``--sequences`` (sequences per update): one warm-up update (its peak memory), then
+``--repeats`` timed updates, median. An update of S sequences runs as S / m micro-batches of m sequences (fairseq's
+``--update-freq``: forward and backward per micro-batch, one optimizer step); m is S unless a micro-batch of that
+size ran out of device memory, then half the size that did. With ``--find-max``, the largest micro-batch that fits
+is searched next: a line through the measured peaks (peak = resident + m x per-sequence memory) predicts it, the
+prediction is tried and, on out-of-memory, lowered by a fifth until it fits; its row is marked ``largest``. A run
+with ``--memory-limit-mb`` treats a warm-up peak above the limit as out-of-memory (the CPU has no card to fill).
+
+**Levers** (``--levers``, :data:`LEVERS`): at ``--lever-length`` and ``--lever-sequences``, each configuration is
+measured plain and with each lever that applies to it, one model at a time, side by side (the ratio in the report
+is to that plain row). Each lever is a command-line option of the plugin (or, for fairseq's baselines, the same
+thing done by the benchmark), off by default.
+
+Rows go to ``result["sweep"]``; the record is saved after each row. ``--time-budget-min`` skips the rows not started
+when it is spent (recorded as skipped), so that a card run ends in its slot with what it measured.
+"""
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, Optional
+
+import torch
+from fairseq.data import iterators
+
+from palm_plugin.modules.compiled_layers import compile_layers
+from palm_tools.bench.models import TRAIN_SPECS, build, prepare_sample
+from palm_tools.bench.runlog import free_device_memory, log, record_failure, short_error, wanted
+from palm_tools.bench.train import MB, TrainStep, median, peak_memory_bytes, timed, write_profile
+
+SWEPT = [spec for spec in TRAIN_SPECS if spec.key != "naive_par"]
+SPECS = {spec.key: spec for spec in SWEPT}
+# BERT-style UniLM pre-training (bidirectional rows only): the one configuration whose masks can hide nothing
+UNILM_BIDIRECTIONAL = replace(
+    SPECS["unilm_pretraining"], key="unilm_bidirectional", label="unilm, unilm_pretraining, bidirectional rows only",
+    args=lambda size, length: SPECS["unilm_pretraining"].args(size, length) + ["--objective-probs", "1,0,0,0"],
+    baseline="roberta")
+SAFETY = 0.92  # share of the device memory the largest micro-batch may fill (the allocator's cache, fragmentation)
+
+
+def _criterion(spec) -> str:
+    args = spec.args("tiny", 64)
+    return args[args.index("--criterion") + 1]
+
+
+def _fairseq_layers(built):
+    """The Transformer layers of a fairseq baseline (encoder and decoder), which --compile-layers cannot reach."""
+    model = built.model
+    encoder = getattr(model.encoder, "sentence_encoder", model.encoder)
+    return list(encoder.layers) + list(getattr(getattr(model, "decoder", None), "layers", []))
+
+
+@dataclass
+class Lever:
+    name: str
+    label: str
+    applies: Callable = lambda spec: True
+    args: Callable = lambda spec: []
+    after_build: Optional[Callable] = None  # what the benchmark does itself (fairseq's baselines)
+    loader: bool = False  # batches drawn per update from fairseq's iterator (``--loader-workers`` workers)
+    workers: int = 0
+
+
+def _compile_args(spec):
+    return ["--compile-layers"] if spec.plugin else []
+
+
+def _compile_baseline(built):
+    if not built.spec_plugin:
+        compile_layers(_fairseq_layers(built))
+
+
+def _syncs_args(spec):
+    return ["--syncs-at-start"] if _criterion(spec) in ("unilm_cloze", "pmlm_ae_par") else []
+
+
+LEVERS = {
+    "torch_adamw": Lever("torch_adamw", "--optimizer torch_adamw (fused AdamW)",
+                         args=lambda spec: ["--optimizer", "torch_adamw"]),
+    "compile": Lever("compile", "--compile-layers (torch.compile of each layer; baselines: the same, by the benchmark)",
+                     args=_compile_args, after_build=_compile_baseline),
+    "syncs_at_start": Lever("syncs_at_start", "--syncs-at-start (criterion: no host sync inside the step)",
+                            applies=lambda spec: bool(_syncs_args(spec)), args=_syncs_args),
+    "drop_full_masks": Lever("drop_full_masks", "--drop-full-masks (no attention mask when it hides nothing: flash)",
+                             applies=lambda spec: spec.key == "unilm_bidirectional",
+                             args=lambda spec: ["--drop-full-masks"]),
+    "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
+    "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
+                            loader=True),
+    "all": Lever("all", "torch_adamw + compile + syncs_at_start together",
+                 args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec),
+                 after_build=_compile_baseline),
+}  # fmt: skip
+
+
+class OutOfMemory(Exception):
+    """A micro-batch did not fit: CUDA's out-of-memory error, or a warm-up peak above ``--memory-limit-mb``."""
+
+
+class AccumulatedStep(TrainStep):
+    """One update of several micro-batches (fairseq's ``--update-freq``): forward and backward per micro-batch,
+    gradients summed, one optimizer step over the summed sample size."""
+
+    def __init__(self, spec, built, batches):
+        super().__init__(spec, built, batches[0])
+        self.batches = batches
+
+    @property
+    def text_tokens(self) -> int:
+        pad = self.built.task.source_dictionary.pad()
+        return sum(self.spec.text_tokens(batch, pad) for batch in self.batches)
+
+    @property
+    def flops(self) -> float:
+        return sum(self.spec.flops(self.built, batch) for batch in self.batches)
+
+    def backward(self):
+        """Forward and backward of every micro-batch, gradients summed; returns the summed sample size."""
+        b = self.built
+        sample_size = 0
+        for batch in self.batches:
+            _, size, _ = b.task.train_step(batch, b.model, b.criterion, b.optimizer, self.updates)
+            sample_size += size
+        return sample_size
+
+    def __call__(self):
+        self.built.optimizer.zero_grad()
+        self._update(self.backward())
+
+
+class LoaderStep(AccumulatedStep):
+    """An update whose micro-batches come from fairseq's own batch iterator, as in fairseq-train: its DataLoader pins
+    memory, ``workers`` processes build batches ahead (0: the main process builds each when it is needed), and the
+    batches move to the device with ``non_blocking``. The time of an update includes waiting for them."""
+
+    def __init__(self, spec, built, micro, update_freq, workers):
+        task = built.task
+        task.load_dataset("train")
+        epoch_itr = task.get_batch_iterator(task.dataset("train"), max_sentences=micro, ignore_invalid_inputs=True,
+                                            num_workers=workers, data_buffer_size=10, epoch=1)  # fmt: skip
+        self.iterator = iterators.GroupedIterator(epoch_itr.next_epoch_itr(shuffle=False), update_freq)
+        super().__init__(spec, built, [None])
+
+    def __call__(self):
+        self.batches = [prepare_sample(sample, self.built) for sample in next(self.iterator)]
+        super().__call__()
+
+
+def load_batches(built, micro: int, count: int):
+    """``count`` micro-batches of ``micro`` consecutive examples of the task's ``train`` split, collated by the task's
+    dataset and prepared for the device and precision."""
+    built.task.load_dataset("train")
+    dataset = built.task.dataset("train")
+    if len(dataset) < micro * count:
+        raise RuntimeError(f"synthetic data has {len(dataset)} examples, {micro * count} needed")
+    return [prepare_sample(dataset.collater([dataset[i] for i in range(first, first + micro)]), built)
+            for first in range(0, micro * count, micro)]  # fmt: skip
+
+
+@dataclass
+class Fit:
+    """What is known of the micro-batches of one configuration and length: the peaks of those that fit, and the
+    smallest that did not."""
+
+    peaks: Dict[int, float] = field(default_factory=dict)
+    fails: Optional[int] = None
+
+    @property
+    def fits(self) -> int:
+        return max(self.peaks, default=0)
+
+    def micro_for(self, sequences: int) -> int:
+        """The micro-batch to try first for ``sequences`` per update: the largest halving of it below a failure."""
+        micro = sequences
+        while self.fails is not None and micro >= self.fails and micro > 1:
+            micro //= 2
+        return micro
+
+    def predict(self, capacity: float) -> int:
+        """The largest micro-batch whose peak a line through the two largest measured peaks puts below ``SAFETY x
+        capacity`` bytes (one peak: all of it counted per sequence, which under-estimates the size), below a fifth
+        under the smallest failure."""
+        points = sorted(self.peaks.items())
+        large, high = points[-1]
+        per_sequence = high / large
+        if len(points) > 1:
+            small, low = points[-2]
+            per_sequence = (high - low) / (large - small)
+        guess = large + int((SAFETY * capacity - high) / max(per_sequence, 1.0))
+        if self.fails is not None:
+            guess = min(guess, int(0.8 * self.fails))
+        return round_down(guess)
+
+
+def round_down(micro: int) -> int:
+    """Micro-batches of 16 or more are taken in multiples of 8 (the shapes tensor cores like)."""
+    return micro - micro % 8 if micro >= 16 else max(micro, 1)
+
+
+def device_capacity(args) -> Optional[float]:
+    """Bytes the largest micro-batch may be sized against: ``--memory-limit-mb``, else the card's memory."""
+    if args.memory_limit_mb:
+        return args.memory_limit_mb * MB
+    if args.device == "cuda":
+        return float(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    return None
+
+
+def measure_sweep(args, corpus, result, checkpoint):
+    """The sweep, then the levers (module docstring); rows appended to ``result["sweep"]``, ``checkpoint()`` after
+    each."""
+    started = time.monotonic()
+    budget = args.time_budget_min * 60 if args.time_budget_min else None
+    sweep = Sweep(args, corpus, result, checkpoint, lambda: budget is not None and time.monotonic() - started > budget)
+    fits = {}
+    for spec in SWEPT:
+        if wanted(args, spec.key):
+            fits.update(sweep.configuration(spec))
+    for spec in SWEPT + [UNILM_BIDIRECTIONAL]:
+        if spec.key not in (args.lever_configs or [s.key for s in SWEPT] + [UNILM_BIDIRECTIONAL.key]):
+            continue
+        levers = [LEVERS[name] for name in args.levers if LEVERS[name].applies(spec)]
+        if spec is UNILM_BIDIRECTIONAL:  # measured for the one lever that needs it
+            levers = [lever for lever in levers if lever.name == "drop_full_masks"]
+        if levers:
+            same_memory = "unilm_pretraining" if spec is UNILM_BIDIRECTIONAL else spec.key
+            sweep.levers(spec, levers, fits.get((same_memory, args.lever_length), Fit()))
+
+
+class Sweep:
+    def __init__(self, args, corpus, result, checkpoint, over_budget):
+        self.args, self.corpus, self.checkpoint, self.over_budget = args, corpus, checkpoint, over_budget
+        self.rows, self.missing = result["sweep"], result["missing"]
+        self.capacity = device_capacity(args)
+        self.examples = max(max(args.sequences), args.lever_sequences) * (1 + args.repeats) + 8
+        self._last_step = None
+
+    def _build(self, spec, length, extra=(), reuse=None):
+        where = dict(device=self.args.device, precision=self.args.precision)
+        built = build(self.corpus.path(spec.layout, length, self.examples), spec.args(self.args.size, length)
+                      + list(extra), reuse=reuse, **where)  # fmt: skip
+        built.spec_plugin = spec.plugin
+        return built
+
+    def configuration(self, spec):
+        """Every length and sequences-per-update point of one configuration, plain; returns its :class:`Fit` per
+        length."""
+        fits = {}
+        try:
+            model = self._build(spec, max(self.args.lengths))
+        except Exception as error:
+            record_failure(self.missing, spec.key, "build", error)
+            return fits
+        for length in self.args.lengths:
+            fit = fits[spec.key, length] = Fit()
+            try:
+                built = self._build(spec, length, reuse=model)
+            except Exception as error:
+                record_failure(self.missing, spec.key, f"length {length}, build", error)
+                continue
+            for sequences in self.args.sequences:
+                self.point(spec, built, length, sequences, fit, "plain")
+            if self.args.find_max:
+                self.largest(spec, built, length, fit)
+        del model
+        free_device_memory()
+        return fits
+
+    def levers(self, spec, levers, fit):
+        """Plain and each lever at the lever point, one model at a time."""
+        length, sequences = self.args.lever_length, self.args.lever_sequences
+        for lever in [Lever("plain", "plain")] + levers:
+            if self.over_budget():
+                self._skip(spec, length, sequences, lever.name)
+                continue
+            try:
+                built = self._build(spec, length, lever.args(spec))
+                if lever.after_build:
+                    lever.after_build(built)
+                built.compiled = lever.name in ("compile", "all")
+            except Exception as error:
+                record_failure(self.missing, f"{spec.key} {lever.name}", f"length {length}, build", error)
+                continue
+            workers = self.args.loader_workers if lever.name == "loader_workers" else 0
+            self.point(spec, built, length, sequences, fit, lever.name, loader=lever.loader, workers=workers,
+                       stage="lever")  # fmt: skip
+            del built
+            free_device_memory()
+
+    def largest(self, spec, built, length, fit):
+        """Search the largest micro-batch that fits (module docstring) and measure it as one update."""
+        if self.capacity is None or not fit.peaks:
+            return
+        for _ in range(4):
+            micro = min(fit.predict(self.capacity), self.examples)
+            if micro <= fit.fits:
+                break
+            if self.point(spec, built, length, micro, fit, "plain", how="largest") is not None:
+                return
+        self.point(spec, built, length, fit.fits, fit, "plain", how="largest")  # none above it fits
+
+    def _skip(self, spec, length, sequences, variant):
+        self.rows.append({"key": spec.key, "label": spec.label, "variant": variant, "length": length,
+                          "sequences": sequences, "status": "skipped", "reason": "time budget spent"})  # fmt: skip
+
+    def point(self, spec, built, length, sequences, fit, variant, how="requested", loader=False, workers=0,
+              stage=None):
+        """Measure one point, halving the micro-batch on out-of-memory; the row (None if nothing fitted)."""
+        stage = stage or ("sweep" if variant == "plain" else "lever")
+        if self.over_budget():
+            self._skip(spec, length, sequences, variant)
+            return None
+        micro = fit.micro_for(sequences) if how == "requested" else sequences
+        while True:
+            log(f"sweep {spec.key} [{variant}] length {length}: {sequences} sequences per update "
+                f"({micro} x {sequences // micro})")
+            try:
+                row = self._measure(spec, built, length, micro, sequences // micro, loader, workers)
+            except OutOfMemory as error:
+                fit.fails = micro if fit.fails is None else min(fit.fails, micro)
+                log(f"sweep {spec.key}: {micro} sequences per micro-batch do not fit ({error})")
+                free_device_memory()
+                if how != "requested" or micro == 1:
+                    return None
+                micro //= 2
+                continue
+            except Exception as error:
+                record_failure(self.missing, f"{spec.key} {variant}", f"length {length}, {sequences} sequences", error)
+                return None
+            if variant == "plain" and not loader:
+                fit.peaks[micro] = row["peak_memory_mb"] * MB
+            row.update(key=spec.key, label=spec.label, group=spec.group, plugin=spec.plugin, baseline=spec.baseline,
+                       variant=variant, stage=stage, how=how, status="ok", length=length, sequences=sequences,
+                       precision=self.args.precision)  # fmt: skip
+            self.rows.append(row)
+            self.checkpoint()
+            if self.args.profile_dir and variant == "plain" and how == "requested" and (
+                    length, sequences) == (self.args.lever_length, self.args.profile_sequences):
+                self._profile(spec, row)
+            return row
+
+    def _measure(self, spec, built, length, micro, update_freq, loader, workers):
+        step = self._last_step = None
+        try:
+            if loader:
+                step = LoaderStep(spec, built, micro, update_freq, workers)
+            else:
+                step = AccumulatedStep(spec, built, load_batches(built, micro, update_freq))
+            for _ in range(2 if getattr(built, "compiled", False) else 0):
+                step()  # compiling (and its first recompile) happens here, outside the profiler of the CPU's peak
+            built.optimizer.zero_grad()
+            peak = peak_memory_bytes(step)
+            if self.args.memory_limit_mb and peak > self.args.memory_limit_mb * MB:
+                raise OutOfMemory(f"peak {peak / MB:.0f} MB above --memory-limit-mb {self.args.memory_limit_mb}")
+            times = [timed(step) for _ in range(self.args.repeats)]
+        except torch.cuda.OutOfMemoryError as error:
+            raise OutOfMemory(short_error(error)) from None
+        finally:
+            if step is not None:
+                built.optimizer.zero_grad()
+        self._last_step = step
+        seconds = median(times)
+        flops, tokens = step.flops, step.text_tokens
+        return {"micro_batch": micro, "update_freq": update_freq, "loader_workers": workers if loader else None,
+                "text_tokens": tokens, "times_s": times, "median_s": seconds, "tokens_per_s": tokens / seconds,
+                "peak_memory_mb": peak / MB, "flops_per_update": flops, "achieved_gflops": flops / seconds / 1e9,
+                "mfu": flops / seconds / 1e9 / self.args.peak_gflops,
+                "mfu_datasheet": flops / seconds / 1e12 / self.args.peak_tflops if self.args.peak_tflops else None,
+                "overflow_skips": step.overflows}  # fmt: skip
+
+    def _profile(self, spec, row):
+        step = self._last_step
+        header = (f"{spec.key}: {spec.label}\nlength {row['length']}, {row['sequences']} sequences per update "
+                  f"({row['micro_batch']} x {row['update_freq']}), {self.args.precision} on {self.args.device}; "
+                  f"median update {row['median_s']:.4f} s")  # fmt: skip
+        try:
+            os.makedirs(self.args.profile_dir, exist_ok=True)
+            write_profile(step, os.path.join(self.args.profile_dir, f"{spec.key}.txt"), header)
+        except Exception as error:
+            record_failure(self.missing, spec.key, "profile", error)

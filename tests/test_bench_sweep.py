@@ -1,0 +1,136 @@
+"""palm-bench --sweep: the quick CPU path of the card's sweep writes its files with values that follow from the
+batches (tokens, FLOPs, MFU recomputed from the record), accumulation equals one large batch, and the search for the
+largest micro-batch backs off on out-of-memory as it should (no timing is judged here)."""
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+
+from palm_tools.bench import cli as benchmark
+from palm_tools.bench import sweep as bench_sweep
+from palm_tools.bench.data import SyntheticCorpus
+from palm_tools.bench.models import build
+from palm_tools.bench.sweep import SPECS, AccumulatedStep, Fit, OutOfMemory, Sweep, load_batches
+
+LENGTH = 32
+# real tokens per sequence of each layout at length L (palm_tools/bench/data.py): translation sees the source and the
+# target with their EOS, L - 1; the other layouts fill L. unilm_pretraining's next-sentence negatives take B from
+# another document, which may be one token shorter.
+TOKENS_PER_SEQUENCE = {"transformer": LENGTH - 1, "palm": LENGTH - 1, "palm_nocopy": LENGTH - 1}
+
+
+@pytest.fixture(scope="module")
+def quick_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second thread only waits for the first on a shared machine
+    with warnings.catch_warnings():
+        try:
+            record = benchmark.run(["--sweep", "--quick", "--output-dir", str(out)])
+        finally:
+            logging.disable(logging.NOTSET)
+            torch.set_num_threads(threads)
+    return out, record
+
+
+def test_quick_sweep_writes_every_configuration_at_both_sizes(quick_sweep):
+    out, record = quick_sweep
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((out / "sweep.json").read_text())
+    assert saved["complete"] and saved["missing"] == [] and len(saved["sweep"]) == len(record["sweep"])
+    markdown = (out / "sweep.md").read_text()
+    for section in ("### Training sweep", "### Levers", "### Decoding", "### Targets (issue 24)",
+                    "### How the sweep is measured"):
+        assert section in markdown
+    rows = [row for row in saved["sweep"] if row["stage"] == "sweep"]
+    assert {(row["key"], row["sequences"]) for row in rows} == {(key, n) for key in SPECS for n in (2, 4)}
+    peak = saved["gemm"]["peak_gflops"] * 1e9
+    for row in saved["sweep"]:
+        assert row["status"] == "ok" and row["length"] == LENGTH and row["peak_memory_mb"] > 0
+        assert row["micro_batch"] * row["update_freq"] == row["sequences"] and row["tokens_per_s"] > 0
+        assert row["mfu"] == pytest.approx(row["flops_per_update"] / row["median_s"] / peak, rel=1e-9)
+        assert row["tokens_per_s"] == pytest.approx(row["text_tokens"] / row["median_s"], rel=1e-9)
+        per_sequence = TOKENS_PER_SEQUENCE.get(row["key"], LENGTH)
+        if row["key"] in ("unilm_pretraining", "unilm_bidirectional"):
+            assert row["sequences"] * (LENGTH - 1) <= row["text_tokens"] <= row["sequences"] * LENGTH
+        else:
+            assert row["text_tokens"] == row["sequences"] * per_sequence, row["key"]
+    for key in SPECS:
+        two, four = (next(r for r in rows if r["key"] == key and r["sequences"] == n) for n in (2, 4))
+        assert four["text_tokens"] > two["text_tokens"] and four["flops_per_update"] > two["flops_per_update"]
+
+
+def test_quick_sweep_measures_each_lever_beside_its_plain_row_and_decodes_at_batch_one(quick_sweep):
+    _, record = quick_sweep
+    levers = {(row["key"], row["variant"]): row for row in record["sweep"] if row["stage"] == "lever"}
+    assert set(levers) == {("pmlm_ae_par", v) for v in ("plain", "torch_adamw", "compile", "syncs_at_start",
+                                                        "loader_workers")} | {
+        ("unilm_bidirectional", "plain"), ("unilm_bidirectional", "drop_full_masks")}
+    for (key, variant), row in levers.items():
+        plain = levers[key, "plain"]
+        assert row["vs_plain"] == pytest.approx(row["tokens_per_s"] / plain["tokens_per_s"])
+        assert row["text_tokens"] == plain["text_tokens"] or key == "unilm_bidirectional"
+    assert levers["pmlm_ae_par", "loader_workers"]["loader_workers"] == 1
+    decoded = {row["key"]: row for row in record["decoding"]}
+    assert set(decoded) == {"transformer", "palm", "unilm", "unilm2", "unilm_graph", "unilm2_graph"}
+    assert all(row["sentences"] == 1 and row["sentences_per_s"] > 0 for row in decoded.values())
+    assert decoded["transformer"]["time_vs_transformer"] == 1.0
+    targets = {t["target"]: t for t in record["targets"]}
+    assert len(targets) == 7 and {t["status"] for t in targets.values()} <= {"PASS", "MISS"}
+    copy = targets[f"palm step cost <= 1.05x --no-copy, length {LENGTH}"]
+    palm, nocopy = (next(r for r in record["sweep"] if r["key"] == k and r["sequences"] == 4 and r["stage"] == "sweep")
+                    for k in ("palm", "palm_nocopy"))  # fmt: skip
+    assert copy["value"] == pytest.approx(nocopy["tokens_per_s"] / palm["tokens_per_s"])
+
+
+def test_accumulated_micro_batches_give_the_gradients_of_one_batch(tmp_path):
+    """--update-freq: two micro-batches of 2 sequences sum to the gradients and sample size of one batch of 4."""
+    logging.disable(logging.INFO)
+    corpus = SyntheticCorpus(str(tmp_path), 300)
+    spec = SPECS["transformer"]
+    built = build(corpus.path(spec.layout, LENGTH, 8), spec.args("tiny", LENGTH) + ["--dropout", "0",
+                                                                                      "--attention-dropout", "0"])
+    results = []
+    for micro, count in ((4, 1), (2, 2)):
+        step = AccumulatedStep(spec, built, load_batches(built, micro, count))
+        built.optimizer.zero_grad()
+        sample_size = step.backward()
+        results.append((sample_size, step.text_tokens, step.flops,
+                        {n: p.grad.clone() for n, p in built.model.named_parameters() if p.grad is not None}))
+    (size, tokens, flops, grads), (size2, tokens2, flops2, grads2) = results
+    assert (size, tokens) == (size2, tokens2) and flops == pytest.approx(flops2)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads2[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class FakeArgs:
+    sequences, lever_sequences, repeats, device, precision = [64], 64, 1, "cpu", "bf16"
+    memory_limit_mb, profile_dir, lever_length, profile_sequences = 10_000, None, LENGTH, 4
+
+
+def test_out_of_memory_halves_the_micro_batch_and_the_largest_is_searched_below_the_limit(monkeypatch):
+    """A device that holds 1,000 MB + 300 MB per sequence under a 10,000 MB limit: 64 sequences per update run as
+    16 x 4 after 64 and 32 do not fit; the search then tries the line's prediction (24, rounded to a multiple of 8)
+    and keeps the largest that fits as one update."""
+    tried = []
+
+    def fake_measure(self, spec, built, length, micro, update_freq, loader, workers):
+        tried.append(micro)
+        peak = (1000 + 300 * micro) * bench_sweep.MB
+        if peak > FakeArgs.memory_limit_mb * bench_sweep.MB:
+            raise OutOfMemory("peak above the limit")
+        return {"micro_batch": micro, "update_freq": update_freq, "peak_memory_mb": peak / bench_sweep.MB}
+
+    monkeypatch.setattr(Sweep, "_measure", fake_measure)
+    result = {"sweep": [], "missing": []}
+    sweep = Sweep(FakeArgs(), None, result, lambda: None, lambda: False)
+    fit = Fit()
+    row = sweep.point(SPECS["roberta"], None, LENGTH, 64, fit, "plain")
+    assert tried == [64, 32, 16] and (row["micro_batch"], row["update_freq"]) == (16, 4) and fit.fails == 32
+    fit.peaks[8] = (1000 + 300 * 8) * bench_sweep.MB  # a second point for the line (the sweep's 8-sequence row)
+    sweep.largest(SPECS["roberta"], None, LENGTH, fit)
+    largest = result["sweep"][-1]
+    assert largest["how"] == "largest" and largest["micro_batch"] == 24 and tried[3:] == [24]
+    assert 1000 + 300 * 24 <= 0.92 * FakeArgs.memory_limit_mb < 1000 + 300 * 32
