@@ -1,16 +1,20 @@
-"""palm-experiments (palm_tools/experiments/cli.py): every row of a table gets the same budget and seeds (read back from
+"""palm-experiments (palm_tools/experiments/): every row of a table gets the same budget and seeds (read back from
 the fairseq command lines the plan builds), the statistics and directions, the resumable scheduler, and (slow) every
 row of every experiment end to end on tiny settings with real fairseq processes."""
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
-from palm_tools.experiments import cli as ex
-from tests.conftest import REPO, run_cli
+from palm_tools.experiments.cli import check_work_folder
+from palm_tools.experiments.execute import run_all
+from palm_tools.experiments.plan import Plan, Run
+from palm_tools.experiments.report import _stats, direction
+from palm_tools.experiments.rows import EXPERIMENTS, GEN, SEL, Experiment
+from palm_tools.experiments.scale import PRESETS
+from tests.conftest import run_cli
 
 BUDGET_FLAGS = ("--max-update", "--batch-size", "--lr", "--warmup-updates", "--encoder-layers", "--decoder-layers",
                 "--encoder-embed-dim", "--encoder-ffn-embed-dim", "--encoder-attention-heads", "--num-segments",
@@ -51,7 +55,7 @@ def check_budgets_and_seeds(plan, min_seeds):
                 names = [plan.finetune_name(row, task, s) for s in plan.scale.seed_list]
                 runs = [plan.runs[n] for n in names if n in plan.runs]
                 if not runs:
-                    assert row.model == "palm" and task == ex.SEL  # the one declared gap, said in the table
+                    assert row.model == "palm" and task == SEL  # the one declared gap, said in the table
                     continue
                 seeds.add(tuple(run.seed for run in runs))
                 for run in runs:
@@ -67,28 +71,28 @@ def check_budgets_and_seeds(plan, min_seeds):
 
 @pytest.mark.parametrize("preset", ["small", "default"])
 def test_rows_share_budgets_and_seeds(preset, tmp_path):
-    plan = ex.Plan(ex.PRESETS[preset], tmp_path)
+    plan = Plan(PRESETS[preset], tmp_path)
     check_budgets_and_seeds(plan, min_seeds=3)
     # every declared row is planned for every task, with every seed
-    for experiment in ex.EXPERIMENTS:
+    for experiment in EXPERIMENTS:
         for row in experiment.rows:
             for task in experiment.tasks:
                 planned = [plan.finetune_name(row, task, s) in plan.runs for s in plan.scale.seed_list]
-                assert all(planned) or (row.model == "palm" and task == ex.SEL)
+                assert all(planned) or (row.model == "palm" and task == SEL)
 
 
 def test_head_to_head_sizes_are_nearly_equal(tmp_path):
     """PALM's encoder + decoder layers equal UniLM's one stack, at the same width."""
-    scale = ex.PRESETS["default"]
+    scale = PRESETS["default"]
     assert 2 * scale.palm_layers == scale.unilm_layers
-    plan = ex.Plan(scale, tmp_path)
-    widths = {flags(plan.runs[plan.finetune_name(r, ex.GEN, 1)].commands[0][1])["--encoder-embed-dim"]
-              for r in ex.EXPERIMENTS[-1].rows}
+    plan = Plan(scale, tmp_path)
+    widths = {flags(plan.runs[plan.finetune_name(r, GEN, 1)].commands[0][1])["--encoder-embed-dim"]
+              for r in EXPERIMENTS[-1].rows}
     assert widths == {str(scale.dim)}
 
 
 def test_scale_overrides():
-    scale = ex.PRESETS["small"].with_overrides(["dim=96", "pretrain_lr=2e-4", "data=/corpus", "seeds=4,5,6"])
+    scale = PRESETS["small"].with_overrides(["dim=96", "pretrain_lr=2e-4", "data=/corpus", "seeds=4,5,6"])
     assert (scale.dim, scale.pretrain_lr, scale.data, scale.seed_list) == (96, 2e-4, "/corpus", (4, 5, 6))
     with pytest.raises(SystemExit, match="no_such_key"):
         scale.with_overrides(["no_such_key=1"])
@@ -96,31 +100,31 @@ def test_scale_overrides():
 
 def test_statistics_and_direction():
     values = [31.5, 29.0, 30.25]
-    mean, sd, n = ex._stats(values + [None])
+    mean, sd, n = _stats(values + [None])
     assert (n, mean) == (3, pytest.approx(statistics.mean(values)))
     assert sd == pytest.approx(statistics.stdev(values))
-    experiment = ex.Experiment("t", "t", (ex.GEN,), (), "A best", paper_best="A")
+    experiment = Experiment("t", "t", (GEN,), (), "A best", paper_best="A")
 
-    def row(label, mean, sd, task=ex.GEN):
+    def row(label, mean, sd, task=GEN):
         return {"label": label, "tasks": {task: {"mean": mean, "sd": sd}}}
 
-    text = ex.direction(experiment, [row("A", 30.0, 0.5), row("B", 35.0, 1.0), row("C", 33.0, 0.4)], ex.GEN)
+    text = direction(experiment, [row("A", 30.0, 0.5), row("B", 35.0, 1.0), row("C", 33.0, 0.4)], GEN)
     assert text.startswith("best to worst: A (30.00) > C (33.00) > B (35.00)")
     assert "lead of A (3.00) is larger" in text and text.endswith("agrees with the paper")
-    text = ex.direction(experiment, [row("A", 30.0, 2.0), row("B", 29.0, 1.0)], ex.GEN)
+    text = direction(experiment, [row("A", 30.0, 2.0), row("B", 29.0, 1.0)], GEN)
     assert "lead of B (1.00) is not larger than the spread over seeds (sd up to 2.00)" in text
     assert text.endswith("differs from the paper")
-    text = ex.direction(experiment, [row("A", 30.0, 1.0), row("B", 30.0, 1.0)], ex.GEN)
+    text = direction(experiment, [row("A", 30.0, 1.0), row("B", 30.0, 1.0)], GEN)
     assert text == "best to worst: A (30.00) = B (30.00); A and B tie"
     # accuracy: higher is better
-    assert ex.direction(experiment, [row("A", 60.0, None, ex.SEL), row("B", 70.0, None, ex.SEL)], ex.SEL).startswith(
+    assert direction(experiment, [row("A", 60.0, None, SEL), row("B", 70.0, None, SEL)], SEL).startswith(
         "best to worst: B (70.00) > A (60.00); one seed")
 
 
 def test_scheduler_order_failures_and_reuse(tmp_path):
     """Runs wait for the runs they need; a failure skips its dependents, not the others; finished runs (result.json)
     are reused and failed ones retried on the next call."""
-    plan = ex.Plan(ex.PRESETS["quick"], tmp_path, experiments=())
+    plan = Plan(PRESETS["quick"], tmp_path, experiments=())
     order = tmp_path / "order.txt"
     python = sys.executable
 
@@ -129,20 +133,20 @@ def test_scheduler_order_failures_and_reuse(tmp_path):
         return [(python, ["-c", code])]
 
     plan.runs = {
-        "a": ex.Run("a", (), step("a"), "pretrain", 1),
-        "b": ex.Run("b", ("a",), step("b"), "pretrain", 1),
-        "c": ex.Run("c", (), step("c", fail=True), "pretrain", 1),
-        "d": ex.Run("d", ("c",), step("d"), "pretrain", 1),
+        "a": Run("a", (), step("a"), "pretrain", 1),
+        "b": Run("b", ("a",), step("b"), "pretrain", 1),
+        "c": Run("c", (), step("c", fail=True), "pretrain", 1),
+        "d": Run("d", ("c",), step("d"), "pretrain", 1),
     }
-    errors = ex.run_all(plan, jobs=2, log=lambda *_: None)
+    errors = run_all(plan, jobs=2, log=lambda *_: None)
     lines = order.read_text().split()
     assert lines.index("a") < lines.index("b") and "d" not in lines
     assert set(errors) == {"c", "d"} and errors["d"] == "not run: c failed"
     result = json.loads((tmp_path / "runs" / "b" / "result.json").read_text())
     assert result["run"] == "b" and 0 < result["cpu_seconds"] <= result["seconds"] + 1
     order.write_text("")
-    plan.runs["c"] = ex.Run("c", (), step("c"), "pretrain", 1)
-    assert ex.run_all(plan, jobs=2, log=lambda *_: None) == {}
+    plan.runs["c"] = Run("c", (), step("c"), "pretrain", 1)
+    assert run_all(plan, jobs=2, log=lambda *_: None) == {}
     assert sorted(order.read_text().split()) == ["c", "d"]  # a and b reused
 
 
@@ -152,27 +156,27 @@ def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
     is evaluated with real fairseq processes; tables, JSON and chart are written; a rerun reuses every run."""
     data, work = small_palm_data, tmp_path / "work"
     arguments = ["--quick", "--work", work, "--scale", f"data={data}", "--jobs", 2]
-    first = run_cli(REPO / "palm_tools" / "experiments.py", *arguments, timeout=1500)
+    first = run_cli("palm-experiments", *arguments, timeout=1500)
     report = json.loads((work / "paper_tables.json").read_text())
-    assert [t["key"] for t in report["experiments"]] == [e.key for e in ex.EXPERIMENTS]
+    assert [t["key"] for t in report["experiments"]] == [e.key for e in EXPERIMENTS]
     for table in report["experiments"]:
         for row in table["rows"]:
             for task, cell in row["tasks"].items():
-                if row["model"] == "palm" and task == ex.SEL:
+                if row["model"] == "palm" and task == SEL:
                     assert "classification head" in cell["why_missing"]
                     continue
                 assert cell["n"] == 1 and "why_missing" not in cell, (table["key"], row["label"], task, cell)
-                assert (1 < cell["mean"] < 1e5) if task == ex.GEN else (0 <= cell["mean"] <= 100)
+                assert (1 < cell["mean"] < 1e5) if task == GEN else (0 <= cell["mean"] <= 100)
                 assert cell["params"] > 0
     # every family scores the same test tokens (pairs that no family cuts), so perplexities compare across tables
     scored = {(r["tokens"], r["sentences"]) for r in map(json.loads, map(Path.read_text, (work / "runs").glob(
         "gen-*/result.json"))) if "-minilm-" not in r["run"]}
-    assert scored and len(scored) == 1 and next(iter(scored))[1] == ex.PRESETS["quick"].eval_pairs, scored
+    assert scored and len(scored) == 1 and next(iter(scored))[1] == PRESETS["quick"].eval_pairs, scored
     assert (work / "paper_tables.png").read_bytes()[:4] == b"\x89PNG"
     assert "paper: AE+PAR best" in (work / "paper_tables.md").read_text()
-    plan = ex.Plan(ex.PRESETS["quick"].with_overrides([f"data={data}"]), work)
+    plan = Plan(PRESETS["quick"].with_overrides([f"data={data}"]), work)
     check_budgets_and_seeds(plan, min_seeds=1)
-    second = run_cli(REPO / "palm_tools" / "experiments.py", *arguments)
+    second = run_cli("palm-experiments", *arguments)
     runs = len(plan.runs)
     assert "0 to run" in second.stdout and f"{runs} of {runs} runs already finished" in second.stdout, \
         first.stdout[-2000:]
@@ -181,8 +185,8 @@ def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
 
 def test_work_folder_keeps_its_scale(tmp_path):
     """Runs are reused by name: a folder made at one scale refuses another (more seeds are fine)."""
-    small = ex.PRESETS["small"]
-    ex.check_work_folder(tmp_path, small)
-    ex.check_work_folder(tmp_path, small.with_overrides(["seeds=1,2,3,4"]))
+    small = PRESETS["small"]
+    check_work_folder(tmp_path, small)
+    check_work_folder(tmp_path, small.with_overrides(["seeds=1,2,3,4"]))
     with pytest.raises(SystemExit, match=r"dim: 64 -> 96"):
-        ex.check_work_folder(tmp_path, small.with_overrides(["dim=96"]))
+        check_work_folder(tmp_path, small.with_overrides(["dim=96"]))

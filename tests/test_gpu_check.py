@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from palm_tools.experiments import gpu_check
+from palm_tools.experiments.gpu_training import BF16_TOLERANCE, CONFIGS, SIZES, judge, read_log, train_command
 from tests.conftest import REPO, run_cli
 
 
@@ -27,7 +27,7 @@ def overflow(scale):
 
 
 def run_of(lines, precision, updates=100):
-    points, overflows = gpu_check.read_log("\n".join(lines))
+    points, overflows = read_log("\n".join(lines))
     return {"points": points, "overflows": overflows, "precision": precision, "updates": updates, "status": 0,
             "last_line": ""}
 
@@ -37,42 +37,42 @@ FP32 = run_of([inner(u, 10 - u / 20) for u in range(10, 101, 10)], "fp32")
 
 def test_read_log_attributes_overflows_to_the_last_logged_update():
     lines = [overflow(64), inner(10, 9.5, 64), inner(20, 9.0, 64), overflow(32), inner(30, 8.5, 32)]
-    points, overflows = gpu_check.read_log("\n".join(lines))
+    points, overflows = read_log("\n".join(lines))
     assert [p["update"] for p in points] == [10, 20, 30] and points[2]["loss_scale"] == 32
     assert overflows == [{"after_update": 0, "loss_scale": 64.0}, {"after_update": 20, "loss_scale": 32.0}]
 
 
 def test_judge_passes_a_close_stable_fp16_run_and_names_each_failure():
     close = [inner(u, (10 - u / 20) * 1.01, 128) for u in range(10, 101, 10)]
-    assert gpu_check.judge(run_of([overflow(64)] + close, "fp16"), FP32)["status"] == "PASS"  # early skip allowed
+    assert judge(run_of([overflow(64)] + close, "fp16"), FP32)["status"] == "PASS"  # early skip allowed
 
     far = [inner(u, (10 - u / 20) * (1.05 if u > 60 else 1.0), 128) for u in range(10, 101, 10)]
-    verdict = gpu_check.judge(run_of(far, "fp16"), FP32)
+    verdict = judge(run_of(far, "fp16"), FP32)
     assert verdict["status"] == "FAIL" and math.isclose(verdict["max_rel_diff"], 0.05, rel_tol=1e-2)
-    assert gpu_check.judge(run_of(far, "bf16"), FP32)["status"] == "FAIL"  # 4% (mean of the last half) > 3%
+    assert judge(run_of(far, "bf16"), FP32)["status"] == "FAIL"  # 4% (mean of the last half) > 3%
     spike = [inner(u, (10 - u / 20) * (1.05 if u == 90 else 1.0), 128) for u in range(10, 101, 10)]
-    verdict = gpu_check.judge(run_of(spike, "fp16"), FP32)  # one interval 5% off: the mean of the last half is 1%
+    verdict = judge(run_of(spike, "fp16"), FP32)  # one interval 5% off: the mean of the last half is 1%
     assert verdict["status"] == "PASS" and math.isclose(verdict["mean_rel_diff"], 0.01, rel_tol=0.1)
 
     late = [inner(u, 10 - u / 20, 128 if u < 70 else 32) for u in range(10, 101, 10)]
     late.insert(7, overflow(32))  # after update 60
-    reasons = gpu_check.judge(run_of(late, "fp16"), FP32)["reasons"]
+    reasons = judge(run_of(late, "fp16"), FP32)["reasons"]
     assert any("overflow skips after update 50" in r for r in reasons)
     assert any("loss scale fell from 128 (update 50) to 32" in r for r in reasons)
 
     diverged = [inner(u, float("nan") if u == 100 else 10 - u / 20, 128) for u in range(10, 101, 10)]
-    assert "non-finite loss" in gpu_check.judge(run_of(diverged, "fp16"), FP32)["reasons"]
+    assert "non-finite loss" in judge(run_of(diverged, "fp16"), FP32)["reasons"]
     short = run_of([inner(u, 10 - u / 20) for u in range(10, 51, 10)], "bf16")
-    assert any("stopped at update 50 of 100" in r for r in gpu_check.judge(short, FP32)["reasons"])
+    assert any("stopped at update 50 of 100" in r for r in judge(short, FP32)["reasons"])
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_every_configuration_builds_the_experiments_command_at_each_size(precision, tmp_path):
     """Each check trains what palm-experiments trains (same task, criterion, model options), at each size, with
     fairseq's precision flag and without a stage-ae checkpoint to start from."""
-    for size, (scale, updates, lr) in gpu_check.SIZES.items():
-        for config, (kind, *_) in gpu_check.CONFIGS.items():
-            command = [str(a) for a in gpu_check.train_command(config, scale, updates, lr, tmp_path, precision, "cuda",
+    for size, (scale, updates, lr) in SIZES.items():
+        for config, (kind, *_) in CONFIGS.items():
+            command = [str(a) for a in train_command(config, scale, updates, lr, tmp_path, precision, "cuda",
                                                                4, tmp_path)]
             assert "--finetune-from-model" not in command, config
             assert command[command.index("--encoder-embed-dim") + 1] == str(scale.dim), (size, config)
@@ -92,7 +92,7 @@ def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_dat
     rows = {(r["config"], r["precision"]): r for r in report["training"]}
     assert set(rows) == {("unilm_s2s", "fp32"), ("unilm_s2s", "bf16")}
     assert all(r["status"] == "PASS" and r["exit"] == 0 for r in rows.values()), rows
-    assert rows["unilm_s2s", "bf16"]["max_rel_diff"] < gpu_check.BF16_TOLERANCE
+    assert rows["unilm_s2s", "bf16"]["max_rel_diff"] < BF16_TOLERANCE
     assert len(rows["unilm_s2s", "fp32"]["points"]) == 5  # 20 updates logged every 4
     for precision in ("fp32", "bf16"):
         profile = (out / f"profile_{precision}.txt").read_text()

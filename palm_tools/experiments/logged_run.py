@@ -49,3 +49,15 @@ def run_logged(command, log, threads: int = 1, timeout: float = None):
             output.write(f"\n{Path(command[0]).name}: stopped after {timeout} s\n")
         process.returncode = 124 if stopped else os.waitstatus_to_exitcode(status)
     return process.returncode, time.time() - started, usage.ru_utime + usage.ru_stime
+
+
+def run_checked(tool, args, log):
+    """Run a tool, its output appended to ``log``; return the CPU seconds it used (user + system: unlike wall time,
+    what a run costs whatever else the machine is doing). A failure raises RuntimeError naming its last line."""
+    returncode, _, cpu = run_logged([tool, *args], log)
+    if returncode != 0:
+        lines = [line for line in Path(log).read_text().splitlines() if line.strip()]
+        # the first line names the cause (fairseq's and our tools' last line), the table shows it
+        raise RuntimeError(f"{tool} failed (exit {returncode}): {lines[-1][:200]}; see {log}\n" +
+                           "\n".join(lines[-15:]))
+    return cpu

