@@ -16,6 +16,7 @@ interrupted run leaves no half-written stage, and a second run reuses every fini
   tok/        the raw files encoded into sentencepiece pieces
   dict.txt    the shared fairseq dictionary (pieces with their training counts, then <mask>)
   bin/sotu, bin/chitchat, bin/chitchat10k   fairseq-preprocess output
+  pretrain/, bin/pretrain   with --pretraining-corpus all: every real English text installed here, binarized
 
 Everything is deterministic for a given --seed.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from palm_tools.data.pretraining_corpus import stage_pretraining_corpus
 from palm_tools.data.sentence_split import split_sentences  # noqa: E402
 
 SPECIAL_SYMBOLS = ["<mask>"]  # appended to the dictionary so every task (and fairseq's translation) sees one size
@@ -350,6 +352,13 @@ def parse_args(argv=None):
                         help="drop (and count) context/response pairs with a turn longer than this")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     parser.add_argument("--workers", type=int, default=2, help="fairseq-preprocess workers")
+    parser.add_argument("--pretraining-corpus", choices=["sotu", "all"], default="sotu",
+                        help="all: also bin/pretrain, every real English text installed here (the pre-training text, "
+                             "the chitchat training conversations, a Wikipedia extract) in the same dictionary "
+                             "(palm_tools/data/pretraining_corpus.py)")
+    parser.add_argument("--wiki-xml", type=Path, metavar="FILE",
+                        help="MediaWiki XML export (.bz2 or plain) for --pretraining-corpus all (default: gensim's "
+                             "English Wikipedia test extract, when gensim is installed)")
     return parser.parse_args(argv)
 
 
@@ -359,6 +368,8 @@ def main(argv=None):
     try:
         for stage in (stage_raw, stage_spm, stage_tokenize, stage_dictionary, stage_binarize):
             stage(args, args.out)
+        if args.pretraining_corpus == "all":
+            stage_pretraining_corpus(args, args.out, Stage, write_lines, fairseq_preprocess, log)
     except DataError as error:
         print(f"palm-data: error: {error}", file=sys.stderr)
         return 2
