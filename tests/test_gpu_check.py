@@ -81,6 +81,39 @@ def test_every_configuration_builds_the_experiments_command_at_each_size(precisi
                 assert command[command.index("--stage") + 1] == config.split("_")[1]
 
 
+def test_precision_variants_override_the_command_last_and_are_judged_as_their_precision():
+    """Issue 24's variants: fp32 with a second seed (its distance to fp32 reported, not judged) and fp16 from a loss
+    scale of 16 (fp16's tolerance and loss-scale rules); the flags come after the command's own --seed 1."""
+    scale, updates, lr = SIZES["base"]
+    seed2, scale16 = (train_command("palm_ft", scale, updates, lr, "data", p, "cuda", 4, "work")
+                      for p in ("fp32-seed2", "fp16-scale16"))  # fmt: skip
+    assert seed2[-2:] == ["--seed", "2"] and "--fp16" not in seed2 and "--bf16" not in seed2
+    assert scale16[-2:] == ["--fp16-init-scale", "16"] and "--fp16" in scale16
+    drifted = run_of([inner(u, (10 - u / 20) * 1.05) for u in range(10, 101, 10)], "fp32-seed2")
+    verdict = judge(drifted, FP32)
+    assert verdict["status"] == "PASS" and verdict["tolerance"] is None
+    assert verdict["mean_rel_diff"] == pytest.approx(0.05)
+    fp16 = run_of([inner(u, (10 - u / 20) * 1.05, 16 if u < 60 else 4) for u in range(10, 101, 10)], "fp16-scale16")
+    reasons = judge(fp16, FP32)["reasons"]
+    assert any("mean loss 5.0% from fp32 (tolerance 2%)" in r for r in reasons)
+    assert any("loss scale fell from 16 (update 50) to 4" in r for r in reasons)
+
+
+def test_card_run_selection_of_sizes_and_precisions(tmp_path):
+    """The card run's selection: PALM base only, the variants beside the three precisions; on the CPU (the quick
+    path) the fp16 runs are left out, fairseq having no fp16 there."""
+    from palm_tools.experiments.gpu_check import parse_args
+
+    for corpus in ("chitchat10k", "sotu"):  # what parse_args looks for
+        (tmp_path / "bin" / corpus).mkdir(parents=True)
+    argv = ["--out", "check", "--data", str(tmp_path), "--configs", "palm_ft", "--sizes", "base",
+            "--precisions", "fp32,fp32-seed2,fp16,fp16-scale16,bf16"]  # fmt: skip
+    args = parse_args(argv + ["--device", "cpu"])
+    assert (args.configs, args.sizes, args.precisions) == (["palm_ft"], ["base"], ["fp32", "fp32-seed2", "bf16"])
+    with pytest.raises(SystemExit):
+        parse_args(argv[:-1] + ["fp32,fp64"])
+
+
 @pytest.mark.slow
 def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_data):
     """A real harness run: fairseq-train in fp32 and bf16, the profiler, pytest on tests/test_gpu.py (skipped here)."""

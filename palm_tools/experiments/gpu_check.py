@@ -5,7 +5,9 @@
    (same seed, data, options; dropout off so the precisions differ only by arithmetic). Per run: every logged loss
    finite; the fp16/bf16 curve against fp32 (|difference| of the mean train_inner loss over the last half of the
    logged intervals, relative to fp32's; the largest single-interval difference is reported too); fp16 only: no overflow skip after update 50, final loss scale at least
-   half its value at update 50.
+   half its value at update 50. ``--sizes`` and ``--precisions`` select; the precisions include two variants run
+   beside fp32 (issue 24): ``fp32-seed2`` (a second seed: how far two fp32 runs drift, reported, not judged) and
+   ``fp16-scale16`` (``--fp16-init-scale 16``, judged as fp16).
 2. Numerics: tests/test_gpu.py (copy layer, attention masks, cached decoding, GPU against CPU generation) under
    pytest; pass/fail per test.
 3. Profile: unilm_seq2seq tiny in each precision, a few updates under torch.profiler: key_averages tables in
@@ -39,7 +41,8 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from palm_tools.experiments.gpu_profile import PROFILE_COUNTED, profile_worker, profiling
-from palm_tools.experiments.gpu_training import BF16_TOLERANCE, CONFIGS, FP16_TOLERANCE, TOLERANCE, training
+from palm_tools.experiments.gpu_training import (BF16_TOLERANCE, CONFIGS, FP16_TOLERANCE, PRECISION_FLAGS, SIZES,
+                                                 TOLERANCE, VARIANTS, training)
 from palm_tools.experiments.logged_run import REPO
 
 
@@ -120,7 +123,7 @@ def markdown(report):
               "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in report["training"]:
         scale = (f"{_number(r.get('loss_scale_50'), 'g')} -> {_number(r.get('loss_scale_end'), 'g')}"
-                 if r["precision"] == "fp16" else "")
+                 if r["precision"].startswith("fp16") else "")
         late = f" ({r['overflows_after_50']})" if "overflows_after_50" in r else ""
         verdict = r["status"] + (": " + "; ".join(r["reasons"]) if r["reasons"] else "")
         lines.append(f"| {r['config']} | {r['size']} | {r['precision']} | {r['updates']} | "
@@ -147,19 +150,26 @@ def parse_args(argv=None):
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
     parser.add_argument("--parts", default="training,tests,profile", help="comma-separated, of: training, tests, "
                                                                            "profile")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of: " + ", ".join(SIZES))
+    parser.add_argument("--precisions", help="comma-separated, of: " + ", ".join(list(PRECISION_FLAGS) + list(VARIANTS))
+                        + " (default: fp32, fp16 and bf16 on cuda; fp32 and bf16 on the CPU, where fairseq has no "
+                        "fp16, whose runs are left out)")
     parser.add_argument("--run-timeout", type=int, default=400, help="seconds before one process is stopped")
     args = parser.parse_args(argv)
-    args.configs = args.configs.split(",")
-    unknown = [c for c in args.configs if c not in CONFIGS] + [
+    args.configs, args.sizes = args.configs.split(","), args.sizes.split(",")
+    precisions = args.precisions.split(",") if args.precisions else []
+    unknown = [c for c in args.configs if c not in CONFIGS] + [s for s in args.sizes if s not in SIZES] + [
+        p for p in precisions if p not in PRECISION_FLAGS and p not in VARIANTS] + [
         p for p in args.parts.split(",") if p not in ("training", "tests", "profile")]
     if unknown:
-        parser.error(f"unknown --configs/--parts entry {unknown[0]!r}")
+        parser.error(f"unknown --configs/--sizes/--precisions/--parts entry {unknown[0]!r}")
     args.parts = args.parts.split(",")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here (use --device cpu)")
     args.jobs = args.jobs or (6 if args.device == "cuda" else 2)
     # fairseq trains in fp16 only on an accelerator
-    args.precisions = ["fp32", "fp16", "bf16"] if args.device == "cuda" and not args.quick else ["fp32", "bf16"]
+    half = args.device == "cuda" and not args.quick
+    args.precisions = [p for p in precisions or ["fp32", "fp16", "bf16"] if half or not p.startswith("fp16")]
     for corpus in ("chitchat10k", "sotu"):
         if not (args.data / "bin" / corpus).is_dir():
             parser.error(f"{args.data / 'bin' / corpus}: not found; make it with: palm-data --out {args.data}")

@@ -18,6 +18,10 @@ FP16_TOLERANCE = 0.02
 BF16_TOLERANCE = 0.03
 TOLERANCE = {"fp16": FP16_TOLERANCE, "bf16": BF16_TOLERANCE}
 PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
+# issue 24 (PALM base in fp16 ended 3.05% above fp32): a precision run again with other flags, judged against the
+# fp32 run: fp32 with a second seed (how far two fp32 runs drift apart: reported, not judged) and fp16 from a loss
+# scale of 16 (without the early overflow skips); the flags go last, so they override the command's own
+VARIANTS = {"fp32-seed2": ("fp32", ["--seed", "2"]), "fp16-scale16": ("fp16", ["--fp16-init-scale", "16"])}
 STABLE_FROM = 50  # fp16: no overflow skip after this update, loss scale at the end >= half its value here
 LOG_INTERVAL = 10
 
@@ -63,9 +67,10 @@ def train_command(config, scale, updates, lr, data, precision, device, log_inter
         args[0] = Path(data) / "bin" / "chitchat10k"  # the pairs as palm-data binarized them
     if device != "cpu":
         args.remove("--cpu")
+    precision, variant_flags = VARIANTS.get(precision, (precision, []))
     return [str(a) for a in args] + PRECISION_FLAGS[precision] + [
         "--max-update", str(updates), "--warmup-updates", str(warmup), "--lr", str(lr), "--log-format", "json", "--log-interval", str(log_interval),
-        "--dropout", "0", "--attention-dropout", "0", "--no-save", "--seed", "1"]
+        "--dropout", "0", "--attention-dropout", "0", "--no-save", "--seed", "1"] + variant_flags
 
 
 def run_tool(command, log, timeout):
@@ -111,7 +116,8 @@ def judge(run, reference):
         reasons.append(f"stopped at update {points[-1]['update']} of {run['updates']}")
     if any(not math.isfinite(p["loss"]) for p in points):
         reasons.append("non-finite loss")
-    result = {"max_rel_diff": None, "mean_rel_diff": None, "tolerance": TOLERANCE.get(run["precision"]), "overflows": len(run["overflows"])}
+    precision = VARIANTS.get(run["precision"], (run["precision"],))[0]
+    result = {"max_rel_diff": None, "mean_rel_diff": None, "tolerance": TOLERANCE.get(precision), "overflows": len(run["overflows"])}
     if run["precision"] != "fp32":
         ours = {p["update"]: p["loss"] for p in points}
         theirs = {p["update"]: p["loss"] for p in (reference or {}).get("points", [])}
@@ -125,9 +131,9 @@ def judge(run, reference):
             # every precision, one precision a few updates before another) says nothing about the precision.
             mean_ours, mean_theirs = (sum(c[u] for u in compared) / len(compared) for c in (ours, theirs))
             diff = result["mean_rel_diff"] = abs(mean_ours - mean_theirs) / abs(mean_theirs)
-            if not diff <= result["tolerance"]:  # NaN fails too
+            if result["tolerance"] is not None and not diff <= result["tolerance"]:  # NaN fails too
                 reasons.append(f"mean loss {diff:.1%} from fp32 (tolerance {result['tolerance']:.0%})")
-    if run["precision"] == "fp16":
+    if precision == "fp16":
         late = [o for o in run["overflows"] if o["after_update"] >= STABLE_FROM]
         result["overflows_after_50"] = len(late)
         if late:
@@ -146,7 +152,7 @@ def judge(run, reference):
 
 # ------------------------------------------------------------------------------------------------ training
 def training(args, work, log):
-    sizes = {"tiny": QUICK_SIZE} if args.quick else SIZES
+    sizes = {"tiny": QUICK_SIZE} if args.quick else {size: SIZES[size] for size in args.sizes}
     interval = QUICK_LOG_INTERVAL if args.quick else LOG_INTERVAL
     runs = []
     for size, (scale, updates, lr) in sizes.items():
