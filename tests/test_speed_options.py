@@ -11,7 +11,6 @@ from fairseq import optim
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import OmegaConf
 
-from palm_plugin.criterions.pmlm_ae_par import PseudoMaskedLMCriterion
 from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
 from palm_plugin.fixes import saved_model_build
 from palm_plugin.modules import compiled_layers, unilm_transformer
@@ -78,9 +77,25 @@ def test_syncs_at_start_give_the_same_loss_counts_and_gradients(corpus, key, ext
         assert plain[2]["next_sentence_rows"] > 0
 
 
-def test_criteria_with_syncs_at_start_are_the_registered_ones():
-    assert {PseudoMaskedLMCriterion.__name__, UniLMClozeCriterion.__name__} == {
-        "PseudoMaskedLMCriterion", "UniLMClozeCriterion"}
+@pytest.mark.parametrize("padded", [False, True], ids=["no_padding", "left_padding"])
+@pytest.mark.parametrize("key", ["palm", "palm_pretrain"])
+def test_palm_encoder_with_one_padding_check_gives_the_same_loss_and_gradients(corpus, key, padded):
+    """palm --syncs-at-start: the encoder tests once per forward whether the batch has padding (fairseq's tests it in
+    every layer): the same loss and gradients, bitwise, with and without padding."""
+    built, batch = built_with(corpus, key)
+    if padded:
+        batch = dict(batch, net_input=dict(batch["net_input"], src_tokens=batch["net_input"]["src_tokens"].clone()))
+        batch["net_input"]["src_tokens"][0, :3] = built.task.source_dictionary.pad()
+    plain = loss_and_gradients(built.model, built.criterion, batch)
+    built.model.encoder.one_padding_check = True
+    try:
+        once = loss_and_gradients(built.model, built.criterion, batch)
+    finally:
+        built.model.encoder.one_padding_check = False
+    option = built_with(corpus, key, ["--syncs-at-start"], sequences=1)[0]
+    assert option.model.encoder.one_padding_check and not hasattr(option.criterion, "syncs_at_start")
+    assert torch.equal(plain[0], once[0]) and plain[2] == once[2]
+    assert all(torch.equal(plain[3][name], once[3][name]) for name in plain[3])
 
 
 def test_drop_full_masks_gives_attention_no_mask_only_when_it_hides_nothing(corpus, monkeypatch):

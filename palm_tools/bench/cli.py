@@ -25,6 +25,10 @@ Presets: ``cpu`` (the default without a GPU; about 12 minutes on 2 cores), ``gpu
 size, lengths 512 and 768, 16 sequences per update, bf16), ``quick`` (``--quick``: tiny archs, well under a minute;
 the test suite runs it). ``--merge-into`` re-measures some configurations (``--only``, ``--lengths``) and replaces
 their rows in a saved record, keeping the rest.
+
+``--sweep`` (``--preset gpu-sweep`` on a card) measures instead training against sequences per update and the speed
+levers on and off, then batch-1 decoding (:mod:`palm_tools.bench.sweep`, :mod:`palm_tools.bench.sweep_report`),
+written as ``sweep.{md,json,png}``.
 """
 import argparse
 import datetime
@@ -35,6 +39,7 @@ import platform
 import shlex
 import sys
 import tempfile
+import time
 import warnings
 
 import fairseq
@@ -268,6 +273,7 @@ def measure(args, argv, json_path, record=None) -> dict:
     step of the run (a run cut short leaves its measurements there, ``--from-json`` renders them). Returns this
     run's record."""
     started = datetime.datetime.now(datetime.timezone.utc)
+    args.started = time.monotonic()
     log(f"{args.device}, {args.precision}: matmul throughput ({args.gemm_size}^3 and feed-forward shapes)")
     feed_forward = (args.batch_sequences * args.reference_length, 768, 3072)  # a base-size layer on a whole batch
     gemm = measure_matmul(args.gemm_size, (feed_forward,), repeats=20 if args.device == "cuda" else 5,

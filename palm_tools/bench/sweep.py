@@ -15,8 +15,9 @@ measured plain and with each lever that applies to it, one model at a time, side
 is to that plain row). Each lever is a command-line option of the plugin (or, for fairseq's baselines, the same
 thing done by the benchmark), off by default.
 
-Rows go to ``result["sweep"]``; the record is saved after each row. ``--time-budget-min`` skips the rows not started
-when it is spent (recorded as skipped), so that a card run ends in its slot with what it measured.
+Rows go to ``result["sweep"]``; the record is saved after each row. ``--time-budget-min`` (counted from the start of
+the run, decoding included) skips the rows not started when it is spent (recorded as skipped), so that a card run
+ends in its slot with what it measured.
 """
 import os
 import time
@@ -74,7 +75,9 @@ def _compile_baseline(built):
 
 
 def _syncs_args(spec):
-    return ["--syncs-at-start"] if _criterion(spec) in ("unilm_cloze", "pmlm_ae_par") else []
+    """--syncs-at-start: an option of the UniLM criteria and of the palm model; fairseq's baselines have none."""
+    return ["--syncs-at-start"] if spec.plugin and (_criterion(spec) in ("unilm_cloze", "pmlm_ae_par")
+                                                    or spec.key.startswith("palm")) else []
 
 
 LEVERS = {
@@ -82,7 +85,7 @@ LEVERS = {
                          args=lambda spec: ["--optimizer", "torch_adamw"]),
     "compile": Lever("compile", "--compile-layers (torch.compile of each layer; baselines: the same, by the benchmark)",
                      args=_compile_args, after_build=_compile_baseline),
-    "syncs_at_start": Lever("syncs_at_start", "--syncs-at-start (criterion: no host sync inside the step)",
+    "syncs_at_start": Lever("syncs_at_start", "--syncs-at-start (UniLM criteria, palm encoder: host syncs first)",
                             applies=lambda spec: bool(_syncs_args(spec)), args=_syncs_args),
     "drop_full_masks": Lever("drop_full_masks", "--drop-full-masks (no attention mask when it hides nothing: flash)",
                              applies=lambda spec: spec.key == "unilm_bidirectional",
@@ -212,7 +215,7 @@ def device_capacity(args) -> Optional[float]:
 def measure_sweep(args, corpus, result, checkpoint):
     """The sweep, then the levers (module docstring); rows appended to ``result["sweep"]``, ``checkpoint()`` after
     each."""
-    started = time.monotonic()
+    started = getattr(args, "started", None) or time.monotonic()  # the run's start: decoding counts too
     budget = args.time_budget_min * 60 if args.time_budget_min else None
     sweep = Sweep(args, corpus, result, checkpoint, lambda: budget is not None and time.monotonic() - started > budget)
     fits = {}
