@@ -30,8 +30,11 @@ per update and learning rate for every row of a table.
 Resumable: each run (one pre-training, or one fine-tuning + its evaluation) lives in WORK/runs/NAME (log.txt,
 checkpoints/, result.json); a run is finished when its result.json exists (written atomically, last); rerunning
 reuses finished runs and restarts unfinished ones from scratch. Presets: --preset quick (tiny, one seed: the test
-suite), small, default; --scale KEY=VALUE changes any size, step count or data path (see --list-scale), e.g. on a
-GPU machine with your own corpus:
+suite), small, default, gpu (one H100 in 25 minutes, 12 runs at once: the UniLM and UniLMv2 tables and PALM's main
+rows on generation, 3 seeds, pre-trained on every real English text installed here; docs/paper_tables_gpu_plan.md):
+    palm-experiments --preset gpu --device cuda --jobs 12 --out results/paper_tables_gpu
+(--preset gpu --quick: the same path with tiny models on the CPU). --scale KEY=VALUE changes any size, step count or
+data path (see --list-scale), e.g. on a GPU machine with your own corpus:
     palm-data --out big_data --pretrain-text corpus.txt
     palm-experiments --work big --scale data=big_data dim=768 ffn=3072 heads=12 unilm_layers=12 palm_layers=6 \\
         pretrain_updates=100000 blocks=256 tokens_per_sample=512 device=gpu --out docs/paper_tables_big
@@ -48,11 +51,20 @@ from pathlib import Path
 from palm_tools.atomic_files import atomic_open
 from palm_tools.experiments.execute import result_of, run_all
 from palm_tools.experiments.logged_run import REPO
-from palm_tools.experiments.plan import Plan
+from palm_tools.experiments.plan import UNIGRAM, Plan
 from palm_tools.experiments.prepare import prepare
 from palm_tools.experiments.report import chart, collect, markdown, run_times
-from palm_tools.experiments.rows import EXPERIMENTS, GEN, SEL
-from palm_tools.experiments.scale import PRESETS
+from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRESET_SELECTION, SEL
+from palm_tools.experiments.scale import PRESETS, Scale
+
+
+def accelerator(scale):
+    """The header's words on the GPU of a run on one, empty on the CPU (torch is imported only then)."""
+    if scale.device != "gpu":
+        return ""
+    import torch
+
+    return f" and {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else " and no GPU torch can see"
 
 
 def check_work_folder(work, scale):
@@ -62,6 +74,8 @@ def check_work_folder(work, scale):
     wanted = {k: v for k, v in dataclasses.asdict(scale).items() if k != "seeds"}
     if record.exists():
         made = json.loads(record.read_text())
+        # a key the folder's record lacks was added since, and the folder was made with its default
+        made = {f.name: made.get(f.name, f.default) for f in dataclasses.fields(Scale)}
         changed = [f"{k}: {made.get(k)!r} -> {v!r}" for k, v in wanted.items() if made.get(k) != v]
         if changed:
             sys.exit(f"palm-experiments: {work} holds runs made with other settings ({'; '.join(changed)}); give "
@@ -92,7 +106,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="palm-experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="sizes and budgets")
-    parser.add_argument("--quick", action="store_const", const="quick", dest="preset", help="= --preset quick")
+    parser.add_argument("--quick", action="store_true",
+                        help="the quick preset's tiny sizes, budgets and one seed on the CPU, with the chosen preset's "
+                             "rows, tasks and pre-training text (alone: = --preset quick): a preset's path end to end")
+    parser.add_argument("--device", choices=["cpu", "cuda"],
+                        help="where fairseq trains (cuda: its default device, --fp16), instead of the preset's")
     parser.add_argument("--scale", nargs="+", default=[], metavar="KEY=VALUE", help="change the preset's values")
     parser.add_argument("--list-scale", action="store_true", help="print the scale keys, values and meanings; exit")
     parser.add_argument("--only", nargs="+", choices=[e.key for e in EXPERIMENTS], help="run these experiments")
@@ -100,7 +118,7 @@ def parse_args(argv=None):
                         help="run only these rows (e.g. unilm2/ae unilm2/ae_par; every key: " +
                         " ".join(f"{e.key}/{r.key}" for e in EXPERIMENTS for r in e.rows) + ")")
     parser.add_argument("--tasks", nargs="+", choices=[GEN, SEL], help="run only these downstream tasks")
-    parser.add_argument("--work", type=Path, help="run folder (default: work/experiments/PRESET); reused")
+    parser.add_argument("--work", type=Path, help="run folder (default: work/experiments/PRESET[-quick]); reused")
     parser.add_argument("--out", type=Path, help="output prefix: .md, .json, .png (default: docs/paper_tables for "
                         "the default preset, else WORK/paper_tables)")
     parser.add_argument("--jobs", type=int, default=2, help="processes at once (one thread each)")
@@ -112,14 +130,26 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    scale = PRESETS[args.preset].with_overrides(args.scale)
+    scale = PRESETS[args.preset]
+    if args.quick:
+        scale = scale.quick()
+    scale = scale.with_overrides(args.scale)
+    if args.device:
+        scale = dataclasses.replace(scale, device="gpu" if args.device == "cuda" else "cpu")
+    if scale.corpus not in ("sotu", "all"):
+        sys.exit(f"palm-experiments: --scale corpus={scale.corpus}: expected sotu or all")
+    name = args.preset
+    if args.quick:
+        name = "quick" if args.preset in ("default", "quick") else f"{args.preset}-quick"
     if args.list_scale:
         for f in dataclasses.fields(scale):
             print(f"{f.name:20} {getattr(scale, f.name)!s:12} {f.metadata['help']}")
         return 0
-    work = args.work or REPO / "work" / "experiments" / args.preset
-    out = args.out or (REPO / "docs" / "paper_tables" if args.preset == "default" else work / "paper_tables")
-    experiments = select(args.only, args.rows, args.tasks)
+    work = args.work or REPO / "work" / "experiments" / name
+    out = args.out or (REPO / "docs" / "paper_tables" if name == "default" else work / "paper_tables")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    chosen = PRESET_SELECTION.get(args.preset, {}) if not (args.only or args.rows or args.tasks) else {}
+    experiments = select(args.only, args.rows or chosen.get("rows"), args.tasks or chosen.get("tasks"))
     if not Path(scale.data).is_absolute():
         scale = dataclasses.replace(scale, data=str(REPO / scale.data))
     plan = Plan(scale, work, experiments)
@@ -146,14 +176,16 @@ def main(argv=None):
               f"updates in stage ae). Fine-tuning: {scale.finetune_updates} updates of {scale.finetune_pairs} pairs "
               f"(real-weights table: {scale.minilm_updates}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
               f"pairs. Seeds {scale.seeds} (each seed pre-trains and fine-tunes anew). Mean ± standard deviation over "
-              f"seeds.")
-    preset = args.preset + (", with --scale" if args.scale else "") + (
-        "; not the default configuration" if args.preset != "default" else "")
+              f"seeds. Pre-training text: {plan.pretrain_text}.")
+    preset = name + (", with --scale" if args.scale else "") + (
+        "; not the default configuration" if name != "default" else "")
     header = (f"# The papers' comparisons, reproduced small (preset {preset})"
-              f"\n\n`{command}` on {platform.machine()} with {os.cpu_count()} cores, {args.jobs} processes at once: "
+              f"\n\n`{command}` on {platform.machine()} with {os.cpu_count()} cores{accelerator(scale)}, "
+              f"{args.jobs} processes at once: "
               f"{seconds / 60:.1f} minutes of this invocation (finished runs are reused; each run's own time is in "
               f"the JSON); {finished} of {len(plan.runs)} runs finished.\n\n{budget}")
-    report = {"preset": args.preset, "scale": dataclasses.asdict(scale), "command": command, "budget": budget,
+    report = {"preset": name, "scale": dataclasses.asdict(scale), "command": command, "budget": budget,
+              "jobs": args.jobs, "unigram": result_of(plan, UNIGRAM),
               "minutes": round(seconds / 60, 1), "run_seconds": {n: (result_of(plan, n) or {}).get("seconds")
                                                                   for n in plan.runs},
               "experiments": tables}

@@ -1,13 +1,16 @@
 """Executing the plan: each run's commands in its own folder, its result.json last; the scheduler that runs them
 in parallel, each after the runs it needs."""
+import collections
 import concurrent.futures
 import json
+import math
 import re
 import shutil
 import time
 
 from palm_tools.atomic_files import atomic_open
 from palm_tools.experiments.logged_run import run_checked
+from palm_tools.experiments.plan import UNIGRAM
 from palm_tools.experiments.rows import GEN
 from palm_tools.scoring.perplexity import perplexity_from_generate
 
@@ -23,12 +26,31 @@ def _test_accuracy(log_text):
     return float(found[-1]) if found else None
 
 
+def unigram_perplexity(train, test, vocabulary):
+    """Perplexity of ``test`` (lines of pieces, each ended by </s> as fairseq scores them) under the add-one unigram
+    model of ``train`` over ``vocabulary`` symbols: what a model that ignores the context can reach."""
+    counts = collections.Counter(piece for line in train for piece in line.split() + ["</s>"])
+    total = sum(counts.values())
+    pieces = [piece for line in test for piece in line.split() + ["</s>"]]
+    bits = -sum(math.log2((counts[piece] + 1) / (total + vocabulary)) for piece in pieces)
+    return {"ppl": 2 ** (bits / len(pieces)), "tokens": len(pieces), "sentences": len(test)}
+
+
 def execute(plan, run):
     """Run ``run``'s commands in a fresh folder, then write its result.json (the mark of a finished run)."""
     folder = plan.run_dir(run.name)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     log, started = folder / "log.txt", time.time()
+    if run.kind == UNIGRAM:  # the generation data's training responses and test pairs, the dictionary's symbols
+        text = plan.prepared / "text-spm"
+        vocabulary = len((plan.data / "dict.txt").read_text().splitlines()) + 4  # + fairseq's <s> <pad> </s> <unk>
+        result = {"run": run.name, **unigram_perplexity((text / "train.tgt").read_text().splitlines(),
+                                                        (text / "test.tgt").read_text().splitlines(), vocabulary),
+                  "seconds": round(time.time() - started, 1)}
+        with atomic_open(folder / "result.json") as handle:
+            json.dump(result, handle, indent=1)
+        return result
     outputs, cpu = [], 0.0
     for tool, args in run.commands:
         before = log.stat().st_size if log.exists() else 0
@@ -60,8 +82,9 @@ def result_of(plan, name):
 def run_all(plan, jobs, log=print, skip=None):
     """Run every unfinished run but those of ``skip`` ({name: why}), ``jobs`` at a time, each after the runs it
     needs; returns {name: error or why skipped}."""
-    # seed by seed: a run stopped part way has every row with its first seeds, not some tables with none
-    pending = {n: r for n, r in sorted(plan.runs.items(), key=lambda item: item[1].seed)
+    # seed by seed: a run stopped part way has every row with its first seeds, not some tables with none; within a
+    # seed the pre-trainings first, the longest runs, which the fine-tunings then wait for
+    pending = {n: r for n, r in sorted(plan.runs.items(), key=lambda item: (item[1].seed, item[1].kind != "pretrain"))
                if result_of(plan, n) is None and n not in (skip or {})}
     log(f"{len(plan.runs) - len(pending)} of {len(plan.runs)} runs already finished; {len(pending)} to run")
     errors, running = dict(skip or {}), {}

@@ -9,6 +9,7 @@ from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRETRAININGS
 from palm_tools.experiments.scale import Scale
 
 USER_DIR = REPO / "palm_plugin"
+UNIGRAM = "unigram"  # the run (and its kind) of the unigram model of the training responses
 
 
 @dataclass
@@ -66,11 +67,18 @@ class Plan:
         except RuntimeError as error:
             self.minilm_source, self.minilm_missing = None, str(error)
         self.runs = {}
+        if any(GEN in experiment.tasks for experiment in experiments):  # the baseline every perplexity is read against
+            self.runs[UNIGRAM] = Run(UNIGRAM, (), [], UNIGRAM, 0)
         for experiment in experiments:
             for row in experiment.rows:
                 for task in experiment.tasks:
                     for seed in scale.seed_list:
                         self.finetune_run(row, task, seed)
+
+    @property
+    def pretrain_text(self):
+        """The binarized pre-training text every pre-training row reads."""
+        return self.scale.pretrain_data or self.data / "bin" / ("pretrain" if self.scale.corpus == "all" else "sotu")
 
     def run_dir(self, name):
         return self.work / "runs" / name
@@ -84,7 +92,7 @@ class Plan:
             return name
         scale, pretraining = self.scale, PRETRAININGS[key]
         model, options = pretraining.model, list(pretraining.options)
-        text = scale.pretrain_data or self.data / "bin" / "sotu"
+        text = self.pretrain_text
         common = _model_args(scale, model, self) + options
 
         def train(save, updates):

@@ -61,8 +61,9 @@ def prepare(plan, log):
     the sentencepiece dictionary of palm-data, and (when the real-weights table is planned) the converted MiniLM
     with the same pairs in its WordPiece vocabulary."""
     scale, data, out = plan.scale, plan.data, plan.prepared
-    if not (data / "bin" / "sotu" / "train.bin").exists():
-        run_checked("palm-data", ["--out", data], log)
+    corpus = ["--pretraining-corpus", "all"] if scale.corpus == "all" and not scale.pretrain_data else []
+    if not (data / "bin" / "sotu" / "train.bin").exists() or not (plan.pretrain_text / "train.bin").exists():
+        run_checked("palm-data", ["--out", data, *corpus], log)  # reuses the stages it finds complete
     out.mkdir(parents=True, exist_ok=True)
     chosen = choose_pairs(data / "tok", scale)
     lines = {"train": list(zip(*((data / "tok" / f"chitchat10k.train.{side}").read_text().splitlines()

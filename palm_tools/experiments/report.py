@@ -4,6 +4,7 @@ import math
 
 from palm_tools.atomic_files import atomic_path
 from palm_tools.experiments.execute import result_of
+from palm_tools.experiments.plan import UNIGRAM
 from palm_tools.experiments.rows import GEN, SEL, TASK_TITLES
 
 
@@ -41,8 +42,11 @@ def collect(plan, errors):
                     cell["why_missing"] = missing[0]
                 entry["tasks"][task] = cell
             rows.append(entry)
-        tables.append({"key": experiment.key, "title": experiment.title, "paper": experiment.paper,
-                       "here": {task: direction(experiment, rows, task) for task in experiment.tasks}, "rows": rows})
+        table = {"key": experiment.key, "title": experiment.title, "paper": experiment.paper,
+                 "here": {task: direction(experiment, rows, task) for task in experiment.tasks}, "rows": rows}
+        if GEN in experiment.tasks:
+            table["unigram_ppl"] = (result_of(plan, UNIGRAM) or {}).get("ppl")
+        tables.append(table)
     return tables
 
 
@@ -112,6 +116,13 @@ def markdown(tables, header):
             params = next((c.get("params") for c in row["tasks"].values() if c.get("params")), None)
             lines.append(f"| {row['label']} | " + " | ".join(_cell(row["tasks"][t], t) for t in tasks) +
                          f" | {f'{params:,}' if params else '—'} |")
+        unigram = table.get("unigram_ppl")
+        if unigram:
+            lines.append("| unigram model of the training responses (no context; the baseline) | " +
+                         " | ".join(f"{unigram:.2f}" if t == GEN else "—" for t in tasks) + " | — |")
+            below = [r["label"] for r in table["rows"] if (r["tasks"][GEN].get("mean") or math.inf) < 0.7 * unigram]
+            lines += ["", f"- below 0.7 x the unigram baseline ({0.7 * unigram:.2f}), where the context is used: "
+                          f"{', '.join(below) or 'no row'}"]
         lines += ["", f"- paper: {table['paper']}"]
         lines += [f"- here ({TASK_TITLES[t].split(' (')[0]}): {table['here'][t]}" for t in tasks]
         lines.append("")
@@ -126,8 +137,9 @@ def chart(tables, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = (GEN, SEL)
-    figure, axes = plt.subplots(len(tables), len(tasks), figsize=(13, 2.3 * len(tables)), squeeze=False)
+    tasks = tuple(task for task in (GEN, SEL) if any(task in table["here"] for table in tables)) or (GEN,)
+    figure, axes = plt.subplots(len(tables), len(tasks), figsize=(6.5 * len(tasks), 2.3 * len(tables)),
+                                squeeze=False)
     for table, panel_row in zip(tables, axes):
         for task, axis in zip(tasks, panel_row):
             title = f"{table['title']}\n{TASK_TITLES[task]}"
@@ -145,8 +157,12 @@ def chart(tables, path):
             axis.invert_yaxis()
             low, high = min(m - s for m, s in zip(means, sds)), max(m + s for m, s in zip(means, sds))
             if task == GEN:
+                unigram = table.get("unigram_ppl")
+                if unigram:
+                    low, high = min(low, unigram), max(high, unigram)
+                    axis.axvline(unigram, color="#c44e52", linestyle="--", linewidth=1)
                 axis.set_xlim(max(0.0, low - 0.15 * (high - low + 1)), high + 0.05 * (high - low + 1))
-                axis.set_xlabel("perplexity (axis does not start at 0)", fontsize=7)
+                axis.set_xlabel("perplexity (axis does not start at 0; dashed: unigram baseline)", fontsize=7)
             else:
                 axis.set_xlim(min(50.0, low - 2), min(100.0, high + 2))
                 axis.axvline(50, color="grey", linestyle=":", linewidth=1)  # chance: half the candidates are real

@@ -91,3 +91,12 @@ EXPERIMENTS = (
         "no paper compares the three at equal size and budget; PALM reports it beats UniLM on CNN/DM and "
         "UniLMv2 reports it beats UniLM"),
 )
+
+
+# the rows and tasks a preset runs when --only, --rows and --tasks are not given (every row of every table otherwise):
+# the GPU run's UniLM and UniLMv2 tables and PALM's main rows, on generation (docs/paper_tables_gpu_plan.md)
+PRESET_SELECTION = {
+    "gpu": {"rows": ("unilm/mix", "unilm/bidir", "unilm/scratch", *(f"unilm2/{o}" for o in (
+        "ae", "ar", "par", "ae_ar", "ae_par", "scratch")), "palm/palm", "palm/reinit_encoder", "palm/reinit_decoder",
+        "palm/scratch"), "tasks": (GEN,)},
+}

