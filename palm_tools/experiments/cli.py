@@ -174,7 +174,8 @@ def main(argv=None):
               f"would give AE+PAR fewer blocks of text than AE; PALM: context {scale.palm_split[0]} + "
               f"continuation {scale.palm_split[1]} tokens, {scale.palm_ae_updates} "
               f"updates in stage ae). Fine-tuning: {scale.finetune_updates} updates of {scale.finetune_pairs} pairs "
-              f"(real-weights table: {scale.minilm_updates}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
+              f"(real-weights table: {scale.minilm_updates}; its response selection: {scale.minilm_select_updates} "
+              f"updates at lr {scale.minilm_select_lr}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
               f"pairs. Seeds {scale.seeds} (each seed pre-trains and fine-tunes anew). Mean ± standard deviation over "
               f"seeds. Pre-training text: {plan.pretrain_text}.")
     preset = name + (", with --scale" if args.scale else "") + (

@@ -138,9 +138,12 @@ class Plan:
             needs = (self.pretrain_run(row.pretrain, seed),)
             init = ["--finetune-from-model", self.checkpoint(needs[0])]
         updates = scale.minilm_updates if row.model == "minilm" else scale.finetune_updates
+        lr = scale.finetune_lr
+        if row.model == "minilm" and task != GEN:  # a classifier on BERT weights: BERT's fine-tuning rate
+            updates, lr = scale.minilm_select_updates, scale.minilm_select_lr
         vocab = "wordpiece" if row.model == "minilm" else "spm"
         train = [*_model_args(scale, row.model, self), *row.finetune_options, *init,
-                 *_train_args(scale, seed, folder / "checkpoints", scale.finetune_lr, updates, scale.finetune_pairs)]
+                 *_train_args(scale, seed, folder / "checkpoints", lr, updates, scale.finetune_pairs)]
         if task == GEN:
             data = self.prepared / f"gen-{vocab}"
             task_args = self.generation_task(row.model, data)

@@ -21,6 +21,13 @@ class Scale:
     finetune_pairs: int = field(default=32, metadata={"help": "pairs (gen) or examples (sel) per fine-tuning update"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
     minilm_updates: int = field(default=40, metadata={"help": "fine-tuning updates of the real-weights table"})
+    # response selection from pre-trained BERT weights: a new classifier on [CLS] needs a BERT fine-tuning rate and
+    # more updates than generation; at 5e-4 both fairseq and transformers settle on one answer, 50% (issue 25,
+    # docs/paper_tables_findings.md)
+    minilm_select_updates: int = field(default=200, metadata={"help": "response selection fine-tuning updates of "
+                                                                      "the real-weights table"})
+    minilm_select_lr: float = field(default=1e-4, metadata={"help": "response selection peak learning rate of the "
+                                                                    "real-weights table"})
     warmup_updates: int = field(default=50, metadata={"help": "warm-up updates (inverse_sqrt) of every training"})
     max_source: int = field(default=64, metadata={"help": "fine-tuning: longest context (tokens)"})
     max_target: int = field(default=32, metadata={"help": "fine-tuning: longest response (tokens)"})
@@ -70,10 +77,11 @@ class Scale:
 PRESETS = {
     "quick": Scale(dim=32, ffn=64, heads=2, unilm_layers=2, palm_layers=1, tokens_per_sample=32, blocks=4,
                    pretrain_updates=4, finetune_updates=3, finetune_pairs=4, minilm_updates=2, warmup_updates=1,
-                   max_source=32, max_target=16, eval_pairs=8, select_train_pairs=16, seeds="1"),
+                   minilm_select_updates=2, max_source=32, max_target=16, eval_pairs=8, select_train_pairs=16,
+                   seeds="1"),
     "small": Scale(dim=64, ffn=256, heads=4, unilm_layers=2, palm_layers=1, tokens_per_sample=64, blocks=8,
                    pretrain_updates=200, finetune_updates=100, finetune_pairs=16, minilm_updates=30,
-                   warmup_updates=20, eval_pairs=300, select_train_pairs=1000),
+                   minilm_select_updates=100, warmup_updates=20, eval_pairs=300, select_train_pairs=1000),
     "default": Scale(),
     # one H100 in 25 minutes, 12 runs at once, for the rows of rows.PRESET_SELECTION["gpu"]: the estimate behind
     # these sizes and budgets, and the CPU check of the fine-tuning budget, are in docs/paper_tables_gpu_plan.md
