@@ -3,6 +3,8 @@ batches (tokens, FLOPs, MFU recomputed from the record), accumulation equals one
 largest micro-batch backs off on out-of-memory as it should (no timing is judged here)."""
 import json
 import logging
+import shlex
+import sys
 import warnings
 
 import pytest
@@ -13,6 +15,7 @@ from palm_tools.bench import sweep as bench_sweep
 from palm_tools.bench.data import SyntheticCorpus
 from palm_tools.bench.models import build
 from palm_tools.bench.sweep import SPECS, AccumulatedStep, Fit, OutOfMemory, Sweep, load_batches
+from tests.conftest import REPO, run_cli
 
 LENGTH = 32
 # real tokens per sequence of each layout at length L (palm_tools/bench/data.py): translation sees the source and the
@@ -21,23 +24,49 @@ LENGTH = 32
 TOKENS_PER_SEQUENCE = {"transformer": LENGTH - 1, "palm": LENGTH - 1, "palm_nocopy": LENGTH - 1}
 
 
+def card_run():
+    """The card run as docs/benchmarks-gpu.md documents it ("Planned card run"): ``{tool: arguments}`` of its
+    palm-gpu-check and palm-bench parts."""
+    text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("palm-gpu-check --out card/check "))
+    parts = [shlex.split(part) for part in line.split(";")]
+    return {part[0]: part[1:] for part in parts}
+
+
 @pytest.fixture(scope="module")
 def quick_sweep(tmp_path_factory):
+    """The card run's palm-bench part with --quick (tiny archs, one length, two sizes; the outputs moved here)."""
     out = tmp_path_factory.mktemp("sweep")
+    argv = card_run()["palm-bench"] + ["--quick", "--output-dir", str(out), "--profile-dir", str(out / "profiles")]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: a second thread only waits for the first on a shared machine
     with warnings.catch_warnings():
         try:
-            record = benchmark.run(["--sweep", "--quick", "--output-dir", str(out)])
+            record = benchmark.run(argv)
         finally:
             logging.disable(logging.NOTSET)
             torch.set_num_threads(threads)
     return out, record
 
 
+def test_card_run_is_the_sweep_preset_beside_palm_base_precisions():
+    """The documented card run: palm-gpu-check trains PALM base in the precisions and variants of the fp16 question
+    and runs the CUDA tests; palm-bench runs the gpu-sweep preset, whose settings are issue 24's."""
+    card = card_run()
+    assert set(card) == {"palm-gpu-check", "palm-bench"}
+    check = card["palm-gpu-check"]
+    assert check[check.index("--precisions") + 1] == "fp32,fp32-seed2,fp16,fp16-scale16,bf16"
+    assert check[check.index("--parts") + 1] == "training,tests"
+    args = benchmark.parse_args(card["palm-bench"] + ["--device", "cpu"])
+    assert args.sweep and args.size == "base" and args.lengths == [512, 768] and args.sequences == [16, 64, 256]
+    assert args.find_max and set(args.levers) == set(bench_sweep.LEVERS) and args.sentences == [1]
+    assert args.time_budget_min and args.time_budget_min <= 18
+
+
 def test_quick_sweep_writes_every_configuration_at_both_sizes(quick_sweep):
     out, record = quick_sweep
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {p.name for p in (out / "profiles").glob("*.txt")} == {f"{key}.txt" for key in SPECS}
     saved = json.loads((out / "sweep.json").read_text())
     assert saved["complete"] and saved["missing"] == [] and len(saved["sweep"]) == len(record["sweep"])
     markdown = (out / "sweep.md").read_text()
@@ -134,3 +163,18 @@ def test_out_of_memory_halves_the_micro_batch_and_the_largest_is_searched_below_
     largest = result["sweep"][-1]
     assert largest["how"] == "largest" and largest["micro_batch"] == 24 and tried[3:] == [24]
     assert 1000 + 300 * 24 <= 0.92 * FakeArgs.memory_limit_mb < 1000 + 300 * 32
+
+
+@pytest.mark.slow
+def test_card_run_gpu_check_part_runs_quick_on_the_cpu(tmp_path, small_palm_data):
+    """The card run's palm-gpu-check part with --quick --device cpu: tiny PALM fine-tuning in fp32, fp32 with a
+    second seed and bf16 (fp16 needs the card), each judged against fp32, and tests/test_gpu.py (skipped here)."""
+    out = tmp_path / "check"
+    argv = card_run()["palm-gpu-check"] + ["--out", out, "--data", small_palm_data, "--device", "cpu", "--quick"]
+    run_cli(sys.executable, "-m", "palm_tools.experiments.gpu_check", *argv, cwd=REPO)
+    report = json.loads((out / "gpu_check.json").read_text())
+    rows = {r["precision"]: r for r in report["training"]}
+    assert set(rows) == {"fp32", "fp32-seed2", "bf16"} and {r["config"] for r in rows.values()} == {"palm_ft"}
+    assert all(r["exit"] == 0 for r in rows.values()) and rows["fp32-seed2"]["tolerance"] is None
+    assert rows["fp32-seed2"]["mean_rel_diff"] is not None and rows["bf16"]["status"] == "PASS"
+    assert report["tests"] and report["profile"] == []

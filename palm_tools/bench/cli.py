@@ -93,8 +93,9 @@ SWEEP_PRESETS = {
                 lever_configs=None, loader_workers=1, profile_sequences=2, compile_backend="inductor", sentences=[1],
                 target_tokens=[64], recompute_target_tokens=[], decode_repeats=2),
     "gpu": dict(lengths=[512, 768], sequences=[16, 64, 256], find_max=True, repeats=3, lever_length=512,
-                lever_sequences=256, levers=list(LEVERS), loader_workers=8, profile_sequences=64,
-                lever_configs=["transformer", "palm", "pmlm_ae_par", "roberta", "unilm_pretraining", "unilm_seq2seq",
+                lever_sequences=256, loader_workers=8, profile_sequences=64,
+                levers=["torch_adamw", "syncs_at_start", "compile", "all", "loader_workers", "loader", "drop_full_masks"],
+                lever_configs=["palm", "unilm_pretraining", "unilm_seq2seq", "pmlm_ae_par", "transformer", "roberta",
                                "unilm_bidirectional"],
                 compile_backend="inductor", sentences=[1], target_tokens=[128], recompute_target_tokens=[],
                 decode_repeats=3, time_budget_min=17.0),
@@ -172,7 +173,8 @@ def parse_args(argv=None):
                        "(default: the card's memory; none on the CPU)")
     sweep.add_argument("--levers", nargs="*", choices=list(LEVERS), help="levers measured on and off")
     sweep.add_argument("--lever-configs", nargs="+", metavar="KEY",
-                       help="configurations the levers are measured on (default: all, and unilm_bidirectional)")
+                       help="configurations the levers are measured on, in this order (default: all, and "
+                       "unilm_bidirectional)")
     sweep.add_argument("--lever-length", type=int, help="sequence length of the lever rows (gpu-sweep: 512)")
     sweep.add_argument("--lever-sequences", type=int, help="sequences per update of the lever rows (gpu-sweep: 256)")
     sweep.add_argument("--loader-workers", type=int, help="data-loader workers of the loader_workers lever")

@@ -93,60 +93,76 @@ def generate(built, generator, sample):
         return built.task.inference_step(generator, [built.model], sample)
 
 
-def time_decoding(built, spec: DecodeSpec, beam: int, target_tokens: int, sentences: int, source_length: int,
-                  repeats: int) -> List[float]:
-    """Seconds per generation of ``sentences`` sentences, ``repeats`` times (after a short warm-up)."""
-    sample = source_batch(built, spec.unilm, sentences, source_length)
-    generate(built, generator_for(built, beam, 2, spec.recompute), sample)
-    generator = generator_for(built, beam, target_tokens, spec.recompute)
-    times = []
-    for _ in range(repeats):
-        synchronize(built.device)
+class TimedDecoder:
+    """One decoder at one shape (``sentences`` sources of ``source_length`` tokens, ``target_tokens`` decoded per
+    hypothesis), warmed up; each call times one generation (and checks every hypothesis has its length)."""
+
+    def __init__(self, built, spec: DecodeSpec, beam: int, target_tokens: int, sentences: int, source_length: int):
+        self.built, self.spec, self.target_tokens = built, spec, target_tokens
+        self.sample = source_batch(built, spec.unilm, sentences, source_length)
+        generate(built, generator_for(built, beam, 2, spec.recompute), self.sample)
+        self.generator = generator_for(built, beam, target_tokens, spec.recompute)
+
+    def __call__(self) -> float:
+        synchronize(self.built.device)
         start = time.perf_counter()
-        hypotheses = generate(built, generator, sample)
-        synchronize(built.device)
-        times.append(time.perf_counter() - start)
+        hypotheses = generate(self.built, self.generator, self.sample)
+        synchronize(self.built.device)
+        seconds = time.perf_counter() - start
         produced = {len(h[0]["tokens"]) for h in hypotheses}
-        if produced != {target_tokens + 1}:
-            raise RuntimeError(f"{spec.key}: decoded lengths {produced}, expected {target_tokens} tokens + EOS")
-    return times
+        if produced != {self.target_tokens + 1}:
+            raise RuntimeError(f"{self.spec.key}: decoded lengths {produced}, expected {self.target_tokens} tokens + EOS")
+        return seconds
 
 
 def measure_decoding(args, corpus, result, checkpoint):
-    """Each decoder at each ``--target-tokens`` and ``--sentences``; appends to ``result["decoding"]``,
-    ``checkpoint()`` per decoder."""
+    """Each decoder at each ``--target-tokens`` and ``--sentences``, the decoders' generations interleaved (every
+    decoder's first repeat, then every decoder's second, ...), so that a change in the machine's load falls on all of
+    them alike; appends to ``result["decoding"]``, ``checkpoint()`` per shape."""
     rows, missing = result["decoding"], result["missing"]
     total = args.source_tokens + max(args.target_tokens) + 2
+    decoders = {}
     for spec in DECODE_SPECS:
         if not wanted(args, spec.key) and not (spec.key == "transformer" and args.only):
             continue
         if spec.recompute and not set(args.target_tokens) & set(args.recompute_target_tokens):
             continue
         try:
-            built = build(corpus.path("parallel", 64, 1), spec.args(args.size, total), training=False,
-                          device=args.device, precision=args.precision)  # fmt: skip
+            decoders[spec.key] = spec, build(corpus.path("parallel", 64, 1), spec.args(args.size, total),
+                                             training=False, device=args.device, precision=args.precision)
         except Exception as error:
             record_failure(missing, f"decode {spec.key}", "build", error)
-            continue
-        for sentences in args.sentences:
-            for target_tokens in args.target_tokens:
+    for sentences in args.sentences:
+        for target_tokens in args.target_tokens:
+            timed, times = {}, {}
+            for key, (spec, built) in decoders.items():
                 if spec.recompute and target_tokens not in args.recompute_target_tokens:
                     continue
-                log(f"decode {spec.key}, {sentences} sentence(s), {target_tokens} target tokens")
-                repeats = args.recompute_repeats if spec.recompute else args.decode_repeats
                 try:
-                    times = time_decoding(built, spec, args.beam, target_tokens, sentences, args.source_tokens,
-                                          repeats)  # fmt: skip
+                    timed[key] = TimedDecoder(built, spec, args.beam, target_tokens, sentences, args.source_tokens)
+                    times[key] = []
                 except Exception as error:
-                    record_failure(missing, f"decode {spec.key}", f"{sentences} sentence(s), {target_tokens} tokens", error)
-                    continue
-                seconds = statistics.median(times)
+                    record_failure(missing, f"decode {key}", f"{sentences} sentence(s), {target_tokens} tokens", error)
+            log(f"decode {', '.join(timed)}: {sentences} sentence(s), {target_tokens} target tokens")
+            for repeat in range(max(args.decode_repeats, args.recompute_repeats)):
+                for key, decoder in list(timed.items()):
+                    if repeat >= (args.recompute_repeats if decoder.spec.recompute else args.decode_repeats):
+                        continue
+                    try:
+                        times[key].append(decoder())
+                    except Exception as error:
+                        del timed[key]
+                        record_failure(missing, f"decode {key}", f"{sentences} sentence(s), {target_tokens} tokens",
+                                       error)  # fmt: skip
+            for key, decoder in timed.items():
+                seconds = statistics.median(times[key])
                 rows.append({
-                    "key": spec.key, "label": spec.label, "plugin": spec.plugin, "baseline": spec.baseline,
-                    "target_tokens": target_tokens, "source_tokens": args.source_tokens, "beam": args.beam,
-                    "sentences": sentences, "precision": args.precision, "times_s": times, "median_s": seconds,
+                    "key": key, "label": decoder.spec.label, "plugin": decoder.spec.plugin,
+                    "baseline": decoder.spec.baseline, "target_tokens": target_tokens,
+                    "source_tokens": args.source_tokens, "beam": args.beam, "sentences": sentences,
+                    "precision": args.precision, "times_s": times[key], "median_s": seconds,
                     "sentences_per_s": sentences / seconds,
                 })  # fmt: skip
-        del built
-        gc.collect()
-        checkpoint()
+            checkpoint()
+    decoders.clear()
+    gc.collect()

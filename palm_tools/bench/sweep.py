@@ -222,9 +222,8 @@ def measure_sweep(args, corpus, result, checkpoint):
     for spec in SWEPT:
         if wanted(args, spec.key):
             fits.update(sweep.configuration(spec))
-    for spec in SWEPT + [UNILM_BIDIRECTIONAL]:
-        if spec.key not in (args.lever_configs or [s.key for s in SWEPT] + [UNILM_BIDIRECTIONAL.key]):
-            continue
+    every = {spec.key: spec for spec in SWEPT + [UNILM_BIDIRECTIONAL]}
+    for spec in [every[key] for key in args.lever_configs or every]:  # in the order given: a budget cuts the last
         levers = [LEVERS[name] for name in args.levers if LEVERS[name].applies(spec)]
         if spec is UNILM_BIDIRECTIONAL:  # measured for the one lever that needs it
             levers = [lever for lever in levers if lever.name == "drop_full_masks"]
@@ -340,7 +339,7 @@ class Sweep:
                        precision=self.args.precision)  # fmt: skip
             self.rows.append(row)
             self.checkpoint()
-            if self.args.profile_dir and variant == "plain" and how == "requested" and (
+            if self.args.profile_dir and stage == "sweep" and how == "requested" and (
                     length, sequences) == (self.args.lever_length, self.args.profile_sequences):
                 self._profile(spec, row)
             return row
