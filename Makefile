@@ -11,7 +11,7 @@ PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.palm_plugin_installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env data tables clean-env
+.PHONY: demo test env data tables clean-env mutation
 
 env: $(STAMP)
 
@@ -46,6 +46,17 @@ tables: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# Mutation testing of the core (docs/mutation.md): long (hours on 2 cores), kept out of CI. mutmut reads its
+# configuration from setup.cfg ([mutmut]); results are cached under mutants/, so a rerun tests only new or
+# changed mutants. MUTMUT_ARGS='"palm_plugin.criterions.*"' runs one package (named mutants are rerun even if cached).
+MUTMUT_SPEC ?= mutmut==3.8.1
+MUTMUT_ARGS ?=
+mutation: $(STAMP)
+	$(PIP) install -q $(MUTMUT_SPEC)
+	nice -n 10 $(VENV)/bin/mutmut run --max-children 2 $(MUTMUT_ARGS)
+	$(VENV)/bin/mutmut results --all true | awk -F': ' '{ split($$1, p, "."); sub(/^ +/, "", p[1]); \
+		c[p[1] "." p[2] ": " $$2]++ } END { for (k in c) print k, c[k] }' | sort
 
 clean-env:
 	rm -rf $(VENV)
