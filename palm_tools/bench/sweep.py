@@ -61,8 +61,7 @@ class Lever:
     applies: Callable = lambda spec: True
     args: Callable = lambda spec: []
     after_build: Optional[Callable] = None  # what the benchmark does itself (fairseq's baselines)
-    loader: bool = False  # batches drawn per update from fairseq's iterator (``--loader-workers`` workers)
-    workers: int = 0
+    loader: bool = False  # batches drawn per update from fairseq's iterator (loader_workers: ``--loader-workers``)
 
 
 def _compile_args(spec):
