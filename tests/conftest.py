@@ -27,6 +27,21 @@ def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None):
     return result
 
 
+@pytest.fixture(scope="module")
+def synthetic_corpus(tmp_path_factory):
+    """palm-bench's synthetic binarized data (300 documents), made once per test module, with hydra's warnings and
+    fairseq's info logging quiet while the module runs."""
+    import logging
+    import warnings
+
+    from palm_tools.bench.data import SyntheticCorpus
+
+    warnings.filterwarnings("ignore", module="hydra")
+    logging.disable(logging.INFO)
+    yield SyntheticCorpus(str(tmp_path_factory.mktemp("synthetic")), 300)
+    logging.disable(logging.NOTSET)
+
+
 @pytest.fixture
 def cli():
     return run_cli

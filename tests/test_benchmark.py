@@ -26,11 +26,8 @@ SPECS = {spec.key: spec for spec in TRAIN_SPECS}
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    warnings.filterwarnings("ignore", module="hydra")
-    logging.disable(logging.INFO)
-    yield SyntheticCorpus(str(tmp_path_factory.mktemp("bench")), 300)
-    logging.disable(logging.NOTSET)
+def corpus(synthetic_corpus):
+    return synthetic_corpus
 
 
 def train_step(corpus, key, sequences=2, precision="fp32"):

@@ -240,24 +240,21 @@ def test_decoding_gives_the_same_hypotheses(family, options, agreement):
 def test_inductor_compiled_layers_on_cuda_train_as_the_plain_ones(tmp_path, monkeypatch):
     """--compile-layers with inductor (the CPU suite compiles with aot_eager): one update's loss and gradients."""
     from palm_plugin.modules import compiled_layers
-    from tests.test_speed_options import SyntheticCorpus, built_with, loss_and_gradients
+    from palm_tools.bench.data import SyntheticCorpus
+    from tests.test_speed_options import assert_trains_as, built_with
 
     monkeypatch.setattr(compiled_layers, "BACKEND", "inductor")
     corpus = SyntheticCorpus(str(tmp_path), 300)
     plain, batch = built_with(corpus, "unilm_seq2seq", device=CUDA)
     compiled, _ = built_with(corpus, "unilm_seq2seq", ["--compile-layers"], device=CUDA)
-    compiled.model.load_state_dict(plain.model.state_dict())
-    expected = loss_and_gradients(plain.model.train(), plain.criterion, batch)
-    got = loss_and_gradients(compiled.model.train(), compiled.criterion, batch)
-    torch.testing.assert_close(got[0], expected[0], rtol=1e-4, atol=1e-5)
-    for name, gradient in expected[3].items():
-        torch.testing.assert_close(got[3][name], gradient, rtol=1e-3, atol=1e-5, msg=name)
+    assert_trains_as(compiled, plain, batch, rtol=1e-4, atol=1e-5)
 
 
 @needs_cuda
 def test_fused_adamw_on_cuda_equals_the_for_loop(tmp_path):
     """--optimizer torch_adamw on CUDA (fused, one kernel per tensor group) against torch's for-loop AdamW."""
-    from tests.test_speed_options import SyntheticCorpus, _adamw, _updated_by, built_with
+    from palm_tools.bench.data import SyntheticCorpus
+    from tests.test_speed_options import _adamw, _updated_by, built_with
 
     corpus = SyntheticCorpus(str(tmp_path), 300)
     built, batch = built_with(corpus, "unilm_seq2seq", ["--optimizer", "torch_adamw"], device=CUDA)

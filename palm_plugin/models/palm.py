@@ -37,6 +37,7 @@ from palm_plugin.fixes.saved_model_build import building_saved_model
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncoder, transformer_config
+from palm_plugin.modules import compiled_layers
 from palm_plugin.modules.compiled_layers import compile_layers
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
@@ -96,11 +97,7 @@ class PalmConfig(FairseqDataclass):
             "fine-tuned from it and fairseq-generate (checkpoints from before this option: no <s>)"
         },
     )
-    compile_layers: bool = field(
-        default=False,
-        metadata={"help": "torch.compile each encoder and decoder layer for training (palm_plugin/modules/"
-                          "compiled_layers.py; off by default, measured in docs/benchmarks-gpu.md)"},
-    )
+    compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
     syncs_at_start: bool = field(
         default=False,
         metadata={"help": "the encoder asks once per forward whether a batch has padding, where fairseq's encoder "

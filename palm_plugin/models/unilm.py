@@ -28,6 +28,7 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 
 from palm_plugin.data.symbols import MASK_SYMBOL
 from palm_plugin.modules import table_extension
+from palm_plugin.modules import compiled_layers
 from palm_plugin.modules.compiled_layers import compile_layers
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.unilm_decoding import UniLMIncrementalDecoder, UniLMSourceEncoder
@@ -59,11 +60,7 @@ class UniLMConfig(FairseqDataclass):
     relative_position_max_distance: int = field(
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}
     )
-    compile_layers: bool = field(
-        default=False,
-        metadata={"help": "torch.compile each layer for training (palm_plugin/modules/compiled_layers.py; off by "
-                          "default, measured in docs/benchmarks-gpu.md)"},
-    )
+    compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
     drop_full_masks: bool = field(
         default=False,
         metadata={"help": "give attention no mask when a batch's mask hides nothing (bidirectional rows without "

@@ -13,6 +13,8 @@ import torch.nn as nn
 
 from palm_plugin.fixes.saved_model_build import building_from_checkpoint
 
+HELP = ("torch.compile each Transformer layer for training (palm_plugin/modules/compiled_layers.py; off by default, "
+        "measured in docs/benchmarks-gpu.md)")
 BACKEND = "inductor"  # tests/test_speed_options.py swaps in "aot_eager" (same graphs, no code generation)
 
 
