@@ -22,9 +22,8 @@ class Scale:
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
     minilm_updates: int = field(default=40, metadata={"help": "fine-tuning updates of the real-weights table"})
     # response selection from pre-trained BERT weights: a new classifier on [CLS] needs a BERT fine-tuning rate and
-    # more updates than generation; at 5e-4 both fairseq and transformers settle on one answer, 50% (issue 25,
-    # docs/paper_tables_findings.md)
-    minilm_select_updates: int = field(default=200, metadata={"help": "response selection fine-tuning updates of "
+    # far more updates than generation (docs/paper_tables_findings.md, section 5)
+    minilm_select_updates: int = field(default=600, metadata={"help": "response selection fine-tuning updates of "
                                                                       "the real-weights table"})
     minilm_select_lr: float = field(default=1e-4, metadata={"help": "response selection peak learning rate of the "
                                                                     "real-weights table"})

@@ -1,0 +1,128 @@
+"""A seeded random sample of mutmut's mutants, run and scored per package (``make mutation-sample``).
+
+All of the core's mutants take 10-25 hours on a 2-core machine (docs/mutation.md); a sample of a few dozen per
+package estimates each package's score in well under an hour, with a 95% interval. mutmut (configured in setup.cfg)
+still generates every mutant, collects which tests reach which function, and runs the chosen ones; this module only
+chooses the names and counts mutmut's verdicts, which it reads from mutmut's per-file ``.meta`` records.
+
+mutmut generates mutants only inside ``mutmut run``, so the first call runs the mutants of one small module
+(``--bootstrap``); its names are known before generation, the others are not.
+"""
+import argparse
+import json
+import math
+import random
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+# mutmut 3's exit codes of a mutant's test run (mutmut/stats.py)
+KILLED, SURVIVED, TIMEOUT, NO_TESTS = "killed", "survived", "timeout", "no tests"
+STATUS = {1: KILLED, 3: KILLED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS, 36: TIMEOUT, 24: TIMEOUT, -24: TIMEOUT,
+          152: TIMEOUT, 255: TIMEOUT, None: "not checked"}
+PACKAGES = ("palm_plugin.modules", "palm_plugin.criterions", "palm_plugin.data", "palm_plugin.models",
+            "palm_tools.convert")
+
+
+def package_of(name):
+    """``palm_plugin.data.pmlm_dataset.x_f__mutmut_3`` -> ``palm_plugin.data``."""
+    return ".".join(name.split(".")[:2])
+
+
+def read_verdicts(mutants=Path("mutants")):
+    """Every generated mutant's name and mutmut's verdict (``not checked`` until it has run)."""
+    verdicts = {}
+    for meta in mutants.rglob("*.meta"):
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            verdicts[name] = STATUS.get(code, "suspicious")
+    return verdicts
+
+
+def read_names(path):
+    """Mutant names, one a line; ``#`` starts a comment (the reason a mutant is equivalent)."""
+    return {line.split("#")[0].strip() for line in path.read_text().splitlines()} - {""}
+
+
+def choose(names, per_package, seed):
+    """``per_package`` names of each package, drawn without replacement by a seeded generator (sorted first, so
+    the draw does not depend on the order mutmut wrote its files in)."""
+    by_package = defaultdict(list)
+    for name in sorted(names):
+        by_package[package_of(name)].append(name)
+    rng = random.Random(seed)
+    return {package: sorted(rng.sample(found, min(per_package, len(found)))) for package, found in
+            sorted(by_package.items())}
+
+
+def wilson(killed, total, z=1.96):
+    """The Wilson score interval (95%) of a proportion, in %; (nan, nan) for no trials."""
+    if not total:
+        return math.nan, math.nan
+    p = killed / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return max(0.0, 100 * (centre - half)), min(100.0, 100 * (centre + half))
+
+
+def score_rows(sample, verdicts, equivalent=()):
+    """Per package: counts of each verdict among the sampled mutants, and the score killed / (killed + survived +
+    timeout) with the named ``equivalent`` mutants left out of the denominator, with its 95% interval."""
+    rows = []
+    for package, names in sample.items():
+        counts = defaultdict(int)
+        for name in names:
+            counts["equivalent" if name in equivalent else verdicts.get(name, "not checked")] += 1
+        judged = counts[KILLED] + counts[SURVIVED] + counts[TIMEOUT]
+        low, high = wilson(counts[KILLED], judged)
+        rows.append({"package": package, "sampled": len(names), **counts, "judged": judged,
+                     "score": 100 * counts[KILLED] / judged if judged else math.nan, "low": low, "high": high})
+    return rows
+
+
+def markdown(rows):
+    head = ("| package | sampled | killed | survived | timeout | no test reaches it | equivalent | not checked | "
+            "score (95% interval) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    lines = [f"| {r['package']} | {r['sampled']} | {r.get(KILLED, 0)} | {r.get(SURVIVED, 0)} | {r.get(TIMEOUT, 0)} | "
+             f"{r.get(NO_TESTS, 0)} | {r.get('equivalent', 0)} | {r.get('not checked', 0)} | "
+             f"{r['score']:.1f}% ({r['low']:.1f}-{r['high']:.1f}) |" for r in rows]
+    return "\n".join([head, *lines])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m palm_tools.mutation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-package", type=int, default=40, help="mutants drawn from each package")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the draw")
+    parser.add_argument("--bootstrap", default="palm_plugin.modules.table_extension.*",
+                        help="mutants run first, when none are generated yet (a small module's glob)")
+    parser.add_argument("--equivalent", type=Path, help="file with one mutant name a line, judged equivalent by "
+                                                        "hand, each with its reason after #")
+    parser.add_argument("--max-children", type=int, default=2, help="mutmut's parallel test processes")
+    parser.add_argument("--mutmut", default="mutmut", help="the mutmut command")
+    parser.add_argument("--report-only", action="store_true", help="count the verdicts of the sample, run nothing")
+    parser.add_argument("--out", type=Path, help="write the sample's names, verdicts and scores here (JSON)")
+    args = parser.parse_args(argv)
+
+    run = [args.mutmut, "run", "--max-children", str(args.max_children)]
+    if not args.report_only and not read_verdicts():
+        subprocess.run(run + [args.bootstrap], check=True)
+    verdicts = read_verdicts()
+    if not verdicts:
+        sys.exit("mutation: no mutants found under mutants/: run it from the repository root, after `mutmut run`")
+    sample = choose(verdicts, args.per_package, args.seed)
+    if not args.report_only:
+        subprocess.run(run + [name for names in sample.values() for name in names], check=True)
+        verdicts = read_verdicts()
+    equivalent = read_names(args.equivalent) if args.equivalent else set()
+    rows = score_rows(sample, verdicts, equivalent)
+    print(markdown(rows))
+    survivors = [n for names in sample.values() for n in names if verdicts.get(n) == SURVIVED and n not in equivalent]
+    print("\nsurvived, not judged equivalent:" if survivors else "\nno survivor left to judge", *survivors, sep="\n")
+    if args.out:
+        args.out.write_text(json.dumps({"seed": args.seed, "per_package": args.per_package, "rows": rows,
+                                        "verdicts": {n: verdicts.get(n) for ns in sample.values() for n in ns}},
+                                       indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""palm_tools.mutation: the sample it draws and the scores it counts from mutmut's records."""
+import json
+import math
+
+from palm_tools.mutation import choose, markdown, read_verdicts, score_rows, wilson
+
+
+def test_wilson_interval_equals_the_textbook_values():
+    # 9 of 10: 59.58% to 98.21% (Wilson 1927; e.g. Newcombe 1998, table I, method 3 gives 0.5958-0.9821)
+    low, high = wilson(9, 10)
+    assert math.isclose(low, 59.58, abs_tol=0.01) and math.isclose(high, 98.21, abs_tol=0.01)
+    low, high = wilson(0, 20)  # all survived: the lower end is 0, the upper end 16.1% (Newcombe: 0.0000-0.1611)
+    assert low == 0 and math.isclose(high, 16.11, abs_tol=0.01)
+    assert all(math.isnan(v) for v in wilson(0, 0))
+
+
+def test_the_draw_is_per_package_seeded_and_independent_of_listing_order():
+    names = [f"palm_plugin.data.m.x_f__mutmut_{i}" for i in range(50)] + \
+            [f"palm_tools.convert.bert.x_g__mutmut_{i}" for i in range(5)]
+    sample = choose(names, 10, seed=3)
+    assert set(sample) == {"palm_plugin.data", "palm_tools.convert"}
+    assert len(sample["palm_plugin.data"]) == 10 and len(set(sample["palm_plugin.data"])) == 10
+    assert sample["palm_tools.convert"] == sorted(names[50:])  # a package with fewer mutants: all of them
+    assert choose(list(reversed(names)), 10, seed=3) == sample
+    assert choose(names, 10, seed=4) != sample
+
+
+def test_scores_count_mutmut_records_and_leave_equivalent_mutants_out(tmp_path):
+    names = {f"palm_plugin.models.m.x_f__mutmut_{i}": code for i, code in
+             enumerate([1, 1, 1, 3, 0, 0, 36, 33, None])}
+    meta = tmp_path / "palm_plugin" / "models" / "m.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": names}))
+    verdicts = read_verdicts(tmp_path)
+    sample = {"palm_plugin.models": sorted(names)}
+    row, = score_rows(sample, verdicts, equivalent={"palm_plugin.models.m.x_f__mutmut_5"})
+    # killed 4 (exit codes 1 and 3), survived 1 (one of the two is equivalent), timeout 1, no tests 1, not run 1
+    assert (row["killed"], row["survived"], row["timeout"], row["no tests"], row["not checked"],
+            row["equivalent"]) == (4, 1, 1, 1, 1, 1)
+    assert row["judged"] == 6 and math.isclose(row["score"], 100 * 4 / 6)
+    assert "| palm_plugin.models | 9 | 4 | 1 | 1 | 1 | 1 | 1 | 66.7% (" in markdown([row])
+
+
+def test_the_equivalent_list_reads_names_without_their_reasons(tmp_path):
+    from palm_tools.mutation import read_names
+
+    listed = tmp_path / "equivalent.txt"
+    listed.write_text("# header\npalm_plugin.a.x_f__mutmut_1  # why\n\npalm_plugin.a.x_f__mutmut_2\n")
+    assert read_names(listed) == {"palm_plugin.a.x_f__mutmut_1", "palm_plugin.a.x_f__mutmut_2"}
