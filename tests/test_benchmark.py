@@ -15,7 +15,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from palm_tools.bench import cli as benchmark
 from palm_tools.bench import report as bench_report
-from palm_tools.bench.data import SyntheticCorpus
 from palm_tools.bench.decode import DECODE_SPECS, generate, generator_for, source_batch
 from palm_tools.bench.models import PRECISIONS, TRAIN_SPECS, build, load_batch
 from palm_tools.bench.pipeline import DATA_SPECS, measure_data_pipeline, training_dataset

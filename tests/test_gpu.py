@@ -21,7 +21,6 @@ from fairseq.sequence_generator import SequenceGenerator
 from palm_plugin.modules import copy_generator
 from palm_plugin.modules.attention_masks import (
     Objective,
-    PseudoMaskKind,
     bidirectional_mask,
     hide_padding,
     pmlm_mask,
