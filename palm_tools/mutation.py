@@ -21,8 +21,6 @@ from pathlib import Path
 KILLED, SURVIVED, TIMEOUT, NO_TESTS = "killed", "survived", "timeout", "no tests"
 STATUS = {1: KILLED, 3: KILLED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS, 36: TIMEOUT, 24: TIMEOUT, -24: TIMEOUT,
           152: TIMEOUT, 255: TIMEOUT, None: "not checked"}
-PACKAGES = ("palm_plugin.modules", "palm_plugin.criterions", "palm_plugin.data", "palm_plugin.models",
-            "palm_tools.convert")
 
 
 def package_of(name):

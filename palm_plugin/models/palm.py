@@ -38,7 +38,6 @@ from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncoder, transformer_config
 from palm_plugin.modules import compiled_layers
-from palm_plugin.modules.compiled_layers import compile_layers
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
 
@@ -207,7 +206,7 @@ class PalmModel(FairseqEncoderDecoderModel):
             load_roberta_encoder(model, cfg.roberta_path)
         encoder.one_padding_check = safe_getattr(cfg, "syncs_at_start", False)
         if safe_getattr(cfg, "compile_layers", False):
-            compile_layers(list(encoder.layers) + list(decoder.layers))
+            compiled_layers.compile_layers(list(encoder.layers) + list(decoder.layers))
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens=None, masked_tokens=None, **kwargs):

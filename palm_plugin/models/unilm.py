@@ -29,7 +29,6 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 from palm_plugin.data.symbols import MASK_SYMBOL
 from palm_plugin.modules import table_extension
 from palm_plugin.modules import compiled_layers
-from palm_plugin.modules.compiled_layers import compile_layers
 from palm_plugin.modules.dictionary_check import check_embedding_rows
 from palm_plugin.models.unilm_decoding import UniLMIncrementalDecoder, UniLMSourceEncoder
 from palm_plugin.modules.attention_masks import hide_padding, mask_from_fields
@@ -142,7 +141,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
         self.classification_heads = nn.ModuleDict()
         self.apply(self._init_weights)
         if getattr(cfg, "compile_layers", False):
-            compile_layers(stack.layers)
+            compiled_layers.compile_layers(stack.layers)
 
     @staticmethod
     def _init_weights(module):
