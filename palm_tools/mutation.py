@@ -64,17 +64,20 @@ def wilson(killed, total, z=1.96):
 
 
 def score_rows(sample, verdicts, equivalent=()):
-    """Per package: counts of each verdict among the sampled mutants, and the score killed / (killed + survived +
-    timeout) with the named ``equivalent`` mutants left out of the denominator, with its 95% interval."""
+    """Per package: counts of each verdict among the sampled mutants, and the score with its 95% interval.
+
+    The score is Stryker's mutation score: detected (killed, or a timeout: the tests hang on the mutant) over
+    detected + survived + no test reaches it; the named ``equivalent`` mutants and those not yet run are left out."""
     rows = []
     for package, names in sample.items():
         counts = defaultdict(int)
         for name in names:
             counts["equivalent" if name in equivalent else verdicts.get(name, "not checked")] += 1
-        judged = counts[KILLED] + counts[SURVIVED] + counts[TIMEOUT]
-        low, high = wilson(counts[KILLED], judged)
+        detected = counts[KILLED] + counts[TIMEOUT]
+        judged = detected + counts[SURVIVED] + counts[NO_TESTS]
+        low, high = wilson(detected, judged)
         rows.append({"package": package, "sampled": len(names), **counts, "judged": judged,
-                     "score": 100 * counts[KILLED] / judged if judged else math.nan, "low": low, "high": high})
+                     "score": 100 * detected / judged if judged else math.nan, "low": low, "high": high})
     return rows
 
 

@@ -226,9 +226,14 @@ def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
     roberta, args = tiny_roberta(dictionary)
     randomize(roberta, seed=5).eval()
     torch.save({"model": roberta.state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
-    convert.main(["roberta", "--input", str(tmp_path / "roberta.pt"), "--dict", str(tmp_path / "dict.txt"),
-                  "--output", str(tmp_path / "out")])
+    # fairseq before 0.10 kept the options as an argparse Namespace under "args", without "cfg"
+    torch.save({"model": roberta.state_dict(), "args": args}, tmp_path / "roberta_args.pt")
+    for name, output in (("roberta.pt", "out"), ("roberta_args.pt", "out_args")):
+        convert.main(["roberta", "--input", str(tmp_path / name), "--dict", str(tmp_path / "dict.txt"),
+                      "--output", str(tmp_path / output)])
     model, ours = load_converted(tmp_path / "out")
+    from_args = safe_loading.load_state(str(tmp_path / "out_args" / "model.pt"))["model"]
+    assert all(torch.equal(value, from_args[name]) for name, value in model.state_dict().items())
     assert ours.symbols == dictionary.symbols
     tokens = sample_batch(ours, torch.Generator().manual_seed(6))
     real = tokens.ne(ours.pad())
@@ -241,7 +246,7 @@ def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
     torch.testing.assert_close(logits[real], expected_logits[real], atol=1e-5, rtol=0)
 
 
-def test_bad_inputs_give_errors_that_name_the_file(tmp_path):
+def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     config = tiny_bert_config()
     bert = transformers.BertModel(config)
     source = write_bert_dir(tmp_path / "bert", bert, config)
@@ -252,6 +257,13 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path):
     (source / "vocab.bak").rename(source / "vocab.txt")
 
     state = dict(bert.state_dict(), **{"encoder.layer.0.attention.self.mystery.weight": torch.zeros(2)})
+    config_text = (source / "config.json").read_text()
+    (source / "config.json").write_text(json.dumps({k: v for k, v in json.loads(config_text).items()
+                                                    if k != "intermediate_size"}))
+    with pytest.raises(SystemExit, match=r"config\.json: missing 'intermediate_size'"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    (source / "config.json").write_text(config_text)
+
     torch.save(state, source / "pytorch_model.bin")
     with pytest.raises(SystemExit, match=r"pytorch_model\.bin: unknown parameter 'encoder\.layer\.0\.attention\.self\.mystery\.weight'"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
@@ -265,6 +277,12 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path):
     with pytest.raises(SystemExit, match=r"missing\.pt: file not found"):
         convert.main(["roberta", "--input", str(tmp_path / "missing.pt"), "--dict", str(tmp_path / "d.txt"),
                       "--output", str(tmp_path / "out")])
+
+    for command in (["bert"], ["roberta", "--dict", str(tmp_path / "d.txt")], ["hf-roberta"], ["export"]):
+        with pytest.raises(SystemExit) as exit_status:  # argparse's usage error, before anything is read
+            convert.main([*command, "--input", str(source)])
+        assert exit_status.value.code == 2
+        assert "the following arguments are required: --output" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -168,13 +168,17 @@ def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path):
 
 
 def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path):
-    config = tiny_bert_config()
+    """UniLM v1's LayerNorm epsilon (1e-5, not BERT's 1e-12) goes out too; output directories are made with their
+    parents, as ``mkdir -p``."""
+    config = tiny_bert_config(layer_norm_eps=1e-5)
     reference = randomize(transformers.BertForPreTraining(config), seed=15).eval()
     reference.tie_weights()
     reference.save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    convert.main(["bert", "--input", str(tmp_path / "hf"), "--output", str(tmp_path / "ours")])
-    convert.main(["export", "--input", str(tmp_path / "ours" / "model.pt"), "--output", str(tmp_path / "back")])
+    ours = tmp_path / "runs" / "ours"
+    convert.main(["bert", "--input", str(tmp_path / "hf"), "--output", str(ours)])
+    convert.main(["export", "--input", str(ours / "model.pt"), "--output", str(tmp_path / "back")])
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["layer_norm_eps"] == 1e-5
     from safetensors.torch import load_file
 
     original, back = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
@@ -206,6 +210,24 @@ def test_unilm2_export_writes_the_released_fast_qkv_layout(tmp_path):
     for name in first:
         if not name.startswith(("lm_head.", "pooler.", "next_sentence_head.")):  # random: no head in the file
             assert torch.equal(first[name], second[name]), name
+
+
+def test_export_takes_the_symbols_the_tasks_added_from_the_embedding_size(tmp_path):
+    """dict.txt holds the data's symbols; every task adds <mask>, and the pseudo-masked ones <pseudo> after it."""
+    from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
+    from palm_tools.convert import ConversionError
+    from palm_tools.convert.export import export_dictionary
+
+    words = Dictionary()
+    for index in range(6):
+        words.add_symbol(f"w{index}")
+    words.save(str(tmp_path / "dict.txt"))
+    args, checkpoint = argparse.Namespace(dict=None), tmp_path / "checkpoint.pt"
+    size = len(words)
+    assert export_dictionary(checkpoint, {}, size + 1, args).symbols == words.symbols + [MASK_SYMBOL]
+    assert export_dictionary(checkpoint, {}, size + 2, args).symbols == words.symbols + [MASK_SYMBOL, PSEUDO_SYMBOL]
+    with pytest.raises(ConversionError, match=f"dict.txt: {size + 1} symbols, but .*checkpoint.pt has {size + 3} "):
+        export_dictionary(checkpoint, {}, size + 3, args)
 
 
 def tiny_gpt2_bpe(directory):
@@ -257,6 +279,23 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path):
         features = model.encoder(ours[None], src_lengths=torch.tensor([len(ours)]))["encoder_out"][0].transpose(0, 1)
         expected = reference.roberta(torch.tensor([theirs])).last_hidden_state
     torch.testing.assert_close(features, expected, atol=1e-5, rtol=0)
+    # the output is a fairseq RoBERTa checkpoint, its MLM head included: fairseq's own model loads it whole
+    from fairseq.models.roberta import RobertaModel
+    from fairseq.models.roberta.model import base_architecture
+
+    saved = safe_loading.load_state(str(out / "model.pt"))
+    roberta_args = argparse.Namespace(**saved["cfg"]["model"])
+    base_architecture(roberta_args)
+    roberta = RobertaModel.build_model(roberta_args, argparse.Namespace(source_dictionary=dictionary)).eval()
+    roberta.load_state_dict(saved["model"], strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(roberta(torch.tensor([theirs]))[0], reference(torch.tensor([theirs])).logits,
+                                   atol=1e-5, rtol=0)
+
+    for setting in ({"layer_norm_eps": 1e-12}, {"hidden_act": "relu"}):
+        (source / "config.json").write_text(json.dumps({**config.to_dict(), **setting}))
+        with pytest.raises(SystemExit, match=r"config\.json: layer_norm_eps .* fairseq's RoBERTa has 1e-5 and gelu"):
+            convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
 
 
 @pytest.mark.slow

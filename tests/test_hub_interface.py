@@ -99,3 +99,31 @@ def test_api_generate_and_score_equal_fairseq_generate(data, trained, family):
         assert (result["positional_scores"] / math.log(2)).tolist() == pytest.approx(printed, abs=1e-4)
         assert result["log_prob"] == pytest.approx(float(result["positional_scores"].sum()), abs=1e-5)
         assert result["perplexity"] == pytest.approx(math.exp(-result["log_prob"] / len(result["tokens"])), rel=1e-5)
+
+
+def test_from_pretrained_reads_checkpoint_best_of_a_directory(tmp_path):
+    """fairseq's hub convention: a directory and, by default, its checkpoint_best.pt; here a converted published
+    checkpoint (palm-convert) with the data dictionaries fairseq-preprocess --srcdict would write."""
+    import shutil
+
+    import transformers
+
+    from palm_plugin.fixes import safe_loading
+    from palm_plugin.models.hub_interface import from_pretrained
+    from palm_plugin.models.unilm import UniLMModel
+    from palm_tools.convert import cli as convert
+    from tests.test_convert_checkpoint import randomize, tiny_bert_config, write_bert_dir
+
+    config = tiny_bert_config()
+    source = write_bert_dir(tmp_path / "hf", randomize(transformers.BertForPreTraining(config), seed=21), config)
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "run")])
+    run = tmp_path / "run"
+    (run / "model.pt").rename(run / "checkpoint_best.pt")
+    for language in ("src", "tgt"):
+        shutil.copy(run / "dict.txt", run / f"dict.{language}.txt")
+    hub = from_pretrained(str(run))
+    expected = safe_loading.load_state(str(run / "checkpoint_best.pt"))["model"]
+    [model] = hub.models
+    assert isinstance(model, UniLMModel) and len(hub.task.source_dictionary) == expected[
+        "encoder.stack.embeddings.tokens.weight"].size(0)
+    assert all(torch.equal(value, expected[name]) for name, value in model.state_dict().items())

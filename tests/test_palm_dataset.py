@@ -82,6 +82,12 @@ def test_pair_index_matches_reference(mode, seed):
     assert truncated_src + truncated_tgt > 0  # the corpus has sentences longer than the limits
 
 
+
+def test_unknown_split_mode_is_named_with_the_choices():
+    with pytest.raises(ValueError, match=r"unknown split mode 'words': expected 'sentence' or 'fraction'"):
+        build_pair_index(np.array([4, 5, 1]), 8, 4, "words")
+
+
 def test_sentence_mode_by_hand():
     # document 1: sentences of 3, 4, 5 tokens; document 2: one sentence (no pair); document 3: 50 then 2 tokens.
     sizes = np.array([4, 5, 6, 1, 3, 1, 51, 3])

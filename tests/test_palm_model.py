@@ -199,11 +199,39 @@ def test_criterion_loss_by_value():
         ("ae", 0.0, 1.0, mlm),
     ):
         criterion = PalmMlmLmCriterion(FakeTask(dictionary), stage, mlm_weight, lm_weight)
+        decoder_calls = []
+        hook = model.decoder.register_forward_hook(lambda *_: decoder_calls.append(1))
         with torch.no_grad():
             loss, sample_size, log = criterion(model, sample)
+        hook.remove()
         torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5, msg=f"{stage} {mlm_weight} {lm_weight}")
         torch.testing.assert_close(log["mlm_loss"] / log["mlm_tokens"], mlm, atol=1e-5, rtol=1e-5)
         assert sample_size == 1 and log["mlm_tokens"] == int(masked.sum())
+        # fairseq's trainer logs the batch size ("bsz") from nsentences
+        assert log["nsentences"] == 3 and log["ntokens"] == int(real.sum())
+        assert len(decoder_calls) == (stage == "joint")  # stage ae costs the encoder alone
+
+
+def test_decoder_returns_the_attention_of_the_layer_asked_for():
+    """``alignment_layer`` (fairseq's decoder interface, e.g. for alignments): the cross-attention of that layer, as
+    fairseq's own decoder stack computes it, averaged over heads; by default the last layer's."""
+    from fairseq.models.transformer import TransformerDecoderBase
+
+    model = build(seed=5, decoder_layers=2).eval()
+    sample = batch_maker(model.encoder.dictionary, copy_task=False, batch=2, length=5, seed=3)()
+    net = sample["net_input"]
+    with torch.no_grad():
+        encoder_out = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        attention = {}
+        for layer in (0, 1, None):
+            _, extra = model.decoder(net["prev_output_tokens"], encoder_out=encoder_out, alignment_layer=layer)
+            _, reference = TransformerDecoderBase.extract_features(
+                model.decoder, net["prev_output_tokens"], encoder_out=encoder_out, alignment_layer=layer)
+            torch.testing.assert_close(extra["attn"][0], reference["attn"][0], atol=0, rtol=0)
+            torch.testing.assert_close(extra["attn"][0].sum(-1), torch.ones(2, 6))
+            attention[layer] = extra["attn"][0]
+    assert not torch.allclose(attention[0], attention[1], atol=1e-3)
+    torch.testing.assert_close(attention[None], attention[1], atol=0, rtol=0)
 
 
 def test_paper_second_stage_gives_the_mlm_head_no_gradient():
@@ -255,6 +283,37 @@ def test_table6_reinit_replaces_one_part_of_the_pretrained_palm(part):
     resumed.load_state_dict(saved, strict=True)
     for key, value in resumed.state_dict().items():
         torch.testing.assert_close(value, loaded[key], atol=0, rtol=0, msg=key)
+
+
+
+@pytest.mark.parametrize("roberta_layers", [1, 2, 3])
+def test_roberta_path_fills_the_encoder_or_names_what_does_not_fit(roberta_layers, tmp_path):
+    """--roberta-path with fairseq's own RoBERTa of the same sizes gives its features; one layer fewer (parameters
+    missing) or one more (parameters left over) is an error that names the parameters, never a partial load."""
+    from fairseq.models.roberta import RobertaModel
+    from fairseq.models.roberta.model import base_architecture
+
+    dictionary = make_dictionary()
+    args = argparse.Namespace(encoder_layers=roberta_layers, encoder_embed_dim=64, encoder_ffn_embed_dim=128,
+                              encoder_attention_heads=2, max_positions=64, dropout=0.0, attention_dropout=0.0)
+    base_architecture(args)
+    torch.manual_seed(7)
+    roberta = RobertaModel.build_model(args, argparse.Namespace(source_dictionary=dictionary)).eval()
+    torch.save({"model": roberta.state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
+
+    def load():
+        return build(dictionary, roberta_path=str(tmp_path / "roberta.pt"), encoder_max_positions=64).eval()
+
+    if roberta_layers != 2:
+        left = "Missing: \\['encoder.layers.1." if roberta_layers == 1 else "unexpected: \\['encoder.layers.2."
+        with pytest.raises(ValueError, match=f"does not fit the PALM encoder.*{left}"):
+            load()
+        return
+    tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (2, 7), generator=torch.Generator().manual_seed(8))
+    tokens[:, 0], tokens[:, -1] = dictionary.bos(), dictionary.eos()
+    with torch.no_grad():
+        torch.testing.assert_close(load().encoder(tokens[:, 1:])["encoder_out"][0].transpose(0, 1),
+                                   roberta(tokens, features_only=True)[0], atol=1e-5, rtol=1e-5)
 
 
 def test_reinit_encoder_refuses_roberta_path():

@@ -74,6 +74,25 @@ def generation_batch(dataset, indices):
         dataset.generation = False
 
 
+
+def test_generation_dataset_built_by_the_task_is_the_parents_generation_view():
+    """The task builds its generation datasets with ``generation=True`` (fairseq-generate, the Python API): the
+    pseudo-mask dataset must pass it on, giving the parent class's source-only batches and sizes."""
+    from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+
+    dictionary = make_dictionary()
+    source, target = Sentences(dictionary, [5, 8, 3], seed=0), Sentences(dictionary, [4, 2, 6], seed=1)
+    arguments = (source, target, dictionary, 64, 32, TokenMaskingPolicy(mask_prob=0.5), dictionary.index(MASK_SYMBOL),
+                 SOURCE_SEGMENT, TARGET_SEGMENT, 7)
+    ours, parent = PseudoSeq2SeqDataset(*arguments, generation=True), UniLMSeq2SeqDataset(*arguments, generation=True)
+    assert ours.generation and list(ours.sizes) == list(parent.sizes)
+    batch, expected = (d.collater([d[i] for i in range(3)]) for d in (ours, parent))
+    assert batch.keys() == expected.keys() and batch["net_input"].keys() == expected["net_input"].keys()
+    for name, value in [*batch["net_input"].items(), ("target", batch["target"])]:
+        assert torch.equal(value, expected["net_input"].get(name, expected["target"])), name
+    assert list(make_dataset(dictionary).sizes) == [s + 2 * t for s, t in zip(parent.source_sizes, parent.target_sizes)]
+
+
 def test_batch_layout():
     dictionary = make_dictionary()
     dataset = make_dataset(dictionary)

@@ -153,3 +153,21 @@ def test_fairseq_sentence_prediction_fine_tunes_unilm_tiny(tmp_path, cli):
     accuracies = [float(a) for a in re.findall(r"valid on 'valid' subset .*?\| accuracy ([\d.]+)", log)]
     assert len(accuracies) == 6
     assert accuracies[-1] >= 90.0, accuracies  # the first word decides the label: learned through [SOS]
+
+
+@pytest.mark.parametrize("architecture", ["unilm_base", "unilm_large", "unilm_tiny", "unilm2_base", "unilm2_tiny"])
+def test_architecture_defaults_give_way_to_options_set_by_the_user(architecture):
+    """fairseq's convention: an architecture fills in only the sizes the command line left unset. Each size set
+    alone keeps its value, and every other one takes the architecture's default."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    fill = ARCH_CONFIG_REGISTRY[architecture]
+    defaults = argparse.Namespace()
+    fill(defaults)
+    sizes = ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads", "num_segments",
+             "relative_position_buckets")
+    assert set(vars(defaults)) == set(sizes)
+    for size in sizes:
+        chosen = argparse.Namespace(**{size: 7})
+        fill(chosen)
+        assert vars(chosen) == {**vars(defaults), size: 7}, size

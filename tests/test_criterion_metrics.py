@@ -1,0 +1,77 @@
+"""What the three criteria log: ``reduce_metrics`` over several workers' logging outputs, as fairseq's trainer calls
+it, against the per-token means computed here (base 2, as fairseq logs losses), including the batches where a count
+is zero (a worker with a dummy batch, a batch without PAR targets), which must log nothing rather than divide by 0."""
+import math
+
+import pytest
+from fairseq import metrics
+
+from palm_plugin.criterions.palm_mlm_lm import PalmMlmLmCriterion
+from palm_plugin.criterions.pmlm_ae_par import PseudoMaskedLMCriterion
+from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
+
+BITS = math.log(2)
+
+
+def logged(criterion, logging_outputs):
+    with metrics.aggregate() as aggregator:
+        criterion.reduce_metrics(logging_outputs)
+        return aggregator.get_smoothed_values()
+
+
+def test_palm_losses_are_summed_over_workers_then_divided_by_their_counts():
+    workers = [
+        {"loss": 2.5, "mlm_loss": 12.0, "mlm_tokens": 5, "lm_loss": 30.0, "ntokens": 11, "sample_size": 1},
+        {"loss": 3.5, "mlm_loss": 9.0, "mlm_tokens": 2, "lm_loss": 14.0, "ntokens": 5, "sample_size": 1},
+    ]
+    values = logged(PalmMlmLmCriterion, workers)
+    assert values["loss"] == pytest.approx((2.5 + 3.5) / 2 / BITS, abs=1e-3)
+    assert values["mlm_loss"] == pytest.approx(21.0 / 7 / BITS, abs=1e-3)
+    assert values["lm_loss"] == pytest.approx(44.0 / 16 / BITS, abs=1e-3)
+    assert values["lm_ppl"] == pytest.approx(2 ** values["lm_loss"], rel=1e-3)
+
+
+def test_palm_stage_ae_logs_no_lm_loss_and_unconditional_no_mlm_loss():
+    stage_ae = logged(PalmMlmLmCriterion, [{"loss": 1.0, "mlm_loss": 4.0, "mlm_tokens": 2, "ntokens": 6,
+                                            "sample_size": 1}])
+    assert stage_ae["mlm_loss"] == pytest.approx(2.0 / BITS, abs=1e-3) and "lm_loss" not in stage_ae
+    unconditional = logged(PalmMlmLmCriterion, [{"loss": 1.0, "mlm_loss": 0.0, "mlm_tokens": 0, "lm_loss": 6.0,
+                                                 "ntokens": 3, "sample_size": 1}])
+    assert "mlm_loss" not in unconditional and unconditional["lm_loss"] == pytest.approx(2.0 / BITS, abs=1e-3)
+
+
+def test_pseudo_masked_lm_divides_each_loss_by_its_own_count():
+    workers = [
+        {"loss": 20.0, "ae_loss": 8.0, "ae_count": 4, "par_loss": 12.0, "par_count": 4, "sample_size": 4},
+        {"loss": 9.0, "ae_loss": 3.0, "ae_count": 2, "par_loss": 6.0, "par_count": 2, "sample_size": 2},
+    ]
+    values = logged(PseudoMaskedLMCriterion, workers)
+    assert values["loss"] == pytest.approx(29.0 / 6 / BITS, abs=1e-3)
+    assert values["ae_loss"] == pytest.approx(11.0 / 6 / BITS, abs=1e-3)
+    assert values["par_loss"] == pytest.approx(18.0 / 6 / BITS, abs=1e-3)
+    assert values["par_ppl"] == pytest.approx(2 ** values["par_loss"], rel=1e-3)
+
+
+def test_pseudo_masked_lm_logs_nothing_for_a_count_of_zero():
+    ae_only = logged(PseudoMaskedLMCriterion, [{"loss": 6.0, "ae_loss": 6.0, "ae_count": 3, "par_loss": 0.0,
+                                                "par_count": 0, "sample_size": 3}])
+    assert ae_only["ae_loss"] == pytest.approx(2.0 / BITS, abs=1e-3)
+    assert "par_loss" not in ae_only and "par_ppl" not in ae_only
+    # fairseq's dummy batch on a worker that ran out of data: no loss to log at all
+    assert logged(PseudoMaskedLMCriterion, [{"loss": 0.0, "ae_loss": 0.0, "ae_count": 0, "par_loss": 0.0,
+                                             "par_count": 0, "sample_size": 0}]) == {}
+
+
+def test_cloze_loss_per_predicted_token_and_next_sentence_accuracy():
+    workers = [
+        {"loss": 3.0, "nll_loss": 2.0, "sample_size": 1, "next_sentence_loss": 1.2, "next_sentence_rows": 2,
+         "next_sentence_correct": 1},
+        {"loss": 0.0, "nll_loss": 0.0, "sample_size": 0},  # a worker with no prediction: weighs nothing
+    ]
+    values = logged(UniLMClozeCriterion, workers)
+    assert values["loss"] == pytest.approx(3.0 / BITS, abs=1e-3)
+    assert values["nll_loss"] == pytest.approx(2.0 / BITS, abs=1e-3)
+    assert values["ppl"] == pytest.approx(2 ** values["nll_loss"], rel=1e-3)
+    assert values["next_sentence_loss"] == pytest.approx(0.6 / BITS, abs=1e-3)
+    assert values["next_sentence_accuracy"] == pytest.approx(0.5, abs=1e-3)
+    assert "next_sentence_loss" not in logged(UniLMClozeCriterion, [{"loss": 1.0, "nll_loss": 1.0, "sample_size": 4}])
