@@ -268,6 +268,19 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"pytorch_model\.bin: unknown parameter 'encoder\.layer\.0\.attention\.self\.mystery\.weight'"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
 
+    torch.save({"model": bert.state_dict(), "cfg": {}}, source / "pytorch_model.bin")
+    with pytest.raises(SystemExit, match=r"pytorch_model\.bin: this is a fairseq checkpoint, not an HF state dict"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+
+    # a shard index that names a weight its shards lack
+    (source / "pytorch_model.bin").unlink()
+    torch.save(bert.state_dict(), source / "shard-1.bin")
+    weight_map = dict.fromkeys([*bert.state_dict(), "pooler.extra.weight"], "shard-1.bin")
+    (source / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with pytest.raises(SystemExit, match=r"index\.json: the shards lack \['pooler\.extra\.weight'\]"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    (source / "pytorch_model.bin.index.json").unlink()
+
     torch.save(bert.state_dict(), source / "pytorch_model.bin")
     (source / "config.json").write_text(json.dumps(dict(json.loads(config.to_json_string()), intermediate_size=128)))
     with pytest.raises(SystemExit, match=r"pytorch_model\.bin: shape mismatch for encoder\.stack\.layers\.0\.fc1\.weight"):

@@ -132,6 +132,32 @@ def test_unilm_v1_files_without_layer_norm_eps_use_the_released_codes_1e_5(tmp_p
         check_masked_lm(reference, tmp_path / "wrong")
 
 
+
+def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
+    """Epsilon and segment ids from config.json (said on stderr with their source), gelu when it names no
+    activation, and outputs that today's loaders read: torch.load with weights_only (plain types only in the
+    configuration) and transformers' AutoTokenizer on the written vocab.txt and tokenizer_config.json."""
+    config = tiny_bert_config()
+    source = write_bert_dir(tmp_path / "bert", transformers.BertModel(config), config)
+    settings = {k: v for k, v in json.loads(config.to_json_string()).items() if k != "hidden_act"}
+    settings.update(layer_norm_eps=1e-7, source_type_id=1, target_type_id=0)
+    (source / "config.json").write_text(json.dumps(settings))
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert "layer_norm_eps 1e-07 (config.json); segments source 1 / target 0 (config.json source_type_id/" in err
+    assert "resized" not in err
+    state = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
+    assert state["cfg"]["model"]["layer_norm_eps"] == 1e-7
+    assert (state["cfg"]["task"]["source_segment"], state["cfg"]["task"]["target_segment"]) == (1, 0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert type(tokenizer).__name__ in ("BertTokenizer", "BertTokenizerFast")
+    assert tokenizer.convert_tokens_to_ids(VOCAB) == list(range(len(VOCAB)))
+
+    (source / "config.json").write_text(json.dumps({**settings, "hidden_act": "relu"}))
+    with pytest.raises(SystemExit, match=r"config\.json: hidden_act 'relu'; UniLM uses gelu"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "refused")])
+
+
 def test_unsafe_bin_is_refused_and_never_run(tmp_path):
     marker = tmp_path / "ran"
 
@@ -193,7 +219,7 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path):
         torch.testing.assert_close(loaded(ids).last_hidden_state, reference.bert(ids).last_hidden_state, atol=1e-6, rtol=0)
 
 
-def test_unilm2_export_writes_the_released_fast_qkv_layout(tmp_path):
+def test_unilm2_export_writes_the_released_fast_qkv_layout(tmp_path, capsys):
     config = tiny_bert_config(max_position_embeddings=200)
     bert = randomize(transformers.BertModel(config, add_pooling_layer=False), seed=17)
     state = fuse_unilm2_state(bert.state_dict(), layers=2, heads=4, buckets=32, generator=torch.Generator().manual_seed(17))
@@ -205,6 +231,8 @@ def test_unilm2_export_writes_the_released_fast_qkv_layout(tmp_path):
     for name, tensor in state.items():
         assert torch.equal(tensor, back[name]), name
     assert json.loads((tmp_path / "back" / "config.json").read_text())["rel_pos_bins"] == 32
+    assert "fine-tune it with: fairseq-train DATA --user-dir palm_plugin --task unilm_seq2seq --arch unilm2_base " \
+           "--pseudo-masks --criterion unilm_cloze --finetune-from-model" in capsys.readouterr().out
     convert.main(["bert", "--input", str(tmp_path / "back"), "--output", str(tmp_path / "again")])
     first, second = (safe_loading.load_state(str(tmp_path / d / "model.pt"))["model"] for d in ("ours", "again"))
     for name in first:
@@ -228,6 +256,14 @@ def test_export_takes_the_symbols_the_tasks_added_from_the_embedding_size(tmp_pa
     assert export_dictionary(checkpoint, {}, size + 2, args).symbols == words.symbols + [MASK_SYMBOL, PSEUDO_SYMBOL]
     with pytest.raises(ConversionError, match=f"dict.txt: {size + 1} symbols, but .*checkpoint.pt has {size + 3} "):
         export_dictionary(checkpoint, {}, size + 3, args)
+    # --dict names another file; without one and without dict.txt beside it, the data's dictionary of the source side
+    elsewhere = tmp_path / "data"
+    elsewhere.mkdir()
+    (tmp_path / "dict.txt").rename(elsewhere / "dict.en.txt")
+    assert export_dictionary(checkpoint, {}, size + 1, argparse.Namespace(dict=str(elsewhere / "dict.en.txt"))
+                             ).symbols == words.symbols + [MASK_SYMBOL]
+    cfg = {"task": {"data": str(elsewhere), "source_lang": "en"}}
+    assert export_dictionary(checkpoint, cfg, size + 1, args).symbols == words.symbols + [MASK_SYMBOL]
 
 
 def tiny_gpt2_bpe(directory):
@@ -238,7 +274,8 @@ def tiny_gpt2_bpe(directory):
     merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "a"), ("i", "n")]
     vocab = ["<s>", "<pad>", "</s>", "<unk>"] + symbols + ["".join(m) for m in merges] + ["<mask>"]
     (directory / "vocab.json").write_text(json.dumps({token: i for i, token in enumerate(vocab)}))
-    (directory / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    # no newline after the last merge (as some tokenizers save it): the "i n" merge must still be used
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges))
     return len(vocab)
 
 
@@ -353,3 +390,12 @@ def test_what_the_checkpoint_lacks_is_seeded(tmp_path):
         torch.testing.assert_close(first[name], again[name], atol=0, rtol=0)
         lacking = name in ("lm_head.dense.weight", "next_sentence_head.weight")  # random; the biases start at 0
         assert torch.equal(first[name], other[name]) != lacking, name
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    [commands] = [a for a in convert.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands.choices) == {"bert", "roberta", "hf-roberta", "export"}
+    for name, command in commands.choices.items():
+        for action in command._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help and len(action.help) > 10, f"palm-convert {name} {action.option_strings[0]}"

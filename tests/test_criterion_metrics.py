@@ -75,3 +75,33 @@ def test_cloze_loss_per_predicted_token_and_next_sentence_accuracy():
     assert values["next_sentence_loss"] == pytest.approx(0.6 / BITS, abs=1e-3)
     assert values["next_sentence_accuracy"] == pytest.approx(0.5, abs=1e-3)
     assert "next_sentence_loss" not in logged(UniLMClozeCriterion, [{"loss": 1.0, "nll_loss": 1.0, "sample_size": 4}])
+
+
+@pytest.mark.parametrize("criterion, logs, counts", [
+    (PalmMlmLmCriterion, {"mlm_loss": "mlm_tokens", "lm_loss": "ntokens"}, {"sample_size": 1}),
+    (PseudoMaskedLMCriterion, {"loss": "sample_size", "ae_loss": "ae_count", "par_loss": "par_count"}, {}),
+    (UniLMClozeCriterion, {"loss": "sample_size", "nll_loss": "sample_size", "next_sentence_loss": "next_sentence_rows"},
+     {}),
+])
+def test_an_epochs_average_weighs_each_update_by_its_count_and_logs_3_decimals(criterion, logs, counts):
+    """fairseq's epoch line (and tensorboard's) averages the per-update values of a meter by their weights: each
+    update must weigh its number of predicted tokens, so that the epoch value is the per-token mean of the epoch.
+    The values are rounded to 3 decimals, as fairseq's own criteria log them."""
+    updates = [{"sample_size": 1}, {"sample_size": 1}]
+    for loss, count in logs.items():
+        updates[0].update({loss: 1.0, count: 1})  # one token in the first update, seven in the second
+        updates[1].update({loss: 21.0, count: 7})
+    for update in updates:
+        update.update(counts)
+    with metrics.aggregate() as epoch:
+        for update in updates:
+            criterion.reduce_metrics([update])
+        values = epoch.get_smoothed_values()
+    for loss in logs:
+        assert values[loss] == round(22.0 / 8 / BITS, 3), loss
+
+
+def test_pseudo_masked_lm_logs_the_loss_of_a_single_prediction():
+    values = logged(PseudoMaskedLMCriterion, [{"loss": 3.0, "ae_loss": 1.0, "ae_count": 1, "par_loss": 2.0,
+                                               "par_count": 1, "sample_size": 1}])
+    assert values["loss"] == pytest.approx(3.0 / BITS, abs=1e-3)

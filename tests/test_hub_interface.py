@@ -127,3 +127,29 @@ def test_from_pretrained_reads_checkpoint_best_of_a_directory(tmp_path):
     assert isinstance(model, UniLMModel) and len(hub.task.source_dictionary) == expected[
         "encoder.stack.embeddings.tokens.weight"].size(0)
     assert all(torch.equal(value, expected[name]) for name, value in model.state_dict().items())
+    # generation options reach the generator: at most max_len_b tokens
+    for length in (1, 3):
+        assert 0 < len(hub.generate("w1 w2 w3 w4", beam=2, max_len_b=length).split()) <= length
+
+
+def test_references_are_collated_as_fairseqs_translation_batches():
+    """``score`` adds the references to the task's inference batches (for the --score-reference scorers): target
+    and teacher-forced decoder input as fairseq's LanguagePairDataset collates a parallel pair."""
+    from fairseq.data import Dictionary, LanguagePairDataset
+
+    from palm_plugin.models.hub_interface import _WithReferences
+
+    dictionary = Dictionary()
+    for index in range(12):
+        dictionary.add_symbol(f"w{index}")
+    eos = dictionary.eos()
+    sources = [torch.tensor([5, 6, eos]), torch.tensor([7, eos]), torch.tensor([8, 9, 10, 11, eos])]
+    targets = [torch.tensor([12, 13, 14, eos]), torch.tensor([15, eos]), torch.tensor([9, 9, eos])]
+    source_sizes, target_sizes = [len(t) for t in sources], [len(t) for t in targets]
+    ours = _WithReferences(LanguagePairDataset(sources, source_sizes, dictionary), targets, dictionary)
+    pairs = LanguagePairDataset(sources, source_sizes, dictionary, targets, target_sizes, dictionary)
+    batch = ours.collater([ours[i] for i in range(3)])
+    expected = pairs.collater([pairs[i] for i in range(3)])
+    assert torch.equal(batch["target"], expected["target"]) and batch["ntokens"] == expected["ntokens"]
+    assert torch.equal(batch["net_input"]["prev_output_tokens"], expected["net_input"]["prev_output_tokens"])
+    assert ours.collater([]) == {}

@@ -135,6 +135,19 @@ def make_dataset(mode="sentence", max_source=12, max_target=6, seed=3, objective
     return dataset, np.concatenate(sentences), dictionary
 
 
+
+@pytest.mark.parametrize("mode", ["sentence", "fraction"])
+def test_sizes_for_batching_are_those_of_the_items(mode):
+    """fairseq batches by ``num_tokens`` (--max-tokens) and filters by ``size``: the lengths of the items' source and
+    target, </s> included, one index at a time or vectorised."""
+    dataset, _, _ = make_dataset(mode)
+    indices = np.arange(len(dataset))
+    lengths = [(len(dataset[i]["source"]), len(dataset[i]["target"])) for i in indices]
+    assert [dataset.size(i) for i in indices] == lengths
+    assert [dataset.num_tokens(i) for i in indices] == [max(pair) for pair in lengths]
+    assert dataset.num_tokens_vec(indices).tolist() == [max(pair) for pair in lengths]
+
+
 @pytest.mark.parametrize("mode", ["sentence", "fraction"])
 def test_items_hold_the_indexed_tokens(mode):
     dataset, stream, dictionary = make_dataset(mode)

@@ -311,9 +311,14 @@ def test_roberta_path_fills_the_encoder_or_names_what_does_not_fit(roberta_layer
         return
     tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (2, 7), generator=torch.Generator().manual_seed(8))
     tokens[:, 0], tokens[:, -1] = dictionary.bos(), dictionary.eos()
+    palm, masked = load(), torch.rand(tokens.shape, generator=torch.Generator().manual_seed(9)) < 0.4
+    masked[:, 0] = False
     with torch.no_grad():
-        torch.testing.assert_close(load().encoder(tokens[:, 1:])["encoder_out"][0].transpose(0, 1),
+        torch.testing.assert_close(palm.encoder(tokens[:, 1:])["encoder_out"][0].transpose(0, 1),
                                    roberta(tokens, features_only=True)[0], atol=1e-5, rtol=1e-5)
+        # RoBERTa's MLM head (dense, layer norm, bias; the output weight is the shared embedding) comes along
+        torch.testing.assert_close(palm(tokens[:, 1:], None, masked_tokens=masked[:, 1:])[1]["mlm_logits"],
+                                   roberta(tokens, masked_tokens=masked)[0], atol=1e-5, rtol=1e-5)
 
 
 def test_reinit_encoder_refuses_roberta_path():
@@ -353,6 +358,53 @@ def test_source_position_markers_share_the_unk_embedding_and_can_be_copied():
     assert probs.shape[-1] == len(dictionary)
     torch.testing.assert_close(probs.sum(-1), torch.ones(1, 2), atol=1e-5, rtol=0)
     assert (probs[0, :, marker] > 0).all() and (probs[0, :, dictionary.index("<unk-0>")] < 1e-30).all()
+
+
+
+def test_mask_after_the_source_position_markers_is_refused():
+    """The markers are the last rows of the dictionary and have no embedding row of their own: a <mask> listed
+    after them would have none either."""
+    dictionary = make_dictionary(mask=False)
+    for n in range(2):
+        dictionary.add_symbol(f"<unk-{n}>")
+    dictionary.add_symbol("<mask>")
+    with pytest.raises(ValueError, match=r"<mask> \(index 30\) comes after the 2 source position markers"):
+        build(dictionary, source_position_markers=2)
+
+
+def test_copy_attention_dim_sets_the_size_of_w_m_and_w_s():
+    model = build(copy_attention_dim=24)
+    copy = model.decoder.pointer_generator
+    assert copy.memory_projection.weight.shape == (24, 64) and copy.query_projection.weight.shape == (24, 64)
+
+
+@pytest.mark.parametrize("return_all_hiddens", [False, True])
+def test_one_padding_check_encoder_returns_what_fairseqs_encoder_returns(return_all_hiddens):
+    """--syncs-at-start's encoder (one host sync) against fairseq's forward: every field of the output, the
+    per-layer states and given token embeddings included."""
+    model = build(seed=6).eval()
+    dictionary = model.encoder.dictionary
+    tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (3, 6), generator=torch.Generator().manual_seed(9))
+    tokens[:, -1] = dictionary.eos()
+    tokens[1, 3:] = dictionary.pad()
+    tokens[1, 2] = dictionary.eos()
+    lengths = tokens.ne(dictionary.pad()).sum(1)
+    embeddings = torch.randn(3, 7, 64, generator=torch.Generator().manual_seed(10))  # with <s> in front: 7 positions
+    outputs = []
+    with torch.no_grad():
+        for one_check in (False, True):
+            model.encoder.one_padding_check = one_check
+            outputs.append(model.encoder(tokens, lengths, return_all_hiddens=return_all_hiddens,
+                                         token_embeddings=embeddings))
+    plain, one_check = outputs
+    assert plain.keys() == one_check.keys()
+    assert len(plain["encoder_states"]) == (3 if return_all_hiddens else 0)
+    for key in plain:
+        assert len(plain[key]) == len(one_check[key]), key
+        for expected, value in zip(plain[key], one_check[key]):
+            if expected is not None:
+                torch.testing.assert_close(value, expected, atol=1e-6, rtol=0, msg=key)
+    torch.testing.assert_close(one_check["encoder_embedding"][0], embeddings)
 
 
 def test_option_help_documents_the_table_6_ablations():

@@ -96,6 +96,34 @@ def test_cached_steps_equal_recomputation_through_beam_reorders_and_batch_shrink
             assert model.decoder.get_incremental_state(state, "fixed_shape")["step"].cache.size(4) == 8
 
 
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_rows_not_grouped_by_sentence_still_read_their_own_source(arch):
+    """A reorder whose rows do not form equal groups per sentence (the generator's beams always do; other callers
+    need not) falls back to one source cache per row; further reorders and cached steps stay exact."""
+    dictionary = tiny_dictionary()
+    model = tiny_model(arch, dictionary)
+    src = sources(dictionary, [7, 4, 5])
+    with torch.no_grad():
+        encoder_out = model.encoder(**net_input(arch, src))
+        state, prev = {}, torch.full((3, 1), dictionary.eos())
+        for order in (torch.tensor([0, 0, 1, 2, 2, 2]), torch.tensor([5, 0, 2, 2])):
+            if prev.size(0) == 3:
+                prev = prev[order]
+            else:
+                prev = torch.cat([prev, torch.full_like(prev, 7)], dim=1)[order]
+                model.decoder.reorder_incremental_state_scripting(state, order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            cached, _ = model.decoder(prev, encoder_out, incremental_state=state)
+            recomputed, _ = model.decoder(prev, encoder_out)
+            torch.testing.assert_close(torch.log_softmax(cached, -1), torch.log_softmax(recomputed, -1), atol=1e-5,
+                                       rtol=0)
+        # rows 5, 0, 2, 2 of [0, 0, 1, 2, 2, 2] read sentences 2, 0, 1, 1: the same as a fresh encoding of those
+        fresh = model.encoder(**net_input(arch, src[[2, 0, 1, 1]]))
+        torch.testing.assert_close(model.decoder(prev, encoder_out)[0], model.decoder(prev, fresh)[0], atol=1e-5,
+                                   rtol=0)
+
+
 def greedy_by_training_forward(model, dictionary, arch, src, steps):
     """Greedy decoding written with the training forward only (objective SEQ2SEQ, packed rows, no cache)."""
     _, source_segment, target_segment = ARCHS[arch]

@@ -171,3 +171,29 @@ def test_architecture_defaults_give_way_to_options_set_by_the_user(architecture)
         chosen = argparse.Namespace(**{size: 7})
         fill(chosen)
         assert vars(chosen) == {**vars(defaults), size: 7}, size
+
+
+def test_classification_head_registered_again_with_other_classes_is_replaced_with_a_warning(caplog):
+    """fairseq's convention (RoBERTa): registering a head of the same name again replaces it, and says so only when
+    the number of classes changes."""
+    import logging
+
+    namespace = argparse.Namespace()
+    unilm_tiny(namespace)
+    dictionary = Dictionary()
+    dictionary.add_symbol("<mask>")
+    model = UniLMModel.build_model(UniLMConfig.from_namespace(namespace), argparse.Namespace(source_dictionary=dictionary))
+    with caplog.at_level(logging.WARNING, logger="palm_plugin.models.unilm"):
+        model.register_classification_head("pairs", num_classes=2)
+        model.register_classification_head("pairs", num_classes=2)
+        assert not caplog.records
+        model.register_classification_head("pairs", num_classes=3)
+    assert [r.getMessage() for r in caplog.records] == ["re-registering head 'pairs' with 3 classes"]
+    assert model.classification_heads["pairs"].out_proj.out_features == 3
+
+
+def test_decoding_placeholder_missing_from_the_dictionary_is_named():
+    namespace = argparse.Namespace(decoding_placeholder="<pseudo>")
+    unilm2_tiny(namespace)
+    with pytest.raises(ValueError, match="decoding placeholder '<pseudo>' is not in the dictionary; the task must add"):
+        UniLMModel.build_model(UniLMConfig.from_namespace(namespace), argparse.Namespace(source_dictionary=Dictionary()))

@@ -33,7 +33,8 @@ from palm_tools.convert.export import export
 from palm_tools.convert.roberta import convert_hf_roberta, convert_roberta
 
 
-def main(argv=None):
+def build_parser():
+    """palm-convert's command line: one sub-command per conversion."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     bert = commands.add_parser("bert", help="HF BERT / UniLM v1 / MiniLM / UniLMv2 directory (or .zip) -> unilm")
@@ -67,7 +68,11 @@ def main(argv=None):
     out.add_argument("--dict", help="the dictionary it was trained with (default: dict.txt beside it, else its data's)")
     out.add_argument("--vocab", help="WordPiece vocab.txt whose order to keep (default: vocab.txt beside it; without "
                      "one, the dictionary's order)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     commands = {"bert": convert_bert, "roberta": convert_roberta, "hf-roberta": convert_hf_roberta, "export": export}
     try:
         commands[args.command](args)
