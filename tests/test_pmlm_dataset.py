@@ -148,3 +148,21 @@ def test_ae_only_items_have_nothing_appended():
 def test_needs_one_objective():
     with pytest.raises(ValueError, match="at least one loss"):
         make_dataset(append_pseudo=False, predict_masked_slots=False)
+
+
+def test_prefetch_reaches_the_token_dataset():
+    """fairseq asks a dataset that supports prefetching (its cached indexed format) to load a batch's indices first:
+    the wrapper passes on both the capability and the indices."""
+
+    class Prefetching(ListDataset):
+        supports_prefetch = True
+
+        def prefetch(self, indices):
+            self.prefetched = list(indices)
+
+    dataset = make_dataset()[0]
+    assert not dataset.supports_prefetch
+    dataset.dataset = Prefetching(dataset.dataset.items)
+    assert dataset.supports_prefetch
+    dataset.prefetch([3, 1])
+    assert dataset.dataset.prefetched == [3, 1]
