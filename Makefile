@@ -61,9 +61,10 @@ mutation: $(STAMP)
 # A seeded sample of MUTATION_SAMPLE mutants per package, run and scored with a 95% interval (palm_tools/mutation.py):
 # under an hour where all mutants take 10-25 hours. docs/mutation-equivalent.txt lists the survivors judged equivalent.
 MUTATION_SAMPLE ?= 40
+MUTATION_SEED ?= 1
 mutation-sample: $(STAMP)
 	$(PIP) install -q $(MUTMUT_SPEC)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH nice -n 10 $(PY) -m palm_tools.mutation --per-package $(MUTATION_SAMPLE) \
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH nice -n 10 $(PY) -m palm_tools.mutation --per-package $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) \
 		--equivalent docs/mutation-equivalent.txt --out mutants/sample.json
 
 clean-env:
