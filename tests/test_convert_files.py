@@ -147,6 +147,12 @@ def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
     assert "layer_norm_eps 1e-07 (config.json); segments source 1 / target 0 (config.json source_type_id/" in err
     assert "resized" not in err
     state = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
+    from fairseq.criterions import CRITERION_REGISTRY
+
+    # no training yet: fairseq's trainer resumes a schedule from num_updates, and checks the criterion by name
+    assert state["optimizer_history"] == [{"criterion_name": CRITERION_REGISTRY["unilm_cloze"].__name__,
+                                           "optimizer_name": "none", "lr_scheduler_state": {"best": None},
+                                           "num_updates": 0}]
     assert state["cfg"]["model"]["layer_norm_eps"] == 1e-7
     assert (state["cfg"]["task"]["source_segment"], state["cfg"]["task"]["target_segment"]) == (1, 0)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
@@ -217,6 +223,38 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path):
     ids = torch.randint(len(VOCAB), (2, 9), generator=torch.Generator().manual_seed(16))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).last_hidden_state, reference.bert(ids).last_hidden_state, atol=1e-6, rtol=0)
+
+
+
+def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path):
+    """A model with a fairseq dictionary (here converted from fairseq's RoBERTa) has no WordPiece vocab.txt: the
+    exported vocabulary is the dictionary itself, ids unchanged, and transformers' AutoModel gives our features."""
+    from safetensors import safe_open
+
+    from tests.test_convert_checkpoint import tiny_roberta
+
+    dictionary = Dictionary()
+    for index in range(40):
+        dictionary.add_symbol(f"w{index}")
+    dictionary.save(str(tmp_path / "dict.txt"))
+    dictionary.add_symbol("<mask>")
+    roberta, args = tiny_roberta(dictionary)
+    torch.save({"model": randomize(roberta, seed=23).state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "r.pt")
+    convert.main(["roberta", "--input", str(tmp_path / "r.pt"), "--dict", str(tmp_path / "dict.txt"),
+                  "--output", str(tmp_path / "ours")])
+    convert.main(["export", "--input", str(tmp_path / "ours" / "model.pt"), "--output", str(tmp_path / "back")])
+    model, ours = load_converted(tmp_path / "ours")
+    vocab = (tmp_path / "back" / "vocab.txt").read_text().splitlines()
+    assert len(vocab) == len(ours) and vocab[4:-1] == ours.symbols[4:-1] and vocab[-1] == "[MASK]"
+    with safe_open(tmp_path / "back" / "model.safetensors", "pt") as exported:
+        assert exported.metadata() == {"format": "pt"}  # what transformers writes, and older versions require
+    hf = transformers.AutoModel.from_pretrained(tmp_path / "back").eval()
+    tokens = sample_batch(ours, torch.Generator().manual_seed(24))
+    real = tokens.ne(ours.pad())
+    with torch.no_grad():
+        features, _ = model(tokens, segment_ids=torch.zeros_like(tokens), features_only=True)
+        expected = hf(input_ids=tokens, attention_mask=real.long()).last_hidden_state
+    torch.testing.assert_close(features[real], expected[real], atol=1e-5, rtol=0)
 
 
 def test_unilm2_export_writes_the_released_fast_qkv_layout(tmp_path, capsys):

@@ -148,6 +148,17 @@ def test_sizes_for_batching_are_those_of_the_items(mode):
     assert dataset.num_tokens_vec(indices).tolist() == [max(pair) for pair in lengths]
 
 
+
+def test_filter_by_size_drops_the_pairs_over_either_limit():
+    dataset, _, _ = make_dataset("sentence")
+    sources, targets = dataset.source_sizes(), dataset.target_sizes()
+    limits = (int(np.median(sources)), int(np.median(targets)))
+    kept, dropped = dataset.filter_indices_by_size(np.arange(len(dataset)), limits)
+    expected = (sources <= limits[0]) & (targets <= limits[1])
+    assert kept.tolist() == np.flatnonzero(expected).tolist() and sorted(dropped) == np.flatnonzero(~expected).tolist()
+    assert 0 < len(kept) < len(dataset)
+
+
 @pytest.mark.parametrize("mode", ["sentence", "fraction"])
 def test_items_hold_the_indexed_tokens(mode):
     dataset, stream, dictionary = make_dataset(mode)

@@ -209,6 +209,7 @@ def test_criterion_loss_by_value():
         assert sample_size == 1 and log["mlm_tokens"] == int(masked.sum())
         # fairseq's trainer logs the batch size ("bsz") from nsentences
         assert log["nsentences"] == 3 and log["ntokens"] == int(real.sum())
+        torch.testing.assert_close(log["loss"], loss)  # what fairseq's progress bar shows
         assert len(decoder_calls) == (stage == "joint")  # stage ae costs the encoder alone
 
 

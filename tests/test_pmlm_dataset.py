@@ -5,7 +5,7 @@ import torch
 from fairseq.data import Dictionary
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
-from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset, pseudo_masked_example
+from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset, pseudo_masked_example, sentence_pair
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.modules.attention_masks import PseudoMaskKind as K
@@ -166,3 +166,18 @@ def test_prefetch_reaches_the_token_dataset():
     assert dataset.supports_prefetch
     dataset.prefetch([3, 1])
     assert dataset.dataset.prefetched == [3, 1]
+
+
+def test_a_block_of_one_sentence_is_cut_between_two_of_its_tokens_uniformly():
+    """Section 2.2's [SOS] S1 [EOS] S2 [EOS] from a block without an inner sentence end: every cut that leaves a
+    token on each side, equally often."""
+    bos, eos = 0, 2
+    body = np.arange(10, 16)  # six tokens, then the sentence's [EOS]
+    rng, cuts = np.random.default_rng(0), []
+    for _ in range(2000):
+        tokens, segments = sentence_pair(np.append(body, eos), bos, eos, rng)
+        first = int((segments == 0).sum()) - 2  # [SOS] S1 [EOS]
+        assert tokens.tolist() == [bos, *body[:first], eos, *body[first:], eos]
+        cuts.append(first)
+    counts = np.bincount(cuts, minlength=7)
+    assert counts[0] == counts[6] == 0 and (counts[1:6] > 300).all()

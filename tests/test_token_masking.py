@@ -3,7 +3,7 @@ with exactly the draws ``rng.choice`` over the allowed indices makes (so seeded 
 import numpy as np
 import pytest
 
-from palm_plugin.data.token_masking import uniform_regular_tokens
+from palm_plugin.data.token_masking import TokenMaskingPolicy, uniform_regular_tokens
 
 
 @pytest.mark.parametrize("excluded", [(), (7,), (9, 7), (4, 5, 999), (2, 2000)])
@@ -20,3 +20,14 @@ def test_uniform_regular_tokens_cover_every_allowed_index_and_nothing_else():
     assert sorted(set(drawn.tolist())) == [4, 5, 7, 8, 10, 11]
     counts = np.bincount(drawn)[[4, 5, 7, 8, 10, 11]]
     assert counts.min() > 0.9 * 20000 / 6
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"mask_prob": 0.0}, r"mask_prob must be in \(0, 1\], got 0.0"),
+    ({"mask_token_prob": 0.8, "random_token_prob": 0.3}, "mask_token_prob and random_token_prob must be >= 0 and sum"),
+    ({"random_token_prob": -0.1}, "mask_token_prob and random_token_prob must be >= 0 and sum"),
+    ({"span_length_probs": (0.5, 0.4)}, r"span_length_probs must sum to 1, got \(0.5, 0.4\)"),
+])
+def test_impossible_policies_are_refused_with_the_rule(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TokenMaskingPolicy(**settings)

@@ -93,6 +93,24 @@ def test_generation_dataset_built_by_the_task_is_the_parents_generation_view():
     assert list(make_dataset(dictionary).sizes) == [s + 2 * t for s, t in zip(parent.source_sizes, parent.target_sizes)]
 
 
+
+def test_training_batches_are_ordered_by_length_in_a_seeded_shuffle():
+    from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+
+    dictionary = make_dictionary()
+    lengths = [5, 8, 3, 5, 8, 5]
+    source, target = Sentences(dictionary, lengths, seed=0), Sentences(dictionary, [4] * 6, seed=1)
+    dataset = UniLMSeq2SeqDataset(source, target, dictionary, 64, 32, TokenMaskingPolicy(mask_prob=0.5),
+                                  dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT, TARGET_SEGMENT, 7)
+    orders = []
+    for seed in range(4):
+        np.random.seed(seed)
+        orders.append(dataset.ordered_indices().tolist())
+    for order in orders:
+        assert sorted(order) == list(range(6)) and (np.diff(dataset.sizes[order]) >= 0).all()
+    assert len({tuple(order) for order in orders}) > 1
+
+
 def test_batch_layout():
     dictionary = make_dictionary()
     dataset = make_dataset(dictionary)

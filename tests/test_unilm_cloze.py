@@ -70,10 +70,10 @@ def logged(criterion_class, logging_output):
 
 def reference_losses(model, examples, pad, eps):
     """(cloze bits per predicted token with label smoothing eps, nll bits per predicted token, NSP bits per
-    bidirectional row or None), from ``examples`` (:func:`pretraining_example`, :func:`seq2seq_example`) one by
-    one."""
+    bidirectional row or None, NSP rows whose most probable class is the label), from ``examples``
+    (:func:`pretraining_example`, :func:`seq2seq_example`) one by one."""
     cloze = nll = next_sentence = 0.0
-    predicted = bidirectional = 0
+    predicted = bidirectional = correct = 0
     for example in examples:
         tokens, target = example["tokens"], example["target"]
         mask = mask_of(example["objective"], len(tokens), example["source_length"])
@@ -93,9 +93,10 @@ def reference_losses(model, examples, pad, eps):
         if example["next_sentence"] != -1:
             next_sentence -= float(F.log_softmax(next_logits.double(), -1)[example["next_sentence"]])
             bidirectional += 1
+            correct += int(next_logits.argmax()) == example["next_sentence"]
     bits = math.log(2)
     next_sentence = next_sentence / bidirectional / bits if bidirectional else None
-    return cloze / predicted / bits, nll / predicted / bits, next_sentence
+    return cloze / predicted / bits, nll / predicted / bits, next_sentence, correct
 
 
 def pretraining_example(item):
@@ -137,10 +138,11 @@ def test_pretraining_loss_equals_an_independent_computation(eps):
         loss, sample_size, logging_output = criterion(model, sample)
     values = logged(UniLMClozeCriterion, logging_output)
 
-    cloze, nll, next_sentence = reference_losses(model, map(pretraining_example, items), dictionary.pad(), eps)
+    cloze, nll, next_sentence, correct = reference_losses(model, map(pretraining_example, items), dictionary.pad(), eps)
     assert sample_size == sum(int(item["target"].ne(dictionary.pad()).sum()) for item in items)
     assert values["nll_loss"] == pytest.approx(nll, abs=2e-3)  # logged values are rounded to 3 decimals
     assert values["next_sentence_loss"] == pytest.approx(next_sentence, abs=2e-3)
+    assert logging_output["next_sentence_correct"] == correct != logging_output["next_sentence_rows"] - correct
     assert values["loss"] == pytest.approx(cloze + next_sentence, abs=2e-3)
     # unrounded: the loss the optimiser sees is the sum of both means, times the number of predicted tokens
     assert float(loss) / sample_size / math.log(2) == pytest.approx(cloze + next_sentence, rel=1e-5)
@@ -169,7 +171,7 @@ def test_fine_tuning_loss_equals_an_independent_computation():
         loss, sample_size, logging_output = criterion(model, sample)
     values = logged(UniLMClozeCriterion, logging_output)
 
-    cloze, nll, next_sentence = reference_losses(model, [seq2seq_example(i, d.pad()) for i in items], d.pad(), 0.1)
+    cloze, nll, next_sentence, _ = reference_losses(model, [seq2seq_example(i, d.pad()) for i in items], d.pad(), 0.1)
     assert next_sentence is None and "next_sentence_loss" not in values
     assert sample_size == sum(int(item["selected"].sum()) for item in items)
     assert values["nll_loss"] == pytest.approx(nll, abs=2e-3)

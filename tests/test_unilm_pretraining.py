@@ -164,3 +164,17 @@ def test_random_replacement_never_draws_the_pseudo_symbol():
     drawn = torch.cat(drawn)
     assert len(drawn) > 4000 and d.index("d_last") in drawn.tolist()
     assert pseudo not in drawn.tolist() and mask not in drawn.tolist()
+
+
+def test_batches_are_ordered_by_length_in_a_seeded_shuffle():
+    """fairseq batches consecutive indices of ``ordered_indices``: all of them once, sizes not decreasing, and the
+    order of equal sizes drawn from numpy's generator (which fairseq seeds per epoch)."""
+    _, dataset = build()
+    orders = []
+    for seed in (1, 2):
+        np.random.seed(seed)
+        orders.append(dataset.ordered_indices())
+    for order in orders:
+        assert sorted(order.tolist()) == list(range(len(dataset)))
+        assert (np.diff(dataset.sizes[order]) >= 0).all()
+    assert orders[0].tolist() != orders[1].tolist()
