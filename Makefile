@@ -59,7 +59,7 @@ mutation: $(STAMP)
 		c[p[1] "." p[2] ": " $$2]++ } END { for (k in c) print k, c[k] }' | sort
 
 # A seeded sample of MUTATION_SAMPLE mutants per package, run and scored with a 95% interval (palm_tools/mutation.py):
-# under an hour where all mutants take 10-25 hours. docs/mutation-equivalent.txt lists the survivors judged equivalent.
+# 15-25 minutes where all mutants take about 3.5 hours. docs/mutation-equivalent.txt lists the survivors judged equivalent.
 MUTATION_SAMPLE ?= 40
 MUTATION_SEED ?= 1
 mutation-sample: $(STAMP)

@@ -1,6 +1,6 @@
 """A seeded random sample of mutmut's mutants, run and scored per package (``make mutation-sample``).
 
-All of the core's mutants take 10-25 hours on a 2-core machine (docs/mutation.md); a sample of a few dozen per
+All of the core's mutants take about 3.5 hours on an idle 2-core machine (docs/mutation.md); a sample of a few dozen per
 package estimates each package's score in well under an hour, with a 95% interval. mutmut (configured in setup.cfg)
 still generates every mutant, collects which tests reach which function, and runs the chosen ones; this module only
 chooses the names and counts mutmut's verdicts, which it reads from mutmut's per-file ``.meta`` records.

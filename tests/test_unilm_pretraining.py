@@ -178,3 +178,25 @@ def test_batches_are_ordered_by_length_in_a_seeded_shuffle():
         assert sorted(order.tolist()) == list(range(len(dataset)))
         assert (np.diff(dataset.sizes[order]) >= 0).all()
     assert orders[0].tolist() != orders[1].tolist()
+
+
+def test_a_and_b_are_cut_at_every_sentence_boundary_of_the_chunk():
+    """Section 2.4: segments A and B are text spans of the chunk; with several sentences the cut falls between
+    two of them, and each boundary gets its turn."""
+    d, dataset = build()
+    checked = 0
+    for index in range(len(dataset)):
+        lengths = [len(s) for s in dataset._sentences(index)]
+        text_length = min(sum(lengths), dataset.budget)
+        boundaries = {int(b) for b in np.cumsum(lengths)[:-1] if b < text_length}
+        if len(boundaries) < 2:
+            continue
+        cuts = set()
+        for epoch in range(1, 80):
+            dataset.set_epoch(epoch)
+            item = dataset[index]
+            if Objective(item["objective"]) in (Objective.BIDIRECTIONAL, Objective.SEQ2SEQ):
+                cuts.add(item["source_length"] - 2)  # [SOS] A [EOS]
+        assert cuts == boundaries, index
+        checked += 1
+    assert checked >= 10
