@@ -228,12 +228,17 @@ def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
     torch.save({"model": roberta.state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
     # fairseq before 0.10 kept the options as an argparse Namespace under "args", without "cfg"
     torch.save({"model": roberta.state_dict(), "args": args}, tmp_path / "roberta_args.pt")
-    for name, output in (("roberta.pt", "out"), ("roberta_args.pt", "out_args")):
+    # fairseq-train itself saves the options as an OmegaConf DictConfig
+    from omegaconf import OmegaConf
+
+    torch.save({"model": roberta.state_dict(), "cfg": OmegaConf.create({"model": vars(args)})}, tmp_path / "roberta_omegaconf.pt")
+    for name, output in (("roberta.pt", "out"), ("roberta_args.pt", "out_args"), ("roberta_omegaconf.pt", "out_omegaconf")):
         convert.main(["roberta", "--input", str(tmp_path / name), "--dict", str(tmp_path / "dict.txt"),
                       "--output", str(tmp_path / output)])
     model, ours = load_converted(tmp_path / "out")
-    from_args = safe_loading.load_state(str(tmp_path / "out_args" / "model.pt"))["model"]
-    assert all(torch.equal(value, from_args[name]) for name, value in model.state_dict().items())
+    for other in ("out_args", "out_omegaconf"):
+        converted = safe_loading.load_state(str(tmp_path / other / "model.pt"))["model"]
+        assert all(torch.equal(value, converted[name]) for name, value in model.state_dict().items()), other
     assert ours.symbols == dictionary.symbols
     tokens = sample_batch(ours, torch.Generator().manual_seed(6))
     real = tokens.ne(ours.pad())
@@ -292,10 +297,16 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
                       "--output", str(tmp_path / "out")])
 
     for command in (["bert"], ["roberta", "--dict", str(tmp_path / "d.txt")], ["hf-roberta"], ["export"]):
-        with pytest.raises(SystemExit) as exit_status:  # argparse's usage error, before anything is read
-            convert.main([*command, "--input", str(source)])
-        assert exit_status.value.code == 2
-        assert "the following arguments are required: --output" in capsys.readouterr().err
+        for given, required in (("--input", "--output"), ("--output", "--input")):
+            with pytest.raises(SystemExit) as exit_status:  # argparse's usage error, before anything is read
+                convert.main([*command, given, str(source)])
+            assert exit_status.value.code == 2
+            assert f"the following arguments are required: {required}" in capsys.readouterr().err
+
+    torch.save({"weights": {}}, tmp_path / "no_model.pt")
+    with pytest.raises(SystemExit, match=r"no_model\.pt: not a fairseq checkpoint \(no 'model' entry\)"):
+        convert.main(["roberta", "--input", str(tmp_path / "no_model.pt"), "--dict", str(tmp_path / "d.txt"),
+                      "--output", str(tmp_path / "out")])
 
 
 @pytest.mark.slow

@@ -139,7 +139,8 @@ def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
     configuration) and transformers' AutoTokenizer on the written vocab.txt and tokenizer_config.json."""
     config = tiny_bert_config()
     source = write_bert_dir(tmp_path / "bert", transformers.BertModel(config), config)
-    settings = {k: v for k, v in json.loads(config.to_json_string()).items() if k != "hidden_act"}
+    # no activation and no type_vocab_size: BERT's defaults (gelu, 2 token types)
+    settings = {k: v for k, v in json.loads(config.to_json_string()).items() if k not in ("hidden_act", "type_vocab_size")}
     settings.update(layer_norm_eps=1e-7, source_type_id=1, target_type_id=0)
     (source / "config.json").write_text(json.dumps(settings))
     convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
@@ -153,7 +154,7 @@ def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
     assert state["optimizer_history"] == [{"criterion_name": CRITERION_REGISTRY["unilm_cloze"].__name__,
                                            "optimizer_name": "none", "lr_scheduler_state": {"best": None},
                                            "num_updates": 0}]
-    assert state["cfg"]["model"]["layer_norm_eps"] == 1e-7
+    assert state["cfg"]["model"]["layer_norm_eps"] == 1e-7 and state["cfg"]["model"]["num_segments"] == 2
     assert (state["cfg"]["task"]["source_segment"], state["cfg"]["task"]["target_segment"]) == (1, 0)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert type(tokenizer).__name__ in ("BertTokenizer", "BertTokenizerFast")
@@ -210,7 +211,13 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path):
     ours = tmp_path / "runs" / "ours"
     convert.main(["bert", "--input", str(tmp_path / "hf"), "--output", str(ours)])
     convert.main(["export", "--input", str(ours / "model.pt"), "--output", str(tmp_path / "back")])
-    assert json.loads((tmp_path / "back" / "config.json").read_text())["layer_norm_eps"] == 1e-5
+    exported = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert exported["layer_norm_eps"] == 1e-5
+    assert (exported["source_type_id"], exported["target_type_id"]) == (0, 1)  # the segments fine-tuning used
+    (tmp_path / "extra_vocab.txt").write_text("\n".join(VOCAB + ["zebra"]) + "\n")
+    with pytest.raises(SystemExit, match=r"extra_vocab\.txt: tokens not in the checkpoint's dictionary: \['zebra'\]"):
+        convert.main(["export", "--input", str(ours / "model.pt"), "--output", str(tmp_path / "refused"),
+                      "--vocab", str(tmp_path / "extra_vocab.txt")])
     from safetensors.torch import load_file
 
     original, back = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
@@ -224,6 +231,19 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).last_hidden_state, reference.bert(ids).last_hidden_state, atol=1e-6, rtol=0)
 
+
+
+def test_a_relative_position_table_alone_makes_a_unilm2_dictionary(tmp_path):
+    """UniLMv2 is told by its relative position table (or its fused qkv): either gives the <pseudo> row that
+    pseudo-masked fine-tuning needs."""
+    config = tiny_bert_config()
+    bert = randomize(transformers.BertModel(config, add_pooling_layer=False), seed=25)
+    state = {"bert." + k: v for k, v in bert.state_dict().items()}
+    state["bert.rel_pos_bias.weight"] = torch.randn(4, 32, generator=torch.Generator().manual_seed(25))
+    convert.main(["bert", "--input", str(write_bert_dir(tmp_path / "v2", bert, config, state)), "--output",
+                  str(tmp_path / "ours")])
+    symbols = [line.split()[0] for line in (tmp_path / "ours" / "dict.txt").read_text().splitlines()]
+    assert symbols[-1] == "<pseudo>"
 
 
 def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path):
@@ -375,9 +395,17 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path):
         convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
     save_file(weights, source / "model.safetensors")
     for setting in ({"layer_norm_eps": 1e-12}, {"hidden_act": "relu"}):
-        (source / "config.json").write_text(json.dumps({**config.to_dict(), **setting}))
-        with pytest.raises(SystemExit, match=r"config\.json: layer_norm_eps .* fairseq's RoBERTa has 1e-5 and gelu"):
+        settings = {**config.to_dict(), **setting}
+        (source / "config.json").write_text(json.dumps(settings))
+        with pytest.raises(SystemExit, match=rf"config\.json: layer_norm_eps {settings.get('layer_norm_eps', 1e-05)} / "
+                                             rf"hidden_act '{settings.get('hidden_act', 'gelu')}': fairseq's RoBERTa has"):
             convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    (source / "config.json").write_text(json.dumps(config.to_dict()))
+    vocab = json.loads((source / "vocab.json").read_text())
+    vocab["<s>"], vocab["<pad>"] = vocab["<pad>"], vocab["<s>"]
+    (source / "vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(SystemExit, match=r"vocab\.json: not RoBERTa's layout \(ids 0\.\.V-1, <s> <pad> </s> <unk> first"):
+        convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
 
 
 @pytest.mark.slow

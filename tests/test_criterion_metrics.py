@@ -101,6 +101,12 @@ def test_an_epochs_average_weighs_each_update_by_its_count_and_logs_3_decimals(c
         assert values[loss] == round(22.0 / 8 / BITS, 3), loss
 
 
+def test_next_sentence_accuracy_is_logged_to_3_decimals():
+    values = logged(UniLMClozeCriterion, [{"loss": 1.0, "nll_loss": 1.0, "sample_size": 1, "next_sentence_loss": 1.0,
+                                           "next_sentence_rows": 3, "next_sentence_correct": 1}])
+    assert values["next_sentence_accuracy"] == 0.333
+
+
 def test_pseudo_masked_lm_logs_the_loss_of_a_single_prediction():
     values = logged(PseudoMaskedLMCriterion, [{"loss": 3.0, "ae_loss": 1.0, "ae_count": 1, "par_loss": 2.0,
                                                "par_count": 1, "sample_size": 1}])

@@ -127,6 +127,8 @@ def test_from_pretrained_reads_checkpoint_best_of_a_directory(tmp_path):
     assert isinstance(model, UniLMModel) and len(hub.task.source_dictionary) == expected[
         "encoder.stack.embeddings.tokens.weight"].size(0)
     assert all(torch.equal(value, expected[name]) for name, value in model.state_dict().items())
+    [again] = UniLMModel.from_pretrained(str(run)).models  # the model class's entry point, fairseq's hub style
+    assert all(torch.equal(value, expected[name]) for name, value in again.state_dict().items())
     # generation options reach the generator: at most max_len_b tokens
     for length in (1, 3):
         assert 0 < len(hub.generate("w1 w2 w3 w4", beam=2, max_len_b=length).split()) <= length

@@ -83,6 +83,17 @@ def test_pair_index_matches_reference(mode, seed):
 
 
 
+
+def test_offsets_of_a_corpus_past_2_31_tokens_do_not_overflow():
+    """fairseq's mmap datasets keep item sizes as int32; the token stream's offsets must count past 2**31."""
+    from palm_plugin.data.continuation_pair_dataset import sentence_layout
+
+    sizes = np.array([2**30, 2**30, 6, 1, 4], dtype=np.int32)  # a blank line (size 1) ends the first document
+    _, offsets, _ = sentence_layout(sizes)
+    # sentences without their EOS: 2**30 - 1, 2**30 - 1, 5 and (after the blank line) 3 tokens
+    assert offsets.tolist() == [0, 2**30 - 1, 2**31 - 2, 2**31 + 3, 2**31 + 6]
+
+
 def test_unknown_split_mode_is_named_with_the_choices():
     with pytest.raises(ValueError, match=r"unknown split mode 'words': expected 'sentence' or 'fraction'"):
         build_pair_index(np.array([4, 5, 1]), 8, 4, "words")

@@ -373,6 +373,15 @@ def test_mask_after_the_source_position_markers_is_refused():
         build(dictionary, source_position_markers=2)
 
 
+def test_fine_tuning_tasks_of_fairseq_get_no_mlm_head():
+    """fairseq's translation task knows nothing of PALM's MLM head: without the task's say-so there is none."""
+    args = argparse.Namespace(dropout=0.0)
+    palm_tiny(args)
+    dictionary = make_dictionary()
+    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    assert PalmModel.build_model(PalmConfig.from_namespace(args), task).mlm_head is None
+
+
 def test_copy_attention_dim_sets_the_size_of_w_m_and_w_s():
     model = build(copy_attention_dim=24)
     copy = model.decoder.pointer_generator

@@ -181,3 +181,5 @@ def test_a_block_of_one_sentence_is_cut_between_two_of_its_tokens_uniformly():
         cuts.append(first)
     counts = np.bincount(cuts, minlength=7)
     assert counts[0] == counts[6] == 0 and (counts[1:6] > 300).all()
+    tokens, segments = sentence_pair(np.array([10, 11, eos]), bos, eos, rng)  # the shortest block that can be cut
+    assert tokens.tolist() == [bos, 10, eos, 11, eos] and segments.tolist() == [0, 0, 0, 1, 1]

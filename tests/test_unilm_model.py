@@ -128,6 +128,14 @@ def test_classification_heads_and_checkpoint_upgrade():
     model.upgrade_state_dict_named(stale, "")
     assert not any(k.startswith("classification_heads.other") for k in stale)
     model.load_state_dict(stale, strict=True)
+    # a fine-tuned head of the same shape is kept (evaluating, resuming); one of another shape gives way to this one's
+    key = "classification_heads.sentiment.out_proj.weight"
+    trained = dict(pretrained, **{key: torch.full((3, 64), 0.5)})
+    model.upgrade_state_dict_named(trained, "")
+    assert torch.equal(trained[key], torch.full((3, 64), 0.5))
+    reshaped = dict(pretrained, **{key: torch.zeros(4, 64)})
+    model.upgrade_state_dict_named(reshaped, "")
+    assert torch.equal(reshaped[key], head.out_proj.weight)
 
 
 @pytest.mark.slow
