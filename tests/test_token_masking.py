@@ -31,3 +31,10 @@ def test_uniform_regular_tokens_cover_every_allowed_index_and_nothing_else():
 def test_impossible_policies_are_refused_with_the_rule(settings, message):
     with pytest.raises(ValueError, match=message):
         TokenMaskingPolicy(**settings)
+
+
+def test_random_replacements_are_drawn_one_per_position():
+    policy = TokenMaskingPolicy(mask_prob=1.0, mask_token_prob=0.0, random_token_prob=1.0)
+    tokens = np.full(400, 7)
+    noised = policy.corrupt(tokens, np.ones(400, dtype=bool), np.random.default_rng(0), 3, 4, 104)
+    assert len(set(noised.tolist())) > 90 and 3 not in noised  # about 98 of the 99 allowed ids, never <mask>

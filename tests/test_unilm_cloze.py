@@ -143,6 +143,7 @@ def test_pretraining_loss_equals_an_independent_computation(eps):
     assert values["nll_loss"] == pytest.approx(nll, abs=2e-3)  # logged values are rounded to 3 decimals
     assert values["next_sentence_loss"] == pytest.approx(next_sentence, abs=2e-3)
     assert logging_output["next_sentence_correct"] == correct != logging_output["next_sentence_rows"] - correct
+    assert logging_output["ntokens"] == sample["ntokens"]  # fairseq's words-per-batch
     assert values["loss"] == pytest.approx(cloze + next_sentence, abs=2e-3)
     # unrounded: the loss the optimiser sees is the sum of both means, times the number of predicted tokens
     assert float(loss) / sample_size / math.log(2) == pytest.approx(cloze + next_sentence, rel=1e-5)

@@ -205,3 +205,11 @@ def test_decoding_placeholder_missing_from_the_dictionary_is_named():
     unilm2_tiny(namespace)
     with pytest.raises(ValueError, match="decoding placeholder '<pseudo>' is not in the dictionary; the task must add"):
         UniLMModel.build_model(UniLMConfig.from_namespace(namespace), argparse.Namespace(source_dictionary=Dictionary()))
+
+
+def test_a_position_past_the_table_is_named_before_any_lookup():
+    model, dictionary = build(unilm_tiny)
+    limit = model.stack.embeddings.positions.num_embeddings
+    tokens = torch.full((1, limit + 1), dictionary.index("w1"))
+    with pytest.raises(ValueError, match=f"position id {limit} exceeds the model's {limit} positions; truncate"):
+        model(tokens, features_only=True)
