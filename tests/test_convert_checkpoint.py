@@ -261,6 +261,11 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     (source / "vocab.bak").rename(source / "vocab.txt")
 
+    (source / "vocab.txt").write_text("\n".join(VOCAB[:7] + [VOCAB[3]] + VOCAB[8:]) + "\n")  # line 8 repeats [CLS]
+    with pytest.raises(SystemExit, match=r"vocab\.txt: line 8 \('\[CLS\]'\) is empty, has a space, or repeats"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    (source / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+
     state = dict(bert.state_dict(), **{"encoder.layer.0.attention.self.mystery.weight": torch.zeros(2)})
     config_text = (source / "config.json").read_text()
     (source / "config.json").write_text(json.dumps({k: v for k, v in json.loads(config_text).items()
