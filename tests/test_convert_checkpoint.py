@@ -217,14 +217,19 @@ def tiny_roberta(dictionary):
     return RobertaModel.build_model(args, task), args
 
 
-def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
+def randomized_tiny_roberta(directory, seed):
+    """fairseq's RoBERTa over 40 words, random weights; its dict.txt (without <mask>, as released) in ``directory``."""
     dictionary = Dictionary()
     for index in range(40):
         dictionary.add_symbol(f"w{index}")
-    dictionary.save(str(tmp_path / "dict.txt"))
+    dictionary.save(str(directory / "dict.txt"))
     dictionary.add_symbol("<mask>")  # what fairseq's masked_lm task does
     roberta, args = tiny_roberta(dictionary)
-    randomize(roberta, seed=5).eval()
+    return randomize(roberta, seed=seed).eval(), args, dictionary
+
+
+def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
+    roberta, args, dictionary = randomized_tiny_roberta(tmp_path, seed=5)
     torch.save({"model": roberta.state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
     # fairseq before 0.10 kept the options as an argparse Namespace under "args", without "cfg"
     torch.save({"model": roberta.state_dict(), "args": args}, tmp_path / "roberta_args.pt")

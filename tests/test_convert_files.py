@@ -251,15 +251,10 @@ def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path):
     exported vocabulary is the dictionary itself, ids unchanged, and transformers' AutoModel gives our features."""
     from safetensors import safe_open
 
-    from tests.test_convert_checkpoint import tiny_roberta
+    from tests.test_convert_checkpoint import randomized_tiny_roberta
 
-    dictionary = Dictionary()
-    for index in range(40):
-        dictionary.add_symbol(f"w{index}")
-    dictionary.save(str(tmp_path / "dict.txt"))
-    dictionary.add_symbol("<mask>")
-    roberta, args = tiny_roberta(dictionary)
-    torch.save({"model": randomize(roberta, seed=23).state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "r.pt")
+    roberta, args, _ = randomized_tiny_roberta(tmp_path, seed=23)
+    torch.save({"model": roberta.state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "r.pt")
     convert.main(["roberta", "--input", str(tmp_path / "r.pt"), "--dict", str(tmp_path / "dict.txt"),
                   "--output", str(tmp_path / "ours")])
     convert.main(["export", "--input", str(tmp_path / "ours" / "model.pt"), "--output", str(tmp_path / "back")])
