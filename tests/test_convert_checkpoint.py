@@ -261,6 +261,25 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     bert = transformers.BertModel(config)
     source = write_bert_dir(tmp_path / "bert", bert, config)
 
+    (source / "pytorch_model.bin").rename(tmp_path / "weights.bak")
+    with pytest.raises(SystemExit, match=r"bert: no weights: an HF directory holds one of model\.safetensors, "
+                                         r"model\.safetensors\.index\.json, pytorch_model\.bin, "
+                                         r"pytorch_model\.bin\.index\.json$"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    (tmp_path / "weights.bak").rename(source / "pytorch_model.bin")
+
+    with pytest.raises(SystemExit) as exit_status:  # argparse's usage error, not a traceback from fairseq's parser
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out"), "--layer-norm-eps", "tiny"])
+    assert exit_status.value.code == 2
+    assert "argument --layer-norm-eps: invalid float value: 'tiny'" in capsys.readouterr().err
+
+    fused = fuse_unilm2_state(bert.state_dict(), layers=2, heads=4, buckets=32, generator=torch.Generator())
+    fused["bert.encoder.layer.1.attention.self.qkv_linear.weight"] = torch.zeros(2 * 64, 64)
+    write_bert_dir(tmp_path / "fused", bert, config, fused)
+    with pytest.raises(SystemExit, match=r"encoder\.layer\.1\.attention\.self\.qkv_linear\.weight has shape "
+                                         r"\(128, 64\), expected \[3H, H\] = \[192, 64\]"):
+        convert.main(["bert", "--input", str(tmp_path / "fused"), "--output", str(tmp_path / "out")])
+
     (source / "vocab.txt").rename(source / "vocab.bak")
     with pytest.raises(SystemExit, match=r"vocab\.txt: file not found"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])

@@ -261,6 +261,8 @@ def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path):
     model, ours = load_converted(tmp_path / "ours")
     vocab = (tmp_path / "back" / "vocab.txt").read_text().splitlines()
     assert len(vocab) == len(ours) and vocab[4:-1] == ours.symbols[4:-1] and vocab[-1] == "[MASK]"
+    exported_config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert exported_config["pad_token_id"] == vocab.index("[PAD]") == ours.pad() != 0  # not transformers' default
     with safe_open(tmp_path / "back" / "model.safetensors", "pt") as exported:
         assert exported.metadata() == {"format": "pt"}  # what transformers writes, and older versions require
     hf = transformers.AutoModel.from_pretrained(tmp_path / "back").eval()
@@ -396,6 +398,12 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path):
                                              rf"hidden_act '{settings.get('hidden_act', 'gelu')}': fairseq's RoBERTa has"):
             convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
     (source / "config.json").write_text(json.dumps(config.to_dict()))
+    save_file({**weights, "roberta.embeddings.word_embeddings.weight": weights["roberta.embeddings.word_embeddings.weight"][:-1]},
+              source / "model.safetensors")
+    with pytest.raises(SystemExit, match=rf"model\.safetensors: the token embedding does not have the {size} rows of "
+                                         r".*vocab\.json"):
+        convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    save_file(weights, source / "model.safetensors")
     vocab = json.loads((source / "vocab.json").read_text())
     vocab["<s>"], vocab["<pad>"] = vocab["<pad>"], vocab["<s>"]
     (source / "vocab.json").write_text(json.dumps(vocab))

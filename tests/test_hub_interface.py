@@ -132,6 +132,37 @@ def test_from_pretrained_reads_checkpoint_best_of_a_directory(tmp_path):
     # generation options reach the generator: at most max_len_b tokens
     for length in (1, 3):
         assert 0 < len(hub.generate("w1 w2 w3 w4", beam=2, max_len_b=length).split()) <= length
+    assert_score_recomputes_beam_search(hub, ["w1 w2 w3 w4", "w5 w6"])
+
+
+def assert_score_recomputes_beam_search(hub, sources):
+    """``score`` of each best hypothesis in one pass equals the log-probabilities beam search summed step by step."""
+    best = [hypos[0] for hypos in hub.generate([hub.encode(s) for s in sources], beam=2, max_len_b=4)]
+    scored = hub.score(sources, [hub.decode(hypo["tokens"]) for hypo in best], beam=7)  # options pass through
+    for hypo, result in zip(best, scored):
+        assert result["tokens"].tolist() == hypo["tokens"].tolist()
+        torch.testing.assert_close(result["positional_scores"], hypo["positional_scores"], atol=1e-5, rtol=0)
+
+
+def test_palm_from_pretrained_reads_a_training_directory(data, tmp_path):
+    """``PalmModel.from_pretrained(save_dir)``: checkpoint_best.pt and the dictionaries beside it, by default."""
+    import shutil
+
+    from palm_plugin.fixes import safe_loading
+    from palm_plugin.models.palm import PalmModel
+
+    train, task = FAMILIES["palm"]
+    run_cli("fairseq-train", data / "bin", "--user-dir", USER_DIR, *task, *train, "--optimizer", "adam", "--lr",
+            "3e-3", "--batch-size", "16", "--max-update", "2", "--save-dir", tmp_path, "--no-epoch-checkpoints",
+            "--cpu", "--seed", "1")
+    for language in ("src", "tgt"):
+        shutil.copy(data / "bin" / f"dict.{language}.txt", tmp_path)
+    hub = PalmModel.from_pretrained(str(tmp_path))
+    [model] = hub.models
+    expected = safe_loading.load_state(str(tmp_path / "checkpoint_best.pt"))["model"]
+    assert isinstance(model, PalmModel)
+    assert all(torch.equal(value, expected[name]) for name, value in model.state_dict().items())
+    assert_score_recomputes_beam_search(hub, ["w1 w2 w3 w4", "w5 w6"])
 
 
 def test_references_are_collated_as_fairseqs_translation_batches():

@@ -25,6 +25,8 @@ def test_figure_4_layout():
     assert example["steps"][6:].tolist() == [0, 0, 0, 0, 1, 1]
     # AE predicts at the [M] slots, PAR at the [P] tokens; nothing else is predicted.
     assert example["target"].tolist() == [-1, 12, -1, 14, 15, -1, 14, 15, -1, -1, 12, -1]
+    # int64 throughout, as documented: the collater copies them into LongTensors (targets index the vocabulary)
+    assert {name: array.dtype for name, array in example.items()} == dict.fromkeys(example, np.dtype(np.int64))
 
 
 def test_layout_without_pseudo_part_or_without_ae():

@@ -142,3 +142,23 @@ def test_inputs_are_two_segments_of_contiguous_text(data_dir):
     assert second_segments == 2 * len(dataset)  # every block has a second segment
     batch = dataset.collater([dataset[i] for i in range(4)])
     assert batch["net_input"]["segment_ids"].eq(1).any()
+
+
+def test_epochs_cycle_through_colon_separated_shards(tmp_path):
+    """DATA = a:b:c: epoch e reads shard (e - 1) % 3, the rule of fairseq's own tasks (translation, masked_lm)."""
+    from fairseq.data import Dictionary, indexed_dataset
+
+    from palm_plugin.data.monolingual import load_sentences
+
+    dictionary = Dictionary()
+    words = [dictionary.add_symbol(f"shard{index}") for index in range(3)]
+    shards = []
+    for index, word in enumerate(words):
+        (tmp_path / f"s{index}").mkdir()
+        prefix = str(tmp_path / f"s{index}" / "train")
+        builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(dictionary))
+        builder.add_item(torch.tensor([word, dictionary.eos()]))
+        builder.finalize(prefix + ".idx")
+        shards.append(str(tmp_path / f"s{index}"))
+    read = [load_sentences(":".join(shards), "train", epoch, dictionary)[0][0].item() for epoch in range(1, 8)]
+    assert read == [words[(epoch - 1) % 3] for epoch in range(1, 8)]

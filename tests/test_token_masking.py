@@ -38,3 +38,18 @@ def test_random_replacements_are_drawn_one_per_position():
     tokens = np.full(400, 7)
     noised = policy.corrupt(tokens, np.ones(400, dtype=bool), np.random.default_rng(0), 3, 4, 104)
     assert len(set(noised.tolist())) > 90 and 3 not in noised  # about 98 of the 99 allowed ids, never <mask>
+
+
+@pytest.mark.parametrize("leave_unmasked, random_token", [(0.1, 0.1), (0.3, 0.2), (0.0, 0.0)])
+def test_a_task_configs_fractions_are_the_fractions_drawn(leave_unmasked, random_token):
+    """fairseq's masked_lm options name what is left and what is randomised; the rest becomes the mask symbol."""
+    from palm_plugin.data.token_masking import BertReplacementConfig
+
+    policy = TokenMaskingPolicy.from_config(0.15, BertReplacementConfig(leave_unmasked_prob=leave_unmasked,
+                                                                        random_token_prob=random_token))
+    tokens = np.full(20000, 7)  # random replacements come from 10004 other ids: one in 10^4 draws the original back
+    noised = policy.corrupt(tokens, np.ones(20000, dtype=bool), np.random.default_rng(1), 3, 4, 10008)
+    fractions = np.array([(noised == 3).mean(), (noised == 7).mean(), ((noised != 3) & (noised != 7)).mean()])
+    expected = np.array([1 - leave_unmasked - random_token, leave_unmasked, random_token])
+    assert policy.mask_prob == 0.15
+    assert np.abs(fractions - expected).max() < 0.015, fractions  # 3.5 standard deviations at 20000 draws

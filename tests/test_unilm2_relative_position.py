@@ -72,3 +72,15 @@ def test_bias_gradient_reaches_table():
     offsets = positions.view(1, -1) - positions.view(-1, 1)  # key - query
     counts = torch.bincount(relative_position_bucket(offsets, 8, 16).flatten(), minlength=8).float()
     torch.testing.assert_close(bias.weight.grad, counts.expand(2, 8))
+
+
+def test_table_starts_as_the_authors_linear_layer_does():
+    """UniLMv2's code holds the table in a bias-free nn.Linear that BERT's init draws from N(0, initializer_range);
+    transformers' BertConfig gives that range (0.02). A table at N(0, 1) would put biases of several units on
+    every score at the first step."""
+    import transformers
+
+    torch.manual_seed(0)
+    weight = RelativePositionBias(num_heads=16, num_buckets=1024).weight.detach()
+    assert abs(weight.mean().item()) < 0.002  # 4 standard errors of a mean of 16384 draws
+    assert weight.std().item() == pytest.approx(transformers.BertConfig().initializer_range, rel=0.03)

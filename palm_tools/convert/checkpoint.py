@@ -69,8 +69,7 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
             {"criterion_name": "UniLMClozeCriterion", "optimizer_name": "none", "lr_scheduler_state": {"best": None},
              "num_updates": 0}
         ],
-        "extra_state": {},
-        "last_optimizer_state": None,
+        "extra_state": {},  # no last_optimizer_state: fairseq reads it with .get, as after --no-save-optimizer-state
     }
     atomic_save(output / "model.pt", state)
     atomic_write_bytes(output / "dict.txt", "".join(f"{s} 1\n" for s in symbols).encode("utf-8"))
