@@ -268,8 +268,9 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     (tmp_path / "weights.bak").rename(source / "pytorch_model.bin")
 
-    with pytest.raises(SystemExit) as exit_status:  # argparse's usage error, not a traceback from fairseq's parser
-        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out"), "--layer-norm-eps", "tiny"])
+    with pytest.raises(SystemExit) as exit_status:  # argparse's usage error, before any file is read
+        convert.main(["bert", "--input", str(tmp_path / "absent"), "--output", str(tmp_path / "out"),
+                      "--layer-norm-eps", "tiny"])
     assert exit_status.value.code == 2
     assert "argument --layer-norm-eps: invalid float value: 'tiny'" in capsys.readouterr().err
 
