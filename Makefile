@@ -52,8 +52,13 @@ test: $(STAMP)
 # changed mutants. MUTMUT_ARGS='"palm_plugin.criterions.*"' runs one package (named mutants are rerun even if cached).
 MUTMUT_SPEC ?= mutmut==3.8.1
 MUTMUT_ARGS ?=
+# mutmut records which tests reach which function once, later only for new tests: a test edited since would keep
+# its old reach (a mutant it now kills would read "no tests"), so the record is dropped when a test file is newer.
+DROP_STALE_STATS = if [ -f mutants/mutmut-stats.json ] && [ -n "$$(find tests -name '*.py' -newer mutants/mutmut-stats.json)" ]; \
+	then echo "tests changed since mutmut's last stats pass: collecting them again"; rm mutants/mutmut-stats.json; fi
 mutation: $(STAMP)
 	$(PIP) install -q $(MUTMUT_SPEC)
+	$(DROP_STALE_STATS)
 	nice -n 10 $(VENV)/bin/mutmut run --max-children 2 $(MUTMUT_ARGS)
 	$(VENV)/bin/mutmut results --all true | awk -F': ' '{ split($$1, p, "."); sub(/^ +/, "", p[1]); \
 		c[p[1] "." p[2] ": " $$2]++ } END { for (k in c) print k, c[k] }' | sort
@@ -64,6 +69,7 @@ MUTATION_SAMPLE ?= 40
 MUTATION_SEED ?= 1
 mutation-sample: $(STAMP)
 	$(PIP) install -q $(MUTMUT_SPEC)
+	$(DROP_STALE_STATS)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH nice -n 10 $(PY) -m palm_tools.mutation --per-package $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) \
 		--equivalent docs/mutation-equivalent.txt --out mutants/sample.json
 
