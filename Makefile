@@ -63,14 +63,17 @@ mutation: $(STAMP)
 	$(VENV)/bin/mutmut results --all true | awk -F': ' '{ split($$1, p, "."); sub(/^ +/, "", p[1]); \
 		c[p[1] "." p[2] ": " $$2]++ } END { for (k in c) print k, c[k] }' | sort
 
-# A seeded sample of MUTATION_SAMPLE mutants per package, run and scored with a 95% interval (palm_tools/mutation.py):
+# A seeded sample of MUTATION_SAMPLE mutants per package (of MUTATION_PACKAGES only, when set), run and scored with a
+# 95% interval (palm_tools/mutation.py):
 # 15-25 minutes where all mutants take about 3.5 hours. docs/mutation-equivalent.txt lists the survivors judged equivalent.
 MUTATION_SAMPLE ?= 40
 MUTATION_SEED ?= 1
+MUTATION_PACKAGES ?=
 mutation-sample: $(STAMP)
 	$(PIP) install -q $(MUTMUT_SPEC)
 	$(DROP_STALE_STATS)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH nice -n 10 $(PY) -m palm_tools.mutation --per-package $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) \
+		$(if $(MUTATION_PACKAGES),--packages $(MUTATION_PACKAGES)) \
 		--equivalent docs/mutation-equivalent.txt --out mutants/sample.json
 
 clean-env:

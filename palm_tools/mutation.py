@@ -42,12 +42,13 @@ def read_names(path):
     return {line.split("#")[0].strip() for line in path.read_text().splitlines()} - {""}
 
 
-def choose(names, per_package, seed):
-    """``per_package`` names of each package, drawn without replacement by a seeded generator (sorted first, so
-    the draw does not depend on the order mutmut wrote its files in)."""
+def choose(names, per_package, seed, packages=None):
+    """``per_package`` names of each package (of each of ``packages`` only, when given), drawn without replacement
+    by a seeded generator (sorted first, so the draw does not depend on the order mutmut wrote its files in)."""
     by_package = defaultdict(list)
     for name in sorted(names):
-        by_package[package_of(name)].append(name)
+        if packages is None or package_of(name) in packages:
+            by_package[package_of(name)].append(name)
     rng = random.Random(seed)
     return {package: sorted(rng.sample(found, min(per_package, len(found)))) for package, found in
             sorted(by_package.items())}
@@ -94,6 +95,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m palm_tools.mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-package", type=int, default=40, help="mutants drawn from each package")
     parser.add_argument("--seed", type=int, default=1, help="seed of the draw")
+    parser.add_argument("--packages", nargs="+", metavar="PACKAGE",
+                        help="draw from these packages only (e.g. palm_tools.convert; default: every package)")
     parser.add_argument("--bootstrap", default="palm_plugin.modules.table_extension.*",
                         help="mutants run first, when none are generated yet (a small module's glob)")
     parser.add_argument("--equivalent", type=Path, help="file with one mutant name a line, judged equivalent by "
@@ -110,7 +113,9 @@ def main(argv=None):
     verdicts = read_verdicts()
     if not verdicts:
         sys.exit("mutation: no mutants found under mutants/: run it from the repository root, after `mutmut run`")
-    sample = choose(verdicts, args.per_package, args.seed)
+    sample = choose(verdicts, args.per_package, args.seed, args.packages)
+    if not sample:
+        sys.exit(f"mutation: no mutants of {' '.join(args.packages)}; packages are named as palm_plugin.data")
     if not args.report_only:
         subprocess.run(run + [name for names in sample.values() for name in names], check=True)
         verdicts = read_verdicts()

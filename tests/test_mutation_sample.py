@@ -48,3 +48,12 @@ def test_the_equivalent_list_reads_names_without_their_reasons(tmp_path):
     listed = tmp_path / "equivalent.txt"
     listed.write_text("# header\npalm_plugin.a.x_f__mutmut_1  # why\n\npalm_plugin.a.x_f__mutmut_2\n")
     assert read_names(listed) == {"palm_plugin.a.x_f__mutmut_1", "palm_plugin.a.x_f__mutmut_2"}
+
+
+def test_a_draw_from_some_packages_only():
+    names = [f"palm_plugin.data.m.x_f__mutmut_{i}" for i in range(50)] + \
+            [f"palm_tools.convert.bert.x_g__mutmut_{i}" for i in range(50)]
+    sample = choose(names, 10, seed=3, packages=["palm_tools.convert"])
+    assert list(sample) == ["palm_tools.convert"] and len(set(sample["palm_tools.convert"])) == 10
+    assert set(sample["palm_tools.convert"]) <= set(names[50:])
+    assert choose(names, 10, seed=3, packages=["palm_plugin.modules"]) == {}
