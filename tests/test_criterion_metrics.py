@@ -111,3 +111,29 @@ def test_pseudo_masked_lm_logs_the_loss_of_a_single_prediction():
     values = logged(PseudoMaskedLMCriterion, [{"loss": 3.0, "ae_loss": 1.0, "ae_count": 1, "par_loss": 2.0,
                                                "par_count": 1, "sample_size": 1}])
     assert values["loss"] == pytest.approx(3.0 / BITS, abs=1e-3)
+
+
+def test_palm_total_loss_is_logged_to_3_decimals():
+    assert logged(PalmMlmLmCriterion, [{"loss": 2.5, "sample_size": 1}])["loss"] == round(2.5 / BITS, 3)
+
+
+@pytest.mark.parametrize("criterion, workers", [
+    (PalmMlmLmCriterion, [{"loss": 2.5, "mlm_loss": 12.0, "mlm_tokens": 5, "lm_loss": 30.0, "ntokens": 11,
+                           "sample_size": 1},
+                          {"loss": 3.5, "mlm_loss": 9.0, "mlm_tokens": 2, "lm_loss": 14.0, "ntokens": 5,
+                           "sample_size": 1}]),
+    (PseudoMaskedLMCriterion, [{"loss": 3.0, "ae_loss": 1.0, "ae_count": 1, "par_loss": 2.0, "par_count": 1,
+                                "sample_size": 2},
+                               {"loss": 9.0, "ae_loss": 5.0, "ae_count": 3, "par_loss": 4.0, "par_count": 0,
+                                "sample_size": 3}]),
+    (UniLMClozeCriterion, [{"loss": 4.0, "nll_loss": 3.0, "sample_size": 3, "next_sentence_loss": 1.2,
+                            "next_sentence_rows": 2, "next_sentence_correct": 1},
+                           {"loss": 2.0, "nll_loss": 1.5, "sample_size": 1, "next_sentence_loss": 0.4,
+                            "next_sentence_rows": 2, "next_sentence_correct": 2}]),
+])
+def test_summing_the_workers_logs_first_changes_nothing(criterion, workers):
+    """``logging_outputs_can_be_summed`` tells fairseq's trainer it may add the workers' logging outputs key by key
+    (one all-reduce) before ``reduce_metrics``: true only if that gives what the list gives."""
+    summed = {key: sum(worker.get(key, 0) for worker in workers) for key in set().union(*workers)}
+    assert criterion.logging_outputs_can_be_summed()
+    assert logged(criterion, [summed]) == logged(criterion, workers)

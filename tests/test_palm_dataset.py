@@ -160,6 +160,23 @@ def test_sizes_for_batching_are_those_of_the_items(mode):
 
 
 
+def test_batch_order_is_fairseqs_language_pair_order():
+    """Shuffled by fairseq's seeded numpy state, then sorted by target and then source length: the order of
+    fairseq's LanguagePairDataset over the same lengths (checked on a draw where the two sorts disagree)."""
+    from fairseq.data import LanguagePairDataset, data_utils
+
+    dataset, _, dictionary = make_dataset("sentence")
+    sources, targets = dataset.source_sizes(), dataset.target_sizes()
+    reference = LanguagePairDataset(dataset, sources, dictionary, dataset, targets, dictionary, shuffle=True)
+    for seed in (1, 2):
+        with data_utils.numpy_seed(seed):
+            ours = dataset.ordered_indices()
+        with data_utils.numpy_seed(seed):
+            expected = reference.ordered_indices()
+        assert ours.tolist() == expected.tolist()
+    assert sorted(ours.tolist()) == list(range(len(dataset))) and len(set(targets.tolist())) > 1
+
+
 def test_filter_by_size_drops_the_pairs_over_either_limit():
     dataset, _, _ = make_dataset("sentence")
     sources, targets = dataset.source_sizes(), dataset.target_sizes()

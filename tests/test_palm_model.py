@@ -322,6 +322,14 @@ def test_roberta_path_fills_the_encoder_or_names_what_does_not_fit(roberta_layer
                                    roberta(tokens, masked_tokens=masked)[0], atol=1e-5, rtol=1e-5)
 
 
+def test_roberta_path_that_is_not_a_checkpoint_is_named(tmp_path):
+    dictionary = make_dictionary()
+    torch.save({"weights": {}}, tmp_path / "weights.pt")
+    with pytest.raises(ValueError, match=r"weights\.pt: not a fairseq checkpoint \(no 'model' entry\); pass the "
+                                         r"model\.pt of a RoBERTa model"):
+        build(dictionary, roberta_path=str(tmp_path / "weights.pt"), encoder_max_positions=64)
+
+
 def test_reinit_encoder_refuses_roberta_path():
     with pytest.raises(ValueError, match="leave out --roberta-path"):
         finetuning_model(seed=0, reinit_encoder=True, roberta_path="model.pt")

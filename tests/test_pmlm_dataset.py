@@ -185,3 +185,21 @@ def test_a_block_of_one_sentence_is_cut_between_two_of_its_tokens_uniformly():
     assert counts[0] == counts[6] == 0 and (counts[1:6] > 300).all()
     tokens, segments = sentence_pair(np.array([10, 11, eos]), bos, eos, rng)  # the shortest block that can be cut
     assert tokens.tolist() == [bos, 10, eos, 11, eos] and segments.tolist() == [0, 0, 0, 1, 1]
+
+
+def test_unshuffled_order_is_by_length_then_index_and_epochs_reach_the_token_dataset():
+    """Without shuffling (valid/test), fairseq's convention: shortest first, equal lengths in corpus order. An epoch
+    set on the dataset is passed on to the dataset it wraps (fairseq's BaseWrapperDataset does so), which may hold
+    an epoch-dependent corpus."""
+    class EpochRecordingDataset(ListDataset):
+        epochs = []
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+    dataset, items, *_ = make_dataset(lengths=(30, 12, 50, 12, 30, 8), shuffle=False)
+    lengths = [len(item) for item in items]
+    assert dataset.ordered_indices().tolist() == sorted(range(len(items)), key=lambda i: (lengths[i], i))
+    dataset.dataset = EpochRecordingDataset(items)
+    dataset.set_epoch(4)
+    assert dataset.dataset.epochs == [4] and dataset.epoch == 4

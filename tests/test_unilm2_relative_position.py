@@ -81,6 +81,26 @@ def test_table_starts_as_the_authors_linear_layer_does():
     import transformers
 
     torch.manual_seed(0)
-    weight = RelativePositionBias(num_heads=16, num_buckets=1024).weight.detach()
+    weight = RelativePositionBias(num_heads=16, num_buckets=1024, max_distance=4096).weight.detach()
     assert abs(weight.mean().item()) < 0.002  # 4 standard errors of a mean of 16384 draws
     assert weight.std().item() == pytest.approx(transformers.BertConfig().initializer_range, rel=0.03)
+
+
+@pytest.mark.parametrize("buckets, max_distance", [(1, 128), (2, 128), (3, 128), (32, 8), (32, 4)])
+def test_tables_that_t5s_bucketing_cannot_fill_are_refused(buckets, max_distance):
+    """Fewer than 4 buckets leave a half without an exact bucket (T5's formula divides by zero); a max distance at or
+    below the exact range (a quarter of the buckets) gives buckets outside the table. 0 buckets: no bias at all."""
+    from palm_plugin.modules.unilm_transformer import UniLMTransformer
+
+    offsets = torch.arange(-200, 200)
+    try:
+        found = relative_position_bucket(offsets, buckets, max_distance)
+        assert found.min() < 0 or found.max() >= buckets
+    except ZeroDivisionError:
+        pass
+    with pytest.raises(ValueError, match=rf"relative position buckets {buckets} / max distance {max_distance}: need"):
+        UniLMTransformer(vocab_size=20, padding_idx=1, dim=8, ffn_dim=16, layers=1, num_heads=2, max_positions=16,
+                         num_segments=2, relative_position_buckets=buckets, relative_position_max_distance=max_distance)
+    # the smallest table works (bucket 2, "offset 0 seen from the right", cannot occur)
+    assert relative_position_bucket(offsets, 4, 2).unique().tolist() == [0, 1, 3]
+    assert RelativePositionBias(num_heads=2, num_buckets=4, max_distance=2).weight.shape == (2, 4)

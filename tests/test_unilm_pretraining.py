@@ -200,3 +200,31 @@ def test_a_and_b_are_cut_at_every_sentence_boundary_of_the_chunk():
         assert cuts == boundaries, index
         checked += 1
     assert checked >= 10
+
+
+def test_a_one_sentence_chunk_is_cut_between_any_two_of_its_tokens_and_sizes_bound_the_items():
+    """With no sentence boundary the A/B cut falls inside the sentence, at each of its inner positions alike.
+    fairseq batches by num_tokens (--max-tokens): it must bound every item's length, equal it for A [EOS] B."""
+    d = Dictionary()
+    words = [d.add_symbol(f"w{i}") for i in range(20)]
+    mask = d.add_symbol("<mask>")
+    items = [torch.tensor([*words[k : k + 6], d.eos()]) for k in (0, 7)]
+    items.insert(1, torch.tensor([d.eos()]))  # two one-sentence documents
+    sentences = ListDataset(items, np.array([len(i) for i in items]))
+    policy = TokenMaskingPolicy(mask_prob=0.15)
+    dataset = UniLMPretrainingDataset(sentences, d, 24, policy, mask, seed=5)
+    assert len(dataset) == 2
+    cuts = np.zeros(6, dtype=int)
+    for epoch in range(1, 400):
+        dataset.set_epoch(epoch)
+        for index in range(2):
+            item = dataset[index]
+            assert len(item["tokens"]) <= dataset.num_tokens(index) == dataset.size(index)
+            assert dataset.num_tokens_vec(np.array([index])).tolist() == [dataset.num_tokens(index)]
+            if Objective(item["objective"]) in (Objective.BIDIRECTIONAL, Objective.SEQ2SEQ):
+                cuts[item["source_length"] - 2] += 1
+                if item["next_sentence"] != NOT_NEXT:
+                    assert len(item["tokens"]) == dataset.num_tokens(index) == 6 + 3
+    assert cuts[0] == 0 and cuts[1:].sum() > 250
+    # equal chances of the 5 inner cuts: a chi-square test, far from significant unless one is missing or favoured
+    assert stats.chisquare(cuts[1:]).pvalue > 1e-3, cuts

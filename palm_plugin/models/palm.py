@@ -259,8 +259,6 @@ class PalmModel(FairseqEncoderDecoderModel):
                 "decoder.embed_tokens.weight",
                 "decoder.output_projection.weight",
                 "decoder.pointer_generator.output_embedding",
-                "mlm_head.weight",
-                "mlm_head.bias",
             ):
                 if prefix + suffix in state_dict:
                     state_dict[prefix + suffix] = state_dict[prefix + suffix][:-1]

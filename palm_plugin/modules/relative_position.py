@@ -57,6 +57,12 @@ class RelativePositionBias(nn.Module):
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128):
         super().__init__()
+        # T5's bidirectional scheme needs an exact bucket in each half and a log range beyond it
+        if num_buckets < 4 or max_distance <= num_buckets // 4:
+            raise ValueError(
+                f"relative position buckets {num_buckets} / max distance {max_distance}: need at least 4 buckets and "
+                f"a max distance above a quarter of them (UniLMv2: 32 / 128); 0 buckets turns the bias off"
+            )
         self.num_heads = num_heads
         self.num_buckets = num_buckets
         self.max_distance = max_distance

@@ -17,16 +17,35 @@ from palm_tools.convert import ConversionError
 from palm_tools.convert.names import MASK
 
 
-def fairseq_cfg(output, model_cfg, task_cfg):
-    """A complete fairseq configuration (as fairseq-train would save it) for the converted model."""
+def fairseq_cfg(output, model_cfg, task_cfg, task="unilm_seq2seq", arch="unilm", criterion="unilm_cloze"):
+    """A complete fairseq configuration (as fairseq-train would save it) for the converted model: what fairseq's
+    loaders (``--finetune-from-model``, ``--path``, the hub's ``from_pretrained``) build the task and model from."""
     # the plugin as already imported: fairseq refuses a --user-dir that names it by another path (a symlink, say)
-    argv = [str(output), "--user-dir", palm_plugin.__path__[0], "--task", "unilm_seq2seq", "--arch", "unilm",
-            "--criterion", "unilm_cloze"]
+    argv = [str(output), "--user-dir", palm_plugin.__path__[0], "--task", task, "--arch", arch, "--criterion", criterion]
     for key, value in {**model_cfg, **task_cfg}.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, argv)
-    return OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
+    cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
+    # a model without a dataclass (fairseq's roberta) keeps its options in a Namespace: plain types load weights-only
+    return {key: vars(value) if isinstance(value, argparse.Namespace) else value for key, value in cfg.items()}
+
+
+def untrained_checkpoint(cfg, weights):
+    """A fairseq checkpoint before any update: the state fairseq-train saves, without an optimizer state (as after
+    --no-save-optimizer-state; fairseq reads it with .get) and with an optimizer history naming the criterion."""
+    from fairseq.criterions import CRITERION_REGISTRY
+
+    return {
+        "args": None,
+        "cfg": cfg,
+        "model": weights,
+        "optimizer_history": [
+            {"criterion_name": CRITERION_REGISTRY[cfg["criterion"]["_name"]].__name__, "optimizer_name": "none",
+             "lr_scheduler_state": {"best": None}, "num_updates": 0}
+        ],
+        "extra_state": {},
+    }
 
 
 def write_output(output, symbols, model_cfg, converted, source_path, arch_family, task_cfg, seed=1):
@@ -61,17 +80,7 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
     expected.update({k: v.to(expected[k].dtype) for k, v in converted.items()})
     expected["lm_head.weight"] = expected["encoder.stack.embeddings.tokens.weight"]
     model.load_state_dict(expected, strict=True)
-    state = {
-        "args": None,
-        "cfg": cfg,
-        "model": model.state_dict(),
-        "optimizer_history": [
-            {"criterion_name": "UniLMClozeCriterion", "optimizer_name": "none", "lr_scheduler_state": {"best": None},
-             "num_updates": 0}
-        ],
-        "extra_state": {},  # no last_optimizer_state: fairseq reads it with .get, as after --no-save-optimizer-state
-    }
-    atomic_save(output / "model.pt", state)
+    atomic_save(output / "model.pt", untrained_checkpoint(cfg, model.state_dict()))
     atomic_write_bytes(output / "dict.txt", "".join(f"{s} 1\n" for s in symbols).encode("utf-8"))
     print(f"wrote {output / 'model.pt'} ({model_cfg['encoder_layers']} layers, {model_cfg['encoder_embed_dim']} dims, "
           f"{len(dictionary)} symbols, {model_cfg['num_segments']} segments, relative position buckets "

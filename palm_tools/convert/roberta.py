@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from palm_plugin.modules import table_extension
 from palm_tools.convert import ConversionError
-from palm_tools.convert.checkpoint import atomic_save, atomic_write_bytes, write_output
+from palm_tools.convert.checkpoint import (atomic_save, atomic_write_bytes, fairseq_cfg, untrained_checkpoint,
+                                          write_output)
 from palm_tools.convert.names import (BERT_IGNORED, BERT_NAMES, GPT2_SPECIALS, HF_ROBERTA_HEAD, MASK, ROBERTA_IGNORED,
                                       ROBERTA_NAMES, TIED_OUTPUT, rename)
 from palm_tools.convert.reading import opened_input, read_state, read_weights
@@ -126,7 +127,7 @@ def convert_hf_roberta(args):
     if tokens is None or tokens.size(0) != size:
         raise ConversionError(f"{weights_path}: the token embedding does not have the {size} rows of {vocab_path}")
     model_args = dict(
-        _name="roberta", encoder_layers=config["num_hidden_layers"], encoder_embed_dim=config["hidden_size"],
+        encoder_layers=config["num_hidden_layers"], encoder_embed_dim=config["hidden_size"],
         encoder_ffn_embed_dim=config["intermediate_size"], encoder_attention_heads=config["num_attention_heads"],
         max_positions=config["max_position_embeddings"] - config.get("pad_token_id", 1) - 1,
     )
@@ -157,7 +158,11 @@ def convert_hf_roberta(args):
               file=sys.stderr)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    atomic_save(output / "model.pt", {"model": weights, "cfg": {"model": model_args}, "args": None})
+    # the configuration of fairseq's masked_lm / roberta, so that fairseq's own loaders read it as they read a
+    # published RoBERTa (RobertaModel.from_pretrained(OUT, "model.pt"))
+    cfg = fairseq_cfg(output, model_args, {"tokens_per_sample": model_args["max_positions"]}, task="masked_lm",
+                      arch="roberta", criterion="masked_lm")
+    atomic_save(output / "model.pt", untrained_checkpoint(cfg, weights))
     atomic_write_bytes(output / "dict.txt", "".join(f"{i} 1\n" for i in range(4, size - 1)).encode("utf-8"))
     atomic_write_bytes(output / "encoder.json", json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
     # fairseq's gpt2 BPE drops the first line (#version) and the last of vocab.bpe: end with a newline
