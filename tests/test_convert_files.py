@@ -161,6 +161,14 @@ def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
     assert type(tokenizer).__name__ in ("BertTokenizer", "BertTokenizerFast")
     assert tokenizer.convert_tokens_to_ids(VOCAB) == list(range(len(VOCAB)))
 
+    # a target segment id beyond the token-type table grows the table to hold it (the rows it had kept)
+    (source / "config.json").write_text(json.dumps({**settings, "target_type_id": 3}))
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "grown")])
+    grown, _ = load_converted(tmp_path / "grown")
+    original = safe_loading.load_state(str(source / "pytorch_model.bin"))["embeddings.token_type_embeddings.weight"]
+    assert grown.cfg.num_segments == 4 and grown.stack.embeddings.segments.weight.shape == (4, 64)
+    assert torch.equal(grown.stack.embeddings.segments.weight[:2], original)
+
     (source / "config.json").write_text(json.dumps({**settings, "hidden_act": "relu"}))
     with pytest.raises(SystemExit, match=r"config\.json: hidden_act 'relu'; UniLM uses gelu"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "refused")])
@@ -406,6 +414,13 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
         with pytest.raises(SystemExit, match=rf"config\.json: layer_norm_eps {settings.get('layer_norm_eps', 1e-05)} / "
                                              rf"hidden_act '{settings.get('hidden_act', 'gelu')}': fairseq's RoBERTa has"):
             convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    # no token-type table (it is optional in HF's layout): the positions are taken as they are
+    (source / "config.json").write_text(json.dumps(config.to_dict()))
+    save_file({k: v for k, v in weights.items() if "token_type" not in k}, source / "model.safetensors")
+    convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "no_types")])
+    typeless = safe_loading.load_state(str(tmp_path / "no_types" / "model.pt"))["model"]
+    assert torch.equal(typeless["encoder.sentence_encoder.embed_positions.weight"],
+                       weights["roberta.embeddings.position_embeddings.weight"])
     # HF's defaults where config.json names nothing (gelu); weights fairseq's RoBERTa has no place for are named
     (source / "config.json").write_text(json.dumps({k: v for k, v in config.to_dict().items() if k != "hidden_act"}))
     save_file({**weights, "roberta.pooler.dense.weight": torch.zeros(64, 64), "roberta.pooler.dense.bias": torch.zeros(64)},
@@ -487,7 +502,9 @@ def test_what_the_checkpoint_lacks_is_seeded(tmp_path):
 
 
 def test_every_option_of_every_command_says_what_it_does():
-    [commands] = [a for a in convert.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    parser = convert.build_parser()
+    assert parser.description == "Convert published checkpoints into the plugin's formats, and unilm checkpoints back out."
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(commands.choices) == {"bert", "roberta", "hf-roberta", "export"}
     for name, command in commands.choices.items():
         for action in command._actions:

@@ -157,6 +157,13 @@ def test_sizes_for_batching_are_those_of_the_items(mode):
     assert [dataset.size(i) for i in indices] == lengths
     assert [dataset.num_tokens(i) for i in indices] == [max(pair) for pair in lengths]
     assert dataset.num_tokens_vec(indices).tolist() == [max(pair) for pair in lengths]
+    # fairseq's --max-tokens batching reads the vector (its Cython loop takes int64): the batches of the per-item sizes
+    from fairseq.data import data_utils
+
+    by_vector = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=40,
+                                         num_tokens_vec=dataset.num_tokens_vec(indices))
+    by_item = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=40)
+    assert [b.tolist() for b in by_vector] == [b.tolist() for b in by_item] and len(by_item) > 1
 
 
 

@@ -233,6 +233,12 @@ def test_decoder_returns_the_attention_of_the_layer_asked_for():
             attention[layer] = extra["attn"][0]
     assert not torch.allclose(attention[0], attention[1], atol=1e-3)
     torch.testing.assert_close(attention[None], attention[1], atol=0, rtol=0)
+    with torch.no_grad():  # alignment_heads: the average over the first heads only, as fairseq's
+        _, one_head = model.decoder(net["prev_output_tokens"], encoder_out=encoder_out, alignment_heads=1)
+        _, reference = TransformerDecoderBase.extract_features(
+            model.decoder, net["prev_output_tokens"], encoder_out=encoder_out, alignment_heads=1)
+    torch.testing.assert_close(one_head["attn"][0], reference["attn"][0], atol=0, rtol=0)
+    assert not torch.allclose(one_head["attn"][0], attention[None], atol=1e-3)
 
 
 def test_paper_second_stage_gives_the_mlm_head_no_gradient():
@@ -320,6 +326,14 @@ def test_roberta_path_fills_the_encoder_or_names_what_does_not_fit(roberta_layer
         # RoBERTa's MLM head (dense, layer norm, bias; the output weight is the shared embedding) comes along
         torch.testing.assert_close(palm(tokens[:, 1:], None, masked_tokens=masked[:, 1:])[1]["mlm_logits"],
                                    roberta(tokens, masked_tokens=masked)[0], atol=1e-5, rtol=1e-5)
+    # the names of RoBERTa checkpoints before fairseq 0.10 ("decoder." for the encoder, "emb_layer_norm"), as the
+    # published roberta.base of 2019 has them: the same model
+    old = {k.replace("encoder.", "decoder.", 1).replace(".layernorm_embedding.", ".emb_layer_norm."): v
+           for k, v in roberta.state_dict().items()}
+    assert any(".emb_layer_norm." in k for k in old)
+    torch.save({"model": old, "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
+    again = load()
+    assert all(torch.equal(value, palm.state_dict()[name]) for name, value in again.state_dict().items())
 
 
 def test_roberta_path_that_is_not_a_checkpoint_is_named(tmp_path):

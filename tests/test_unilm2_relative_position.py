@@ -104,3 +104,22 @@ def test_tables_that_t5s_bucketing_cannot_fill_are_refused(buckets, max_distance
     # the smallest table works (bucket 2, "offset 0 seen from the right", cannot occur)
     assert relative_position_bucket(offsets, 4, 2).unique().tolist() == [0, 1, 3]
     assert RelativePositionBias(num_heads=2, num_buckets=4, max_distance=2).weight.shape == (2, 4)
+
+
+@pytest.mark.parametrize("buckets", [0, 8])
+def test_one_mask_for_the_whole_batch_equals_it_given_per_row(buckets):
+    """A ``(T, T)`` mask applies to every row of the batch: the same states as the mask repeated ``(B, T, T)``
+    (here B = 3 rows of T = 5 tokens, so a mask laid along the wrong dimension cannot broadcast by chance)."""
+    from palm_plugin.modules.attention_masks import left_to_right_mask
+    from palm_plugin.modules.unilm_transformer import UniLMTransformer
+
+    torch.manual_seed(0)
+    stack = UniLMTransformer(vocab_size=20, padding_idx=1, dim=16, ffn_dim=32, layers=2, num_heads=2,
+                             max_positions=16, num_segments=2, dropout=0.0, attention_dropout=0.0,
+                             relative_position_buckets=buckets, relative_position_max_distance=16).eval()
+    tokens = torch.randint(4, 20, (3, 5), generator=torch.Generator().manual_seed(1))
+    mask = left_to_right_mask(5)
+    with torch.no_grad():
+        shared, per_row = stack(tokens, mask), stack(tokens, mask.expand(3, 5, 5))
+    shared, per_row = (s[0] if isinstance(s, tuple) else s for s in (shared, per_row))
+    torch.testing.assert_close(shared, per_row, atol=1e-6, rtol=0)

@@ -352,3 +352,20 @@ def test_one_view_per_use_and_raw_sources_for_inference(tmp_path, pseudo_masks):
     assert batch["target"] is None
     assert batch["net_input"]["src_tokens"][0].tolist() == [dictionary.bos(), *lines[0].tolist()]
     assert batch["net_input"]["src_tokens"][1].tolist() == [dictionary.bos(), *lines[1].tolist(), dictionary.pad()]
+
+
+def test_sources_that_fill_the_positions_exactly_are_not_counted_as_truncated():
+    """A source of n tokens (its [EOS] included) takes n + 1 positions with [SOS]: at --max-source-positions n + 1
+    it is whole, one fewer cuts it; the count is what the task logs."""
+    from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+
+    dictionary = make_dictionary()
+    source, target = Sentences(dictionary, [5, 8, 3], seed=0), Sentences(dictionary, [4, 2, 6], seed=1)
+    noise = TokenMaskingPolicy(mask_prob=0.5)
+    for max_source, truncated in ((9, 0), (8, 1), (6, 1), (5, 2)):
+        dataset = UniLMSeq2SeqDataset(source, target, dictionary, max_source, 32, noise,
+                                      dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT, TARGET_SEGMENT, 7)
+        assert dataset.truncated_sources == truncated, max_source
+    with pytest.raises(ValueError, match=r"unknown pseudo-mask noise 'gaussian'; expected one of \('exact', 's2s_ft'\)"):
+        PseudoSeq2SeqDataset(source, target, dictionary, 64, 32, noise, dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT,
+                             TARGET_SEGMENT, 7, noise="gaussian")

@@ -228,3 +228,12 @@ def test_a_one_sentence_chunk_is_cut_between_any_two_of_its_tokens_and_sizes_bou
     assert cuts[0] == 0 and cuts[1:].sum() > 250
     # equal chances of the 5 inner cuts: a chi-square test, far from significant unless one is missing or favoured
     assert stats.chisquare(cuts[1:]).pvalue > 1e-3, cuts
+
+
+def test_the_smallest_sample_holds_sos_a_eos_b_eos():
+    d, mask, sentences = corpus()
+    policy = TokenMaskingPolicy(mask_prob=0.15)
+    with pytest.raises(ValueError, match=r"--tokens-per-sample must be at least 5 \(\[SOS\] A \[EOS\] B \[EOS\]\)"):
+        UniLMPretrainingDataset(sentences, d, 4, policy, mask, seed=3)
+    dataset = UniLMPretrainingDataset(sentences, d, 5, policy, mask, seed=3)
+    assert max(len(dataset[index]["tokens"]) for index in range(len(dataset))) <= 5
