@@ -54,7 +54,8 @@ class UniLMConfig(FairseqDataclass):
         metadata={"help": "segment (token type) vocabulary; UniLM v1 uses 6 (ids 0-5 mark the objective), BERT 2"},
     )
     relative_position_buckets: int = field(
-        default=0, metadata={"help": "UniLMv2 relative position bias buckets (0 = no relative position bias)"}
+        default=0, metadata={"help": "UniLMv2 relative position bias buckets (0 = no relative position bias; else at "
+                                    "least 4, T5's scheme)"}
     )
     relative_position_max_distance: int = field(
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}

@@ -1,5 +1,6 @@
-"""Writing a converted model: a fairseq checkpoint of the unilm model with the complete configuration fairseq-train
-would save, its dict.txt, and the whole-or-nothing writes every output of palm-convert goes through."""
+"""Writing a converted model: a fairseq checkpoint with the complete configuration fairseq-train would save (of the
+unilm model; of fairseq's RoBERTa for ``hf-roberta``), its dict.txt, and the whole-or-nothing writes every output of
+palm-convert goes through."""
 import argparse
 import sys
 from pathlib import Path
