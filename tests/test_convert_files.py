@@ -423,16 +423,16 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
                        weights["roberta.embeddings.position_embeddings.weight"])
     # HF's defaults where config.json names nothing (gelu); weights fairseq's RoBERTa has no place for are named
     (source / "config.json").write_text(json.dumps({k: v for k, v in config.to_dict().items() if k != "hidden_act"}))
-    save_file({**weights, "roberta.pooler.dense.weight": torch.zeros(64, 64), "roberta.pooler.dense.bias": torch.zeros(64)},
-              source / "model.safetensors")
+    pooler = {"roberta.pooler.dense.weight": torch.zeros(64, 64), "roberta.pooler.dense.bias": torch.zeros(64)}
+    save_file({**weights, **pooler}, source / "model.safetensors")
     capsys.readouterr()
     convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "with_pooler")])
     said = capsys.readouterr().err
-    assert re.search(r"not used by fairseq's RoBERTa \(dropped\): pooler\.dense\.(bias|weight), pooler\.dense\.(bias|weight)\n",
-                     said), said
+    assert re.search(r"not used by fairseq's RoBERTa \(dropped\): "
+                     r"pooler\.dense\.(bias|weight), pooler\.dense\.(bias|weight)\n", said), said
     (source / "config.json").write_text(json.dumps(config.to_dict()))
-    save_file({**weights, "roberta.embeddings.word_embeddings.weight": weights["roberta.embeddings.word_embeddings.weight"][:-1]},
-              source / "model.safetensors")
+    embedding = "roberta.embeddings.word_embeddings.weight"
+    save_file({**weights, embedding: weights[embedding][:-1]}, source / "model.safetensors")
     with pytest.raises(SystemExit, match=rf"model\.safetensors: the token embedding does not have the {size} rows of "
                                          r".*vocab\.json"):
         convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
@@ -503,7 +503,8 @@ def test_what_the_checkpoint_lacks_is_seeded(tmp_path):
 
 def test_every_option_of_every_command_says_what_it_does():
     parser = convert.build_parser()
-    assert parser.description == "Convert published checkpoints into the plugin's formats, and unilm checkpoints back out."
+    assert parser.description == ("Convert published checkpoints into the plugin's formats, and unilm checkpoints "
+                                  "back out.")
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(commands.choices) == {"bert", "roberta", "hf-roberta", "export"}
     for name, command in commands.choices.items():

@@ -82,8 +82,6 @@ def test_pair_index_matches_reference(mode, seed):
     assert truncated_src + truncated_tgt > 0  # the corpus has sentences longer than the limits
 
 
-
-
 def test_offsets_of_a_corpus_past_2_31_tokens_do_not_overflow():
     """fairseq's mmap datasets keep item sizes as int32; the token stream's offsets must count past 2**31."""
     from palm_plugin.data.continuation_pair_dataset import sentence_layout
@@ -164,7 +162,6 @@ def test_sizes_for_batching_are_those_of_the_items(mode):
                                          num_tokens_vec=dataset.num_tokens_vec(indices))
     by_item = data_utils.batch_by_size(indices, dataset.num_tokens, max_tokens=40)
     assert [b.tolist() for b in by_vector] == [b.tolist() for b in by_item] and len(by_item) > 1
-
 
 
 def test_batch_order_is_fairseqs_language_pair_order():

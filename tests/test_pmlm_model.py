@@ -165,7 +165,8 @@ def test_criterion_equals_an_independent_computation():
                 ae_count += 1
     masked = sum(int((s["kinds"] == K.PSEUDO).sum()) for s in samples)
     assert ae_count == par_count == masked == sample_size > 0
-    assert logging_output["nsentences"] == len(items) and logging_output["ntokens"] == batch["ntokens"]  # fairseq's trainer logs it as the batch size ("bsz")
+    # nsentences: fairseq's trainer logs it as the batch size ("bsz")
+    assert logging_output["nsentences"] == len(items) and logging_output["ntokens"] == batch["ntokens"]
     bits = math.log(2)
     assert logged["ae_loss"] == pytest.approx(ae / ae_count / bits, abs=2e-3)  # logged values: 3 decimals
     assert logged["par_loss"] == pytest.approx(par / par_count / bits, abs=2e-3)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from fairseq import checkpoint_utils, options
+from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
@@ -22,7 +23,8 @@ def fairseq_cfg(output, model_cfg, task_cfg, task="unilm_seq2seq", arch="unilm",
     """A complete fairseq configuration (as fairseq-train would save it) for the converted model: what fairseq's
     loaders (``--finetune-from-model``, ``--path``, the hub's ``from_pretrained``) build the task and model from."""
     # the plugin as already imported: fairseq refuses a --user-dir that names it by another path (a symlink, say)
-    argv = [str(output), "--user-dir", palm_plugin.__path__[0], "--task", task, "--arch", arch, "--criterion", criterion]
+    argv = [str(output), "--user-dir", palm_plugin.__path__[0], "--task", task, "--arch", arch,
+            "--criterion", criterion]
     for key, value in {**model_cfg, **task_cfg}.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     parser = options.get_training_parser()
@@ -35,8 +37,6 @@ def fairseq_cfg(output, model_cfg, task_cfg, task="unilm_seq2seq", arch="unilm",
 def untrained_checkpoint(cfg, weights):
     """A fairseq checkpoint before any update: the state fairseq-train saves, without an optimizer state (as after
     --no-save-optimizer-state; fairseq reads it with .get) and with an optimizer history naming the criterion."""
-    from fairseq.criterions import CRITERION_REGISTRY
-
     return {
         "args": None,
         "cfg": cfg,
