@@ -16,7 +16,9 @@ plugin is imported), and after parsing:
   checkpoint's sizes (:data:`SIZES`) and the task's segment ids (:data:`TASK_FIELDS`) that the command line does
   not set. A size set on the command line that differs stops with the flags to use; a larger ``--max-positions``
   or ``--num-segments`` is allowed: the model grows the checkpoint's tables when it loads them
-  (:mod:`palm_plugin.modules.table_extension`), as the papers' 768-position fine-tuning needs.
+  (:mod:`palm_plugin.modules.table_extension`), as the papers' 768-position fine-tuning needs. A checkpoint without a
+  relative position bias (BERT, UniLM v1, MiniLM) gives no relative sizes: a ``unilm2_*`` arch keeps its own and
+  starts its bias at zero. PALM's ``--roberta-path`` of a converted BERT-family checkpoint gives its LayerNorm epsilon.
 """
 import logging
 import os
@@ -131,6 +133,8 @@ def adopt(args, arguments, state, path, sizes=True):
         for name, value in model_cfg.items():
             if not SIZES.fullmatch(name) or value is None:
                 continue
+            if name.startswith("relative_position_") and not model_cfg.get("relative_position_buckets"):
+                continue  # no relative bias in the checkpoint: a unilm2 model adds one, all zero (table_extension)
             if not _given(arguments, name):
                 setattr(args, name, value)
                 adopted[name] = value
@@ -157,6 +161,13 @@ def check(args, arguments):
     finetune = getattr(args, "finetune_from_model", None)
     if finetune:
         adopt(args, arguments, read_checkpoint(finetune, "--finetune-from-model"), finetune)
+    roberta = getattr(args, "roberta_path", None)
+    if roberta and os.path.isfile(roberta) and not _given(arguments, "layer_norm_eps"):
+        state = read_checkpoint(roberta, "--roberta-path")
+        eps = _config(state, "model").get("layer_norm_eps")
+        if eps is not None and "encoder.stack.embeddings.tokens.weight" in state["model"]:  # palm-convert bert's
+            args.layer_norm_eps = eps
+            logger.info(f"from {roberta}: layer_norm_eps={eps}")
     restore = getattr(args, "restore_file", None)
     if restore and restore != "checkpoint_last.pt":  # the default is looked up in --save-dir, and may be absent
         read_checkpoint(restore, "--restore-file")

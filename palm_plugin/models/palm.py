@@ -61,6 +61,11 @@ class PalmConfig(FairseqDataclass):
     decoder_layers: int = field(default=12, metadata={"help": "number of decoder layers"})
     decoder_ffn_embed_dim: int = field(default=3072, metadata={"help": "decoder feed-forward size"})
     decoder_attention_heads: int = field(default=12, metadata={"help": "decoder attention heads"})
+    layer_norm_eps: float = field(
+        default=1e-5,
+        metadata={"help": "epsilon of every LayerNorm (RoBERTa and fairseq: 1e-5; BERT-family checkpoints: 1e-12, "
+                  "taken from a checkpoint converted by palm-convert bert when --roberta-path names one)"},
+    )
     encoder_max_positions: int = field(
         default=512, metadata={"help": "learned source positions (RoBERTa checkpoints have 512)"}
     )
@@ -106,7 +111,8 @@ class PalmConfig(FairseqDataclass):
     roberta_path: Optional[str] = field(
         default=None,
         metadata={
-            "help": "fairseq RoBERTa / masked_lm checkpoint (model.pt) with the same dictionary: initialises the "
+            "help": "fairseq RoBERTa / masked_lm checkpoint (model.pt), or a BERT-family checkpoint converted by "
+            "palm-convert bert (its model.pt: BERT, UniLM, MiniLM), with the same dictionary: initialises the "
             "encoder, the shared embeddings and the MLM head of a new model (PALM section 3.1, before pre-training). "
             "Read only when a model is built to be trained from scratch, never when a saved checkpoint is loaded "
             "(fairseq-generate, checkpoint_utils), whatever the task"
@@ -201,6 +207,9 @@ class PalmModel(FairseqEncoderDecoderModel):
         model = cls(cfg, encoder, decoder, mlm_head)
         # RoBERTa's initialisation (normal(0, 0.02), zero biases, zero padding row) for every part of the model.
         model.apply(init_bert_params)
+        for module in model.modules():  # fairseq builds its LayerNorms with its own epsilon
+            if isinstance(module, torch.nn.LayerNorm):
+                module.eps = safe_getattr(cfg, "layer_norm_eps", 1e-5)
         # A saved model already holds the RoBERTa weights (trained since): the file may be gone or stale.
         if cfg.roberta_path and not building_saved_model():
             load_roberta_encoder(model, cfg.roberta_path)

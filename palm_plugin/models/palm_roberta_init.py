@@ -1,10 +1,18 @@
-"""Initialise PALM's encoder, shared embeddings and MLM head from a fairseq RoBERTa (``masked_lm``) checkpoint.
+"""Initialise PALM's encoder, shared embeddings and MLM head from a fairseq RoBERTa (``masked_lm``) checkpoint, or
+from a BERT-family one converted by ``palm-convert bert`` (a ``unilm`` checkpoint: BERT, UniLM v1, MiniLM).
 
 fairseq's RoBERTa keeps its Transformer encoder under ``encoder.sentence_encoder.`` and its LM head under
 ``encoder.lm_head.``; checkpoints written before fairseq 0.10 say ``decoder.`` and ``emb_layer_norm`` instead
 (the renames below are the ones ``RobertaModel.upgrade_state_dict_named`` applies). PALM's encoder is the same
 fairseq Transformer encoder, so after the renames every tensor must match by name and shape: anything else is an
 error that names the file, never a partial load.
+
+A BERT-family encoder is RoBERTa's network with three differences, each mapped so that PALM's encoder computes what
+the checkpoint computes (tested against ``transformers.BertModel``): positions count from 0 where fairseq's learned
+positions start after the padding index (row ``i`` goes to row ``i + 2``); every source token carries the source
+segment's token-type embedding, a constant added to each position row; and LayerNorm's epsilon (1e-12 in BERT) is
+the model's ``--layer-norm-eps``, which must equal the checkpoint's. A relative position bias (UniLMv2) has no place
+in PALM and is refused.
 """
 import logging
 
@@ -15,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 _ENCODER = "encoder.sentence_encoder."
 _LM_HEAD = "encoder.lm_head."
+_UNILM = "encoder.stack."
+_UNILM_LAYER_PARTS = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+                      "out_proj": "self_attn.out_proj"}
 
 
 def _palm_names(roberta_weights):
@@ -31,6 +42,36 @@ def _palm_names(roberta_weights):
     return renamed
 
 
+def _palm_names_from_unilm(state, path, model):
+    """A converted BERT-family (``unilm``) state -> PALM names, positions shifted and the source segment folded in."""
+    weights, cfg = state["model"], state.get("cfg") or {}
+    if _UNILM + "relative_position.weight" in weights:
+        raise ValueError(f"{path}: a UniLMv2 checkpoint (relative position bias): PALM's encoder has none; start PALM "
+                         "from a BERT, UniLM v1 or MiniLM checkpoint")
+    eps = (cfg.get("model") or {}).get("layer_norm_eps", 1e-12)
+    own_eps = model.encoder.layernorm_embedding.eps
+    if eps != own_eps:
+        raise ValueError(f"{path}: its LayerNorm epsilon is {eps}, this model's {own_eps}: pass --layer-norm-eps {eps}")
+    segment = (cfg.get("task") or {}).get("source_segment", 0)
+    renamed = {}
+    for key, value in weights.items():
+        if key.startswith(_UNILM + "layers."):
+            number, part, leaf = key[len(_UNILM + "layers."):].split(".", 2)
+            renamed[f"encoder.layers.{number}.{_UNILM_LAYER_PARTS.get(part, part)}.{leaf}"] = value
+        elif key.startswith("lm_head.") and key != "lm_head.weight":
+            renamed["mlm_head." + key[len("lm_head."):]] = value
+    embeddings = _UNILM + "embeddings."
+    renamed["encoder.embed_tokens.weight"] = weights[embeddings + "tokens.weight"]
+    for leaf in ("weight", "bias"):
+        renamed[f"encoder.layernorm_embedding.{leaf}"] = weights[f"{embeddings}layer_norm.{leaf}"]
+    positions, segments = weights[embeddings + "positions.weight"], weights[embeddings + "segments.weight"]
+    offset = model.encoder.embed_positions.padding_idx + 1  # fairseq's first position row
+    table = positions.new_zeros(positions.size(0) + offset, positions.size(1))
+    table[offset:] = positions + segments[segment]
+    renamed["encoder.embed_positions.weight"] = table
+    return renamed
+
+
 def load_roberta_encoder(model, path: str) -> None:
     """Copy the RoBERTa weights in ``path`` into ``model`` (a :class:`PalmModel`), in place.
 
@@ -42,11 +83,15 @@ def load_roberta_encoder(model, path: str) -> None:
     state = safe_loading.load_state(path)
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path}: not a fairseq checkpoint (no 'model' entry); pass the model.pt of a RoBERTa model")
-    weights = _palm_names(state["model"])
+    if _UNILM + "embeddings.tokens.weight" in state["model"]:
+        weights = _palm_names_from_unilm(state, path, model)
+    else:
+        weights = _palm_names(state["model"])
     if "encoder.embed_tokens.weight" not in weights:
         raise ValueError(
             f"{path}: no RoBERTa encoder in this checkpoint (expected '{_ENCODER}embed_tokens.weight'); "
-            "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture"
+            "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture, or the model.pt of "
+            "palm-convert bert"
         )
     # RoBERTa read <s> first, but the source format stays the one this model was configured with.
     weights["encoder.bos_first"] = model.encoder.bos_first.clone()
@@ -82,4 +127,4 @@ def load_roberta_encoder(model, path: str) -> None:
             model.mlm_head.load_state_dict({**head, "weight": model.mlm_head.weight}, strict=True)
         else:
             logger.warning(f"{path}: no LM head in this checkpoint; PALM's MLM head starts from random weights")
-    logger.info(f"initialised the PALM encoder and embeddings from RoBERTa checkpoint {path}")
+    logger.info(f"initialised the PALM encoder and embeddings from checkpoint {path}")

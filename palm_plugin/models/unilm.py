@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from fairseq.dataclass import FairseqDataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model, register_model_architecture
 
-from palm_plugin.data.symbols import MASK_SYMBOL
+from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.modules import table_extension
 from palm_plugin.modules import compiled_layers
 from palm_plugin.modules.dictionary_check import check_embedding_rows
@@ -72,6 +72,13 @@ class UniLMConfig(FairseqDataclass):
         metadata={"help": "decode with a fixed-size cache, each step one CUDA graph on a GPU "
                           "(palm_plugin/modules/fixed_shape_decoding.py; the same values; off by default, measured "
                           "in docs/benchmarks-gpu.md); set it for decoding with --model-overrides"},
+    )
+    train_only_lm_head: bool = field(
+        default=False,
+        metadata={"help": "freeze every parameter but the masked-LM head's own (its dense layer, LayerNorm and output "
+                          "bias; the softmax weights stay tied to the frozen embeddings): trains the head a checkpoint "
+                          "lacks (a sentence-embedding model) without adapting the network, the control of "
+                          "continued pre-training (docs/paper_tables_real.md)"},
     )
     decoding_placeholder: str = field(
         default=MASK_SYMBOL,
@@ -141,6 +148,10 @@ class UniLMModel(FairseqEncoderDecoderModel):
         self.next_sentence_head = nn.Linear(cfg.encoder_embed_dim, 2)
         self.classification_heads = nn.ModuleDict()
         self.apply(self._init_weights)
+        if getattr(cfg, "train_only_lm_head", False):  # fairseq's optimizer takes only what requires a gradient
+            head = {id(p) for p in (*lm_head.dense.parameters(), *lm_head.layer_norm.parameters(), lm_head.bias)}
+            for parameter in self.parameters():
+                parameter.requires_grad_(id(parameter) in head)
         if getattr(cfg, "compile_layers", False):
             compiled_layers.compile_layers(stack.layers)
 
@@ -240,8 +251,9 @@ class UniLMModel(FairseqEncoderDecoderModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Keep only the checkpoint's classification heads this model has (same shape), add the model's new ones
-        (a pre-trained checkpoint has none when fine-tuning with ``sentence_prediction`` starts); check that the
-        token embedding fits this dictionary."""
+        (a pre-trained checkpoint has none when fine-tuning with ``sentence_prediction`` starts); grow the tables a
+        BERT-family checkpoint lacks (:mod:`palm_plugin.modules.table_extension`); check that the token embedding
+        fits this dictionary."""
         prefix = name + "." if name else ""
         head_prefix = prefix + "classification_heads."
         current = self.classification_heads.state_dict()
@@ -255,6 +267,12 @@ class UniLMModel(FairseqEncoderDecoderModel):
         super().upgrade_state_dict_named(state_dict, name)
         # fine-tuning at more positions (or segments) than pre-training had: grow the tables as the authors' code does
         grown = table_extension.fit_tables(state_dict, prefix, self.cfg.max_positions, self.cfg.num_segments)
+        # a BERT-family checkpoint under a UniLMv2 task: <pseudo> starts as [MASK], the relative bias at zero
+        if table_extension.add_pseudo_row(state_dict, prefix, self.encoder.dictionary, PSEUDO_SYMBOL, MASK_SYMBOL):
+            grown.append("<pseudo> added as a copy of <mask>")
+        relative = self.stack.relative_position
+        if relative is not None and table_extension.add_relative_bias(state_dict, prefix, relative.weight.shape):
+            grown.append("relative position bias added, all zero")
         if grown:
             logger.info(f"resized the checkpoint's tables to this model's: {', '.join(grown)}")
         check_embedding_rows(

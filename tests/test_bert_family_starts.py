@@ -1,0 +1,122 @@
+"""Every family starts from a BERT-family checkpoint converted by palm-convert bert, and computes what the checkpoint
+computes before any update (checked against transformers' BERT): UniLMv2's tasks (``<pseudo>`` appended as a copy of
+[MASK], a relative position bias of zeros), PALM's encoder (positions, token types and LayerNorm epsilon mapped), and
+the head-only control (every parameter frozen but the MLM head's)."""
+import argparse
+
+import pytest
+import torch
+import transformers
+from fairseq.data import Dictionary
+from omegaconf import OmegaConf
+
+from palm_plugin.data.symbols import PSEUDO_SYMBOL
+from palm_plugin.fixes import checkpoint_paths, safe_loading
+from palm_plugin.models.unilm import UniLMModel
+from palm_tools.convert import cli as convert
+from tests.test_convert_checkpoint import (VOCAB, bert_ids, randomize, sample_batch, tiny_bert_config,
+                                           write_bert_dir)
+from tests.test_palm_model import build as build_palm
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A random tiny BertForMaskedLM (LayerNorm epsilon 1e-12), its palm-convert bert output and the checkpoint."""
+    folder = tmp_path_factory.mktemp("bert")
+    config = tiny_bert_config()
+    reference = randomize(transformers.BertForMaskedLM(config), seed=5).eval()
+    reference.tie_weights()
+    convert.main(["bert", "--input", str(write_bert_dir(folder / "bert", reference, config)), "--output",
+                  str(folder / "out")])
+    return reference, folder / "out", safe_loading.load_state(str(folder / "out" / "model.pt"))
+
+
+def unilm2_model(state, dictionary, **changes):
+    """A unilm model built from the checkpoint's configuration with ``changes`` (as fairseq-train builds it), loaded
+    through fairseq's load_state_dict (which runs the model's upgrade)."""
+    cfg = OmegaConf.create({**state["cfg"]["model"], **changes})
+    model = UniLMModel.build_model(cfg, argparse.Namespace(source_dictionary=dictionary))
+    model.load_state_dict({k: v.clone() for k, v in state["model"].items()}, strict=True)
+    return model.eval()
+
+
+def test_a_bert_checkpoint_under_unilm2_tasks_computes_what_the_checkpoint_computes(converted):
+    reference, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    dictionary.add_symbol("<mask>")
+    pseudo = dictionary.add_symbol(PSEUDO_SYMBOL)  # what pmlm and unilm_seq2seq --pseudo-masks append
+    assert pseudo == len(dictionary) - 1 == state["model"]["encoder.stack.embeddings.tokens.weight"].size(0)
+    model = unilm2_model(state, dictionary, relative_position_buckets=32)
+    assert torch.count_nonzero(model.stack.relative_position.weight) == 0
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(2))
+    real = tokens.ne(dictionary.pad())
+    ids, table = bert_ids(dictionary, tokens)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=real.long(), output_hidden_states=True)
+        features, _ = model(tokens, features_only=True)
+        logits, _ = model(tokens)
+        # <pseudo> is read as the checkpoint reads [MASK]: the same states where one replaces the other
+        masked = tokens.clone()
+        masked[:, 2] = dictionary.index("<mask>")
+        with_pseudo = tokens.clone()
+        with_pseudo[:, 2] = pseudo
+        as_mask, _ = model(masked, features_only=True)
+        as_pseudo, _ = model(with_pseudo, features_only=True)
+    torch.testing.assert_close(features[real], expected.hidden_states[-1][real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[real], expected.logits[..., table][real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(as_pseudo, as_mask, atol=0, rtol=0)
+    # the output layer predicts <pseudo> with [MASK]'s logit (weight tied to the copied row, bias copied)
+    torch.testing.assert_close(logits[..., pseudo], logits[..., dictionary.index("<mask>")], atol=0, rtol=0)
+
+
+def test_fine_tuning_a_checkpoint_without_relative_bias_keeps_the_unilm2_arch(converted):
+    """fairseq-train --arch unilm2_* --finetune-from-model BERT adopts the checkpoint's sizes but not its lack of a
+    relative position bias (that would silently train UniLM v1); a size that conflicts still stops."""
+    _, out, state = converted
+    args = argparse.Namespace(arch="unilm2_tiny", relative_position_buckets=32, relative_position_max_distance=64,
+                              encoder_layers=4, source_segment=4, target_segment=5, task="unilm_seq2seq")
+    adopted = checkpoint_paths.adopt(args, ["--arch", "unilm2_tiny"], state, str(out / "model.pt"))
+    assert (args.relative_position_buckets, args.relative_position_max_distance) == (32, 64)
+    assert args.encoder_layers == adopted["encoder_layers"] == 2
+    assert "relative_position_buckets" not in adopted
+    with pytest.raises(checkpoint_paths.CheckpointPathError, match="--encoder-layers 2"):
+        checkpoint_paths.adopt(argparse.Namespace(arch="unilm2_tiny", encoder_layers=4, task="unilm_seq2seq"),
+                               ["--encoder-layers", "4"], state, str(out / "model.pt"))
+
+
+def test_palm_encoder_from_a_converted_bert_equals_bert(converted):
+    reference, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    sizes = dict(encoder_layers=2, encoder_embed_dim=64, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
+                 encoder_max_positions=64)
+    with pytest.raises(ValueError, match=r"pass --layer-norm-eps 1e-12$"):
+        build_palm(dictionary, roberta_path=str(out / "model.pt"), **sizes)
+    palm = build_palm(dictionary, roberta_path=str(out / "model.pt"), layer_norm_eps=1e-12, **sizes).eval()
+    # PALM reads sources as "words </s>" and puts <s> first: BERT's "[CLS] words [SEP]"
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(4), lengths=(9, 9))[:, 1:]
+    ids, table = bert_ids(dictionary, torch.cat([torch.full((2, 1), dictionary.bos()), tokens], dim=1))
+    with torch.no_grad():
+        expected = reference(input_ids=ids, output_hidden_states=True)
+        encoder_out = palm.encoder(tokens, src_lengths=torch.full((2,), tokens.size(1)))
+        states = encoder_out["encoder_out"][0].transpose(0, 1)
+        mlm = palm.mlm_head(states)
+    torch.testing.assert_close(states, expected.hidden_states[-1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mlm, expected.logits[..., table], atol=1e-5, rtol=0)
+    assert all(m.eps == 1e-12 for m in palm.modules() if isinstance(m, torch.nn.LayerNorm))
+    # the option is adopted from the converted file when the command line does not set it
+    args = argparse.Namespace(roberta_path=str(out / "model.pt"), layer_norm_eps=1e-5)
+    checkpoint_paths.check(args, ["--roberta-path", str(out / "model.pt")])
+    assert args.layer_norm_eps == 1e-12
+
+
+def test_head_only_control_trains_the_mlm_head_and_nothing_else(converted):
+    _, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    dictionary.add_symbol("<mask>")
+    model = unilm2_model(state, dictionary, train_only_lm_head=True)
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trained == {"lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight",
+                       "lm_head.layer_norm.bias", "lm_head.bias"}
+    logits, _ = model(sample_batch(dictionary, torch.Generator().manual_seed(3)))
+    logits.logsumexp(-1).sum().backward()
+    assert model.stack.embeddings.tokens.weight.grad is None and model.lm_head.dense.weight.grad is not None
