@@ -79,6 +79,14 @@ def test_fine_tuning_a_checkpoint_without_relative_bias_keeps_the_unilm2_arch(co
     assert (args.relative_position_buckets, args.relative_position_max_distance) == (32, 64)
     assert args.encoder_layers == adopted["encoder_layers"] == 2
     assert "relative_position_buckets" not in adopted
+    # a pmlm checkpoint (UniLMv2 pre-training: S1 / S2 are segments 0 / 1) gives its segments to unilm_seq2seq
+    pmlm = {**state, "cfg": {**state["cfg"], "task": {"_name": "pmlm"}}}
+    args = argparse.Namespace(arch="unilm2_tiny", source_segment=4, target_segment=5, task="unilm_seq2seq")
+    checkpoint_paths.adopt(args, ["--arch", "unilm2_tiny"], pmlm, "pmlm.pt")
+    assert (args.source_segment, args.target_segment) == (0, 1)
+    args = argparse.Namespace(arch="unilm2_tiny", source_segment=2, target_segment=5, task="unilm_seq2seq")
+    checkpoint_paths.adopt(args, ["--source-segment", "2"], pmlm, "pmlm.pt")
+    assert (args.source_segment, args.target_segment) == (2, 1)
     with pytest.raises(checkpoint_paths.CheckpointPathError, match="--encoder-layers 2"):
         checkpoint_paths.adopt(argparse.Namespace(arch="unilm2_tiny", encoder_layers=4, task="unilm_seq2seq"),
                                ["--encoder-layers", "4"], state, str(out / "model.pt"))

@@ -13,8 +13,8 @@ plugin is imported), and after parsing:
 * checks each checkpoint path given and stops with what to do as the last line of output: a directory (name the
   checkpoint file in it; an HF directory: convert it with ``palm-convert``), a missing file, an HF weights file;
 * for ``--finetune-from-model`` (and ``--path``: segment ids only) of a checkpoint of the same model, adopts the
-  checkpoint's sizes (:data:`SIZES`) and the task's segment ids (:data:`TASK_FIELDS`) that the command line does
-  not set. A size set on the command line that differs stops with the flags to use; a larger ``--max-positions``
+  checkpoint's sizes (:data:`SIZES`) and the task's segment ids (:data:`TASK_FIELDS`; after ``pmlm``, its S1 / S2
+  segments 0 / 1) that the command line does not set. A size set on the command line that differs stops with the flags to use; a larger ``--max-positions``
   or ``--num-segments`` is allowed: the model grows the checkpoint's tables when it loads them
   (:mod:`palm_plugin.modules.table_extension`), as the papers' 768-position fine-tuning needs. A checkpoint without a
   relative position bias (BERT, UniLM v1, MiniLM) gives no relative sizes: a ``unilm2_*`` arch keeps its own and
@@ -36,6 +36,8 @@ SIZES = re.compile(
 )
 GROWABLE = ("max_positions", "num_segments")
 TASK_FIELDS = ("source_segment", "target_segment")
+# the segment ids of S1 / S2 in the tasks that pre-train with two segments: fine-tuning adopts them
+PRETRAINING_SEGMENTS = {"pmlm": {"source_segment": 0, "target_segment": 1}}
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -140,11 +142,12 @@ def adopt(args, arguments, state, path, sizes=True):
                 adopted[name] = value
             elif getattr(args, name) != value and not (name in GROWABLE and getattr(args, name) > value):
                 conflicts.append((name, getattr(args, name), value))
-    if task_cfg.get("_name", getattr(args, "task", None)) == getattr(args, "task", None):
-        for name in TASK_FIELDS:
-            if name in task_cfg and hasattr(args, name) and not _given(arguments, name):
-                setattr(args, name, task_cfg[name])
-                adopted[name] = task_cfg[name]
+    task = task_cfg.get("_name", getattr(args, "task", None))
+    segments = task_cfg if task == getattr(args, "task", None) else PRETRAINING_SEGMENTS.get(task, {})
+    for name in TASK_FIELDS:
+        if name in segments and hasattr(args, name) and not _given(arguments, name):
+            setattr(args, name, segments[name])
+            adopted[name] = segments[name]
     if conflicts:
         differences = "; ".join(f"{_flag(n)} {mine} (checkpoint: {theirs})" for n, mine, theirs in conflicts)
         flags = " ".join(f"{_flag(n)} {theirs}" for n, _, theirs in conflicts)

@@ -51,7 +51,7 @@ from pathlib import Path
 from palm_tools.atomic_files import atomic_open
 from palm_tools.experiments.execute import result_of, run_all
 from palm_tools.experiments.logged_run import REPO
-from palm_tools.experiments.plan import UNIGRAM, Plan
+from palm_tools.experiments.plan import UNIGRAM, Plan, unigram_name
 from palm_tools.experiments.prepare import prepare
 from palm_tools.experiments.report import chart, collect, markdown, run_times
 from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRESET_SELECTION, SEL
@@ -162,7 +162,7 @@ def main(argv=None):
             prepare(plan, work / "prepare.log")
         except RuntimeError as error:
             sys.exit(f"palm-experiments: data preparation failed: {error}")
-        skip = {name: plan.minilm_missing for name in plan.runs if plan.minilm_missing and "-minilm-" in name}
+        skip = {name: plan.minilm_missing for name in plan.runs if plan.minilm_missing and "-minilm" in name}
         errors = run_all(plan, args.jobs, skip=skip)
     tables = collect(plan, errors)
     seconds = time.time() - started
@@ -178,6 +178,12 @@ def main(argv=None):
               f"updates at lr {scale.minilm_select_lr}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
               f"pairs. Seeds {scale.seeds} (each seed pre-trains and fine-tunes anew). Mean ± standard deviation over "
               f"seeds. Pre-training text: {plan.pretrain_text}.")
+    if any(e.key == "real" for e in experiments):
+        budget += (f" Real-weights experiment: every continued pre-training (and PALM's from scratch) "
+                   f"{scale.real_pretrain_updates} updates of {scale.blocks} blocks of {scale.tokens_per_sample} "
+                   f"WordPiece tokens of the same text ({plan.wordpiece_pretrain_text}; lr {scale.real_pretrain_lr} "
+                   f"from the checkpoint, {scale.pretrain_lr} from scratch); every fine-tuning {scale.minilm_updates} "
+                   f"updates of {scale.finetune_pairs} pairs at lr {scale.minilm_lr}; perplexities in WordPiece tokens.")
     preset = name + (", with --scale" if args.scale else "") + (
         "; not the default configuration" if name != "default" else "")
     header = (f"# The papers' comparisons, reproduced small (preset {preset})"
@@ -187,6 +193,7 @@ def main(argv=None):
               f"the JSON); {finished} of {len(plan.runs)} runs finished.\n\n{budget}")
     report = {"preset": name, "scale": dataclasses.asdict(scale), "command": command, "budget": budget,
               "jobs": args.jobs, "unigram": result_of(plan, UNIGRAM),
+              "unigram_wordpiece": result_of(plan, unigram_name("wordpiece")),
               "minutes": round(seconds / 60, 1), "run_seconds": {n: (result_of(plan, n) or {}).get("seconds")
                                                                   for n in plan.runs},
               "experiments": tables}

@@ -43,8 +43,8 @@ def execute(plan, run):
     folder.mkdir(parents=True)
     log, started = folder / "log.txt", time.time()
     if run.kind == UNIGRAM:  # the generation data's training responses and test pairs, the dictionary's symbols
-        text = plan.prepared / "text-spm"
-        vocabulary = len((plan.data / "dict.txt").read_text().splitlines()) + 4  # + fairseq's <s> <pad> </s> <unk>
+        text, dictionary = plan.vocabulary("spm" if run.name == UNIGRAM else "wordpiece")
+        vocabulary = len(dictionary.read_text().splitlines()) + 4  # + fairseq's <s> <pad> </s> <unk>
         result = {"run": run.name, **unigram_perplexity((text / "train.tgt").read_text().splitlines(),
                                                         (text / "test.tgt").read_text().splitlines(), vocabulary),
                   "seconds": round(time.time() - started, 1)}

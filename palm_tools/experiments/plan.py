@@ -5,11 +5,11 @@ from pathlib import Path
 from typing import Tuple
 
 from palm_tools.experiments.logged_run import REPO
-from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRETRAININGS
+from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRETRAININGS, REAL_MODELS
 from palm_tools.experiments.scale import Scale
 
 USER_DIR = REPO / "palm_plugin"
-UNIGRAM = "unigram"  # the run (and its kind) of the unigram model of the training responses
+UNIGRAM = "unigram"  # the run (and its kind) of the unigram model of the training responses, palm-data's pieces
 
 
 @dataclass
@@ -23,22 +23,29 @@ class Run:
     seed: int
 
 
-def _model_args(scale, model, data):
-    """Architecture options of a family at this scale (MiniLM: the converted checkpoint's own sizes)."""
+def _model_args(scale, model, data, from_checkpoint=False):
+    """Architecture options of a family at this scale (the real-weights networks: the converted checkpoint's sizes;
+    its segment types are adopted from a checkpoint, so they are given only to a network built from scratch)."""
     if model == "palm":
         return ["--arch", "palm_tiny", "--encoder-layers", scale.palm_layers, "--decoder-layers", scale.palm_layers,
                 "--encoder-embed-dim", scale.dim, "--encoder-ffn-embed-dim", scale.ffn, "--decoder-ffn-embed-dim",
                 scale.ffn, "--encoder-attention-heads", scale.heads, "--decoder-attention-heads", scale.heads]
-    if model == "minilm":
+    if model in REAL_MODELS:
         source = data.minilm_source and data.minilm_source / "config.json"
         # all-MiniLM-L6-v2's sizes when the checkpoint is missing (its runs are then skipped with the reason)
         config = json.loads(source.read_text()) if source and source.exists() else {}
-        return ["--arch", "unilm_tiny", "--encoder-layers", config.get("num_hidden_layers", 6),
-                "--encoder-embed-dim", config.get("hidden_size", 384),
-                "--encoder-ffn-embed-dim", config.get("intermediate_size", 1536),
-                "--encoder-attention-heads", config.get("num_attention_heads", 12),
-                "--num-segments", config.get("type_vocab_size", 2),
-                "--max-positions", config.get("max_position_embeddings", 512)]
+        layers, dim = config.get("num_hidden_layers", 6), config.get("hidden_size", 384)
+        ffn, heads = config.get("intermediate_size", 1536), config.get("num_attention_heads", 12)
+        positions = config.get("max_position_embeddings", 512)
+        if model == "minilm_palm":  # PALM: the checkpoint's encoder, a new decoder of the same depth (as palm_base)
+            return ["--arch", "palm_tiny", "--encoder-layers", layers, "--decoder-layers", layers,
+                    "--encoder-embed-dim", dim, "--encoder-ffn-embed-dim", ffn, "--decoder-ffn-embed-dim", ffn,
+                    "--encoder-attention-heads", heads, "--decoder-attention-heads", heads,
+                    "--encoder-max-positions", positions, "--layer-norm-eps", config.get("layer_norm_eps", 1e-12)]
+        segments = [] if from_checkpoint else ["--num-segments", config.get("type_vocab_size", 2)]
+        return ["--arch", "unilm2_tiny" if model == "minilm2" else "unilm_tiny", "--encoder-layers", layers,
+                "--encoder-embed-dim", dim, "--encoder-ffn-embed-dim", ffn, "--encoder-attention-heads", heads,
+                *segments, "--max-positions", positions]
     return ["--arch", "unilm2_tiny" if model == "unilm2" else "unilm_tiny", "--encoder-layers", scale.unilm_layers,
             "--encoder-embed-dim", scale.dim, "--encoder-ffn-embed-dim", scale.ffn,
             "--encoder-attention-heads", scale.heads]
@@ -67,8 +74,10 @@ class Plan:
         except RuntimeError as error:
             self.minilm_source, self.minilm_missing = None, str(error)
         self.runs = {}
-        if any(GEN in experiment.tasks for experiment in experiments):  # the baseline every perplexity is read against
-            self.runs[UNIGRAM] = Run(UNIGRAM, (), [], UNIGRAM, 0)
+        for experiment in experiments:  # the baseline every perplexity is read against, in the table's tokens
+            if GEN in experiment.tasks:
+                name = unigram_name(experiment.vocab)
+                self.runs[name] = Run(name, (), [], UNIGRAM, 0)
         for experiment in experiments:
             for row in experiment.rows:
                 for task in experiment.tasks:
@@ -79,6 +88,17 @@ class Plan:
     def pretrain_text(self):
         """The binarized pre-training text every pre-training row reads."""
         return self.scale.pretrain_data or self.data / "bin" / ("pretrain" if self.scale.corpus == "all" else "sotu")
+
+    @property
+    def wordpiece_pretrain_text(self):
+        """The pre-training text in the real checkpoint's WordPiece vocabulary (prepare.prepare builds it)."""
+        return self.prepared / "pretrain-wordpiece"
+
+    def vocabulary(self, vocab):
+        """(text folder of the generation data, dictionary) in palm-data's pieces or the real checkpoint's."""
+        if vocab == "wordpiece":
+            return self.prepared / "text-wordpiece", self.minilm_dir / "dict.txt"
+        return self.prepared / "text-spm", self.data / "dict.txt"
 
     def run_dir(self, name):
         return self.work / "runs" / name
@@ -92,32 +112,43 @@ class Plan:
             return name
         scale, pretraining = self.scale, PRETRAININGS[key]
         model, options = pretraining.model, list(pretraining.options)
-        text = self.pretrain_text
-        common = _model_args(scale, model, self) + options
+        real = model in REAL_MODELS
+        text = self.wordpiece_pretrain_text if real else self.pretrain_text
+        updates = scale.real_pretrain_updates if real else scale.pretrain_updates
+        lr = scale.real_pretrain_lr if pretraining.init else scale.pretrain_lr
+        checkpoint = self.minilm_dir / "model.pt"
+        # PALM takes the checkpoint's encoder (--roberta-path); UniLM and UniLMv2 the whole network
+        init = ([] if not pretraining.init else ["--roberta-path", checkpoint] if model == "minilm_palm" else
+                ["--finetune-from-model", checkpoint])
+        common = _model_args(scale, model, self, from_checkpoint=bool(init)) + options
 
-        def train(save, updates):
-            return _train_args(scale, seed, save, scale.pretrain_lr, updates, scale.blocks)
+        def train(save, count):
+            return _train_args(scale, seed, save, lr, count, scale.blocks)
 
         folder = self.run_dir(name)
-        if model == "palm":
+        if model in ("palm", "minilm_palm"):
             source, target = scale.palm_split
             task = [text, "--task", "continuation_pair", "--criterion", "palm_mlm_lm", "--max-source-tokens", source,
                     "--max-target-tokens", target, "--disable-validation", *common]
-            ae_updates = scale.palm_ae_updates if pretraining.stage_ae else 0
+            ae_updates = scale.stage_ae_updates(updates) if pretraining.stage_ae else 0
             joint = task + ["--stage", "joint", *pretraining.joint_options]
             commands = []
             if ae_updates:
-                commands.append(("fairseq-train", task + ["--stage", "ae"] + train(folder / "ae", ae_updates)))
+                commands.append(("fairseq-train", task + ["--stage", "ae", *init] + train(folder / "ae", ae_updates)))
                 joint += ["--finetune-from-model", folder / "ae" / "checkpoint_last.pt"]
-            commands.append(("fairseq-train", joint + train(folder / "checkpoints", scale.pretrain_updates - ae_updates)))
-        elif model == "unilm2":
+            else:
+                joint += init
+            commands.append(("fairseq-train", joint + train(folder / "checkpoints", updates - ae_updates)))
+        elif model in ("unilm2", "minilm2"):
             commands = [("fairseq-train", [text, "--task", "pmlm", "--criterion", "pmlm_ae_par", "--tokens-per-sample",
-                                           scale.tokens_per_sample, "--disable-validation", *common,
-                                           *train(folder / "checkpoints", scale.pretrain_updates)])]
+                                           scale.tokens_per_sample, "--disable-validation", *common, *init,
+                                           *train(folder / "checkpoints", updates)])]
         else:
+            # UniLM v1's segment ids mark the objective: a 2-type checkpoint grows to 6 (new rows copy type 0)
+            segments = ["--num-segments", 6] if init else []
             commands = [("fairseq-train", [text, "--task", "unilm_pretraining", "--criterion", "unilm_cloze",
                                            "--tokens-per-sample", scale.tokens_per_sample, "--disable-validation",
-                                           *common, *train(folder / "checkpoints", scale.pretrain_updates)])]
+                                           *common, *segments, *init, *train(folder / "checkpoints", updates)])]
         self.runs[name] = Run(name, (), commands, "pretrain", seed)
         return name
 
@@ -132,34 +163,38 @@ class Plan:
             return name
         scale, folder = self.scale, self.run_dir(name)
         needs, init = (), []
-        if row.pretrain == "minilm":
-            init = ["--finetune-from-model", self.minilm_dir / "model.pt"]
+        if row.pretrain == "minilm":  # PALM: the checkpoint's encoder, a new decoder
+            init = ["--roberta-path" if row.model == "minilm_palm" else "--finetune-from-model",
+                    self.minilm_dir / "model.pt"]
         elif row.pretrain:
             needs = (self.pretrain_run(row.pretrain, seed),)
             init = ["--finetune-from-model", self.checkpoint(needs[0])]
-        updates = scale.minilm_updates if row.model == "minilm" else scale.finetune_updates
-        lr = scale.finetune_lr
-        if row.model == "minilm" and task != GEN:  # a classifier on BERT weights: BERT's fine-tuning rate
+        real = row.model in REAL_MODELS
+        updates = scale.minilm_updates if real else scale.finetune_updates
+        lr = scale.minilm_lr if real else scale.finetune_lr
+        if real and task != GEN:  # a classifier on BERT weights: BERT's fine-tuning rate
             updates, lr = scale.minilm_select_updates, scale.minilm_select_lr
-        vocab = "wordpiece" if row.model == "minilm" else "spm"
-        train = [*_model_args(scale, row.model, self), *row.finetune_options, *init,
+        vocab = "wordpiece" if real else "spm"
+        from_checkpoint = bool(init) and init[0] == "--finetune-from-model"
+        train = [*_model_args(scale, row.model, self, from_checkpoint), *row.finetune_options, *init,
                  *_train_args(scale, seed, folder / "checkpoints", lr, updates, scale.finetune_pairs)]
         if task == GEN:
             data = self.prepared / f"gen-{vocab}"
-            task_args = self.generation_task(row.model, data)
+            task_args = self.generation_task(row, data)
+            palm = row.model in ("palm", "minilm_palm")
             commands = [
                 ("fairseq-train", task_args + ["--disable-validation", "--criterion",
-                                               "label_smoothed_cross_entropy" if row.model == "palm" else "unilm_cloze",
+                                               "label_smoothed_cross_entropy" if palm else "unilm_cloze",
                                                "--label-smoothing", 0.1] + train),
                 ("fairseq-generate", task_args + ["--user-dir", USER_DIR, "--path", self.checkpoint(name),
                                                   "--gen-subset", "test", "--score-reference", "--batch-size", 16,
                                                   "--num-workers", 0] + (["--cpu"] if scale.device == "cpu" else [])),
             ]
         else:
-            if row.model == "palm":
+            if row.model in ("palm", "minilm_palm"):
                 return None  # PALM has no classification head: the table says so
             # pmlm-trained dictionaries hold <pseudo> after <mask>: the selection data comes with both dictionaries
-            dictionary = "pseudo" if row.model == "unilm2" else "plain"
+            dictionary = "pseudo" if row.model in ("unilm2", "minilm2") else "plain"
             data = self.prepared / f"sel-{vocab}-{dictionary}"
             commands = [("fairseq-train", [data, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
                                            "--num-classes", 2, "--init-token", 0, "--separator-token", 2,
@@ -168,15 +203,26 @@ class Plan:
         self.runs[name] = Run(name, needs, commands, task, seed)
         return name
 
-    def generation_task(self, model, data):
-        scale = self.scale
-        if model == "palm":
+    def generation_task(self, row, data):
+        """The fine-tuning task's options for ``row``'s network, shared by fairseq-train and fairseq-generate."""
+        scale, model = self.scale, row.model
+        if model in ("palm", "minilm_palm"):
             return [data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--truncate-source",
                     "--max-source-positions", scale.max_source, "--max-target-positions", scale.max_target]
-        segments = ["--source-segment", 0, "--target-segment", 1] if model in ("unilm2", "minilm") else []
-        layout = ["--pseudo-masks"] if model == "unilm2" else ["--mask-prob", 0.5]  # UniLM: 0.5 for dialog
+        options = list(row.finetune_options)
+        if "--source-segment" in options:  # the row's own segments (UniLM v1's 4 / 5 after its mix)
+            start = options.index("--source-segment")
+            segments = options[start:start + 4]
+        else:
+            segments = ["--source-segment", 0, "--target-segment", 1] if model in ("unilm2", *REAL_MODELS) else []
+        layout = ["--pseudo-masks"] if model in ("unilm2", "minilm2") else ["--mask-prob", 0.5]  # UniLM: 0.5, dialog
         return [data, "--task", "unilm_seq2seq", *layout, *segments, "--max-source-positions", scale.max_source,
                 "--max-target-positions", scale.max_target]
+
+
+def unigram_name(vocab):
+    """The run of the unigram baseline in ``vocab``'s tokens (spm: palm-data's pieces; wordpiece: the checkpoint's)."""
+    return UNIGRAM if vocab == "spm" else f"{UNIGRAM}-{vocab}"
 
 
 def _minilm_package():

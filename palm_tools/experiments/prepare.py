@@ -5,6 +5,7 @@ import random
 import shutil
 
 from palm_tools.experiments.logged_run import run_checked
+from palm_tools.experiments.rows import REAL_MODELS
 
 
 def _stage(folder, build):
@@ -117,7 +118,7 @@ def prepare(plan, log):
     _stage(out / "text-spm", spm_text)
     binarize(out, out / "text-spm", data / "dict.txt", "spm")
 
-    if any(row.model == "minilm" for e in plan.experiments for row in e.rows) and not plan.minilm_missing:
+    if any(row.model in REAL_MODELS for e in plan.experiments for row in e.rows) and not plan.minilm_missing:
         try:
             _stage(plan.minilm_dir, lambda target: run_checked(
                 "palm-convert", ["bert", "--input", plan.minilm_source, "--output", target], log))
@@ -135,3 +136,17 @@ def prepare(plan, log):
                 os.replace(folder / ("wp." + p.name), p)
         _stage(out / "text-wordpiece", wordpiece_text)
         binarize(out, out / "text-wordpiece", plan.minilm_dir / "dict.txt", "wordpiece")
+        if any(row.pretrain and row.pretrain != "minilm" for e in plan.experiments for row in e.rows
+               if row.model in REAL_MODELS):
+            _stage(plan.wordpiece_pretrain_text, lambda target: wordpiece_pretraining_text(plan, target, log))
+
+
+def wordpiece_pretraining_text(plan, target, log):
+    """The pre-training corpus's raw text (documents separated by blank lines) in the real checkpoint's WordPiece
+    vocabulary, binarized with its dictionary: what every continued pre-training of the real-weights table reads."""
+    raw = plan.data / "pretrain" / "train.txt" if plan.scale.corpus == "all" else plan.data / "raw" / "sotu.train.txt"
+    run_checked("palm-prepare", ["encode", "--bpe", "wordpiece", "--model", plan.minilm_dir / "vocab.txt",
+                                 "--inputs", raw, "--outputs", target / "train.wp"], log)
+    run_checked("fairseq-preprocess", ["--only-source", "--trainpref", target / "train.wp", "--srcdict",
+                                       plan.minilm_dir / "dict.txt", "--destdir", target, "--workers", 2], log)
+    (target / "train.wp").unlink()

