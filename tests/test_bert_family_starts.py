@@ -128,3 +128,19 @@ def test_head_only_control_trains_the_mlm_head_and_nothing_else(converted):
     logits, _ = model(sample_batch(dictionary, torch.Generator().manual_seed(3)))
     logits.logsumexp(-1).sum().backward()
     assert model.stack.embeddings.tokens.weight.grad is None and model.lm_head.dense.weight.grad is not None
+
+
+def test_a_unilm2_checkpoint_under_a_task_without_pseudo_masks_says_so(converted):
+    """The reverse: a checkpoint trained with <pseudo> has one row more than a dictionary without it; the message
+    names the task's option, not the data's dictionary."""
+    from palm_plugin.modules.dictionary_check import DictionaryMismatchError
+
+    _, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    dictionary.add_symbol("<mask>")
+    pseudo = Dictionary.load(str(out / "dict.txt"))
+    pseudo.add_symbol("<mask>")
+    pseudo.add_symbol(PSEUDO_SYMBOL)
+    trained = unilm2_model(state, pseudo, relative_position_buckets=32).state_dict()
+    with pytest.raises(DictionaryMismatchError, match=r"one more than .* add --pseudo-masks to fine-tune or decode"):
+        unilm2_model({**state, "model": trained}, dictionary, relative_position_buckets=32)
