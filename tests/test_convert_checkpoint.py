@@ -375,9 +375,19 @@ def test_converted_bert_fine_tunes_and_decodes_with_fairseq_and_wordpiece(tmp_pa
         "--finetune-from-model", out / "model.pt", "--criterion", "unilm_cloze", "--label-smoothing", "0.1",
         "--optimizer", "adam", "--lr", "1e-4", "--batch-size", "8", "--max-update", "2", "--save-dir", tmp_path / "ckpt",
         "--no-epoch-checkpoints", "--required-batch-size-multiple", "1")
-    for checkpoint in (out / "model.pt", tmp_path / "ckpt" / "checkpoint_last.pt"):
-        result = cli("fairseq-generate", data, *common, "--path", checkpoint, "--gen-subset", "valid", "--beam", "2",
+    # PALM with the converted encoder (--roberta-path, the checkpoint's sizes), fairseq's translation task
+    palm = ["--user-dir", REPO / "palm_plugin", "--task", "translation", "--cpu", "--max-source-positions", "16",
+            "--max-target-positions", "16"]
+    cli("fairseq-train", data, *palm, "--arch", "palm_tiny", "--roberta-path", out / "model.pt", "--encoder-layers",
+        "2", "--decoder-layers", "1", "--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "256",
+        "--encoder-attention-heads", "4", "--encoder-max-positions", "64", "--criterion",
+        "label_smoothed_cross_entropy", "--optimizer", "adam", "--lr", "1e-4", "--batch-size", "8", "--max-update", "2",
+        "--save-dir", tmp_path / "palm", "--no-epoch-checkpoints", "--required-batch-size-multiple", "1")
+    for checkpoint, task in ((out / "model.pt", common), (tmp_path / "ckpt" / "checkpoint_last.pt", common),
+                             (tmp_path / "palm" / "checkpoint_last.pt", palm)):
+        result = cli("fairseq-generate", data, *task, "--path", checkpoint, "--gen-subset", "valid", "--beam", "2",
                      "--batch-size", "8", "--max-len-b", "6", "--bpe", "bert", "--bpe-vocab-file", out / "vocab.txt")
         hypotheses = [line for line in result.stdout.splitlines() if line.startswith("D-")]
         assert len(hypotheses) == 8
-        assert all("##" not in line for line in hypotheses)  # WordPiece pieces were joined back into words
+        # WordPiece pieces were joined back into words (a continuation piece can stay only where a hypothesis starts)
+        assert all("##" not in line.split("\t")[-1][1:] for line in hypotheses), hypotheses
