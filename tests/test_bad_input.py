@@ -29,8 +29,9 @@ def test_missing_dictionary_names_the_file(task, tmp_path):
         build_dataset(tmp_path, task, seed=1)
 
 
-def build_model(arch, words):
-    """A model of ``arch`` over a dictionary of ``words`` word types (plus the specials and <mask>)."""
+def build_model(arch, words, **overrides):
+    """A model of ``arch`` (with ``overrides`` of its options) over a dictionary of ``words`` word types (plus the
+    specials and <mask>)."""
     import palm_plugin  # noqa: F401  (registers the archs)
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
@@ -39,7 +40,7 @@ def build_model(arch, words):
     for index in range(words):
         dictionary.add_symbol(f"w{index}")
     dictionary.add_symbol("<mask>")
-    args = argparse.Namespace()
+    args = argparse.Namespace(**overrides)
     ARCH_CONFIG_REGISTRY[arch](args)
     model_class = ARCH_MODEL_REGISTRY[arch]
     task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
@@ -105,3 +106,16 @@ def test_generate_on_another_dictionary_names_checkpoint_and_dictionaries(model,
     # without a task (hub loading), fairseq sets one up from the checkpoint's configuration and the overrides
     with pytest.raises(DictionaryMismatchError, match=f"{checkpoint}: does not fit the dictionary {large}/dict"):
         checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(large)})
+
+
+@pytest.mark.parametrize("arch, option, value, message", [
+    ("unilm_tiny", "encoder_layers", 0, r"^--encoder-layers 0: must be at least 1$"),
+    ("palm_tiny", "decoder_layers", 0, r"^--decoder-layers 0: must be at least 1$"),
+    ("unilm_tiny", "encoder_attention_heads", 3, r"^--encoder-embed-dim 64 is not divisible by --encoder-attention-heads 3"),
+    ("palm_tiny", "decoder_attention_heads", 5, r"^--encoder-embed-dim 64 is not divisible by --decoder-attention-heads 5"),
+])
+def test_sizes_that_cannot_build_a_network_name_the_option(arch, option, value, message):
+    """--encoder-layers 0 used to train a network with no layers; a width the heads do not divide stopped in an
+    assertion inside fairseq."""
+    with pytest.raises(ValueError, match=message):
+        build_model(arch, words=4, **{option: value})

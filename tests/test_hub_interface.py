@@ -186,3 +186,16 @@ def test_references_are_collated_as_fairseqs_translation_batches():
     assert torch.equal(batch["target"], expected["target"]) and batch["ntokens"] == expected["ntokens"]
     assert torch.equal(batch["net_input"]["prev_output_tokens"], expected["net_input"]["prev_output_tokens"])
     assert ours.collater([]) == {}
+
+
+def test_from_pretrained_of_a_missing_checkpoint_names_it_and_what_is_there(tmp_path):
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    with pytest.raises(FileNotFoundError, match=r"missing/checkpoint_best\.pt: no such checkpoint; .*missing is not a "
+                                                r"directory \(from_pretrained\(DIR, checkpoint_file=NAME\)"):
+        from_pretrained(str(tmp_path / "missing"))
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"checkpoint_best\.pt: no such checkpoint; .* holds checkpoint_last\.pt"):
+        from_pretrained(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"b\.pt: no such checkpoint"):
+        from_pretrained(str(tmp_path), checkpoint_file="checkpoint_last.pt:b.pt")

