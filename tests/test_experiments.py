@@ -236,3 +236,14 @@ def test_work_folder_keeps_its_scale(tmp_path):
     check_work_folder(tmp_path, small.with_overrides(["seeds=1,2,3,4"]))
     with pytest.raises(SystemExit, match=r"dim: 64 -> 96"):
         check_work_folder(tmp_path, small.with_overrides(["dim=96"]))
+
+
+def test_folders_are_relative_to_the_working_directory(tmp_path, monkeypatch):
+    """A run started outside the checkout writes its work folder and reads its data there, not in the repository."""
+    from palm_tools.experiments import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--quick", "--only", "unilm", "--report-only", "--work", "w"]) == 0
+    report = json.loads((tmp_path / "w" / "paper_tables.json").read_text())
+    assert report["scale"]["data"] == str(tmp_path / "data")
+    assert (tmp_path / "w" / "scale.json").exists() and (tmp_path / "w" / "paper_tables.md").exists()

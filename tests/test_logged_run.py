@@ -24,3 +24,25 @@ def test_timeout_stops_the_tool_and_what_it_started(tmp_path):
     assert status == 124 and wall < 20 and "stopped after 1 s" in log.read_text()
     time.sleep(4)
     assert not marker.exists(), "the child of a stopped tool went on"
+
+
+def test_a_terminated_driver_stops_its_runs_and_what_they_started(tmp_path):
+    """palm-experiments stopped with SIGTERM used to leave its fairseq processes running (each leads a session of its
+    own); the runs going on, and their children, now stop with it."""
+    import signal
+    import subprocess
+
+    started, marker = tmp_path / "started", tmp_path / "child-still-running"
+    child = f"import time; time.sleep(3); open({str(marker)!r}, 'w')"
+    run = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+           f"open({str(started)!r}, 'w'); time.sleep(30)")
+    driver = ("import sys; from palm_tools.experiments import logged_run; logged_run.stop_runs_on_termination(); "
+              f"logged_run.run_logged([sys.executable, '-c', {run!r}], {str(tmp_path / 'log.txt')!r})")
+    process = subprocess.Popen([sys.executable, "-c", driver])
+    deadline = time.time() + 30
+    while not started.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 128 + signal.SIGTERM
+    time.sleep(4)
+    assert not marker.exists(), "a run of a terminated driver went on"

@@ -55,6 +55,7 @@ from pathlib import Path
 
 from palm_tools.atomic_files import atomic_open
 from palm_tools.experiments.execute import result_of, run_all
+from palm_tools.experiments import logged_run
 from palm_tools.experiments.logged_run import REPO
 from palm_tools.experiments.plan import UNIGRAM, Plan, unigram_name
 from palm_tools.experiments.prepare import prepare
@@ -148,16 +149,18 @@ def main(argv=None):
         for f in dataclasses.fields(scale):
             print(f"{f.name:20} {getattr(scale, f.name)!s:12} {f.metadata['help']}")
         return 0
-    work = args.work or REPO / "work" / "experiments" / name
-    out = args.out or (REPO / "docs" / "paper_tables" if name == "default" else work / "paper_tables")
+    # every folder relative to the working directory (the runs themselves start in the repository)
+    work = (args.work or Path("work") / "experiments" / name).resolve()
+    out = (args.out or (REPO / "docs" / "paper_tables" if name == "default" else work / "paper_tables")).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     chosen = PRESET_SELECTION.get(args.preset, {}) if not (args.only or args.rows or args.tasks) else {}
     experiments = select(args.only, args.rows or chosen.get("rows"), args.tasks or chosen.get("tasks"))
     if not Path(scale.data).is_absolute():
-        scale = dataclasses.replace(scale, data=str(REPO / scale.data))
+        scale = dataclasses.replace(scale, data=str(Path(scale.data).resolve()))
     plan = Plan(scale, work, experiments)
     check_work_folder(work, scale)
     started = time.time()
+    logged_run.stop_runs_on_termination()
     if args.report_only:
         errors = {}
     else:

@@ -10,6 +10,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+_RUNNING = set()  # the process ids of the runs going on (each leads its own process group)
+
+
+def stop_runs_on_termination():
+    """On SIGTERM or SIGHUP, stop every run going on (and what it started) before exiting: each runs in a session of
+    its own, so the signal would not reach it."""
+    def stop(signum, _frame):
+        for pid in list(_RUNNING):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
 
 
 def tool_path(name: str) -> str:
@@ -38,10 +54,14 @@ def run_logged(command, log, threads: int = 1, timeout: float = None):
         output.flush()
         process = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        while pid == 0 and (timeout is None or time.time() - started < timeout):
-            time.sleep(0.2)
+        _RUNNING.add(process.pid)
+        try:
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            while pid == 0 and (timeout is None or time.time() - started < timeout):
+                time.sleep(0.2)
+                pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        finally:
+            _RUNNING.discard(process.pid)
         stopped = pid == 0
         if stopped:  # the tool and whatever it started (data loader workers)
             os.killpg(process.pid, signal.SIGKILL)
