@@ -247,3 +247,24 @@ def test_folders_are_relative_to_the_working_directory(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "w" / "paper_tables.json").read_text())
     assert report["scale"]["data"] == str(tmp_path / "data")
     assert (tmp_path / "w" / "scale.json").exists() and (tmp_path / "w" / "paper_tables.md").exists()
+
+
+def test_pretraining_curves_read_each_stage_of_a_finished_run(tmp_path):
+    from palm_tools.experiments.report import curves_markdown, pretraining_curves
+
+    plan = Plan(PRESETS["quick"], tmp_path, experiments=())
+    plan.runs = {"pre-a-s1": Run("pre-a-s1", (), [], "pretrain", 1), "pre-b-s1": Run("pre-b-s1", (), [], "pretrain", 1)}
+    line = ("2026-11-25 21:19:01 | INFO | train_inner | epoch 001:    {n} / 3325 loss={loss}, ae_loss={loss}, "
+            "ae_ppl={ppl}, wps=1241.8, ups=0.82, wpb=1514.1, bsz=16, num_updates={n}, lr=5.27046e-05, gnorm=2.73")
+    for name in plan.runs:
+        plan.run_dir(name).mkdir(parents=True)
+        (plan.run_dir(name) / "log.txt").write_text("\n".join([
+            "$ fairseq-train stage ae", line.format(n=10, loss=12.5, ppl=5792.6), "other output",
+            "$ fairseq-train stage joint", line.format(n=10, loss=3.0, ppl=8), line.format(n=20, loss=2.0, ppl=4)]))
+    (plan.run_dir("pre-a-s1") / "result.json").write_text("{}")  # b is unfinished: no curve
+    curves = pretraining_curves(plan)
+    assert curves == {"pre-a-s1": [[{"updates": 10, "loss": 12.5, "ae_loss": 12.5, "ae_ppl": 5792.6}],
+                                   [{"updates": 10, "loss": 3.0, "ae_loss": 3.0, "ae_ppl": 8.0},
+                                    {"updates": 20, "loss": 2.0, "ae_loss": 2.0, "ae_ppl": 4.0}]]}
+    text = curves_markdown(curves)
+    assert "**pre-a-s1**, stage 2" in text and "| 20 | 2 | 2 | 4 |" in text

@@ -59,7 +59,8 @@ from palm_tools.experiments import logged_run
 from palm_tools.experiments.logged_run import REPO
 from palm_tools.experiments.plan import UNIGRAM, Plan, unigram_name
 from palm_tools.experiments.prepare import prepare
-from palm_tools.experiments.report import chart, collect, markdown, run_times
+from palm_tools.experiments.report import (chart, collect, curves_markdown, markdown, pretraining_curves,
+                                          run_times)
 from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRESET_SELECTION, SEL
 from palm_tools.experiments.scale import PRESETS, Scale
 
@@ -203,8 +204,10 @@ def main(argv=None):
               "minutes": round(seconds / 60, 1), "run_seconds": {n: (result_of(plan, n) or {}).get("seconds")
                                                                   for n in plan.runs},
               "experiments": tables}
+    curves = pretraining_curves(plan)
+    report["pretraining_curves"] = curves
     with atomic_open(out.with_suffix(".md")) as handle:
-        handle.write(markdown(tables, header) + "\n" + run_times(plan))
+        handle.write(markdown(tables, header) + "\n" + run_times(plan) + "\n" + curves_markdown(curves))
     with atomic_open(out.with_suffix(".json")) as handle:
         json.dump(report, handle, indent=1)
     chart(tables, out.with_suffix(".png"))

@@ -1,6 +1,7 @@
 """Collecting results into tables: values over seeds, mean and spread, our direction against the paper's; the
 markdown, the run times and the chart."""
 import math
+import re
 
 from palm_tools.atomic_files import atomic_path
 from palm_tools.experiments.execute import result_of
@@ -49,6 +50,47 @@ def collect(plan, errors):
             table["tokens"] = experiment.vocab
         tables.append(table)
     return tables
+
+
+# what fairseq-train logs that is not a loss: timing, throughput, optimiser state
+_NOT_LOSSES = {"wps", "ups", "wpb", "bsz", "lr", "gnorm", "clip", "train_wall", "wall", "num_updates",
+               "loss_scale", "accuracy"}
+
+
+def pretraining_curves(plan):
+    """Per finished pre-training run, each stage's (fairseq-train command's) logged losses: a list of stages, each a
+    list of ``{"updates": n, metric: value}`` read from the run's log.txt (committed with its result)."""
+    curves = {}
+    for name, run in plan.runs.items():
+        log = plan.run_dir(name) / "log.txt"
+        if run.kind != "pretrain" or result_of(plan, name) is None or not log.exists():
+            continue
+        stages = []
+        for line in log.read_text().splitlines():
+            if line.startswith("$ "):
+                stages.append([])
+            elif "| train_inner |" in line and stages:
+                values = dict(re.findall(r"(\w+)=([-0-9.e]+)", line))
+                stages[-1].append({"updates": int(values["num_updates"]),
+                                   **{k: float(v) for k, v in values.items() if k not in _NOT_LOSSES}})
+        curves[name] = [stage for stage in stages if stage]
+    return curves
+
+
+def curves_markdown(curves):
+    """The curves as tables: one per pre-training, its stages one after the other (updates counted per stage)."""
+    lines = ["## Pre-training curves", "", "Training losses as fairseq-train logged them (base 2; perplexities "
+             "`*_ppl` = 2 ** loss), by update, for every finished pre-training; PALM's stage ae (encoder MLM) "
+             "comes before stage joint.", ""]
+    for name, stages in sorted(curves.items()):
+        for number, stage in enumerate(stages, 1):
+            metrics = [k for k in stage[0] if k != "updates"]
+            lines += [f"**{name}**" + (f", stage {number}" if len(stages) > 1 else ""), "",
+                      "| updates | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+            lines += ["| " + " | ".join([str(point["updates"])] + [f"{point.get(k, math.nan):g}" for k in metrics])
+                      + " |" for point in stage]
+            lines.append("")
+    return "\n".join(lines)
 
 
 def direction(experiment, rows, task):
