@@ -87,6 +87,13 @@ def test_fine_tuning_a_checkpoint_without_relative_bias_keeps_the_unilm2_arch(co
     args = argparse.Namespace(arch="unilm2_tiny", source_segment=2, target_segment=5, task="unilm_seq2seq")
     checkpoint_paths.adopt(args, ["--source-segment", "2"], pmlm, "pmlm.pt")
     assert (args.source_segment, args.target_segment) == (2, 1)
+    # fairseq-generate --path of a checkpoint fine-tuned in UniLMv2's layout decodes in it, as with its segments
+    tuned = {**state, "cfg": {**state["cfg"], "task": {"_name": "unilm_seq2seq", "pseudo_masks": True,
+                                                       "source_segment": 0, "target_segment": 1}}}
+    args = argparse.Namespace(arch="unilm2_tiny", source_segment=4, target_segment=5, pseudo_masks=False,
+                              task="unilm_seq2seq")
+    checkpoint_paths.adopt(args, [], tuned, "tuned.pt", sizes=False)
+    assert (args.pseudo_masks, args.source_segment, args.target_segment) == (True, 0, 1)
     with pytest.raises(checkpoint_paths.CheckpointPathError, match="--encoder-layers 2"):
         checkpoint_paths.adopt(argparse.Namespace(arch="unilm2_tiny", encoder_layers=4, task="unilm_seq2seq"),
                                ["--encoder-layers", "4"], state, str(out / "model.pt"))

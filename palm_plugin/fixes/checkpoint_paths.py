@@ -12,9 +12,10 @@ plugin is imported), and after parsing:
 
 * checks each checkpoint path given and stops with what to do as the last line of output: a directory (name the
   checkpoint file in it; an HF directory: convert it with ``palm-convert``), a missing file, an HF weights file;
-* for ``--finetune-from-model`` (and ``--path``: segment ids only) of a checkpoint of the same model, adopts the
-  checkpoint's sizes (:data:`SIZES`) and the task's segment ids (:data:`TASK_FIELDS`; after ``pmlm``, its S1 / S2
-  segments 0 / 1) that the command line does not set. A size set on the command line that differs stops with the flags to use; a larger ``--max-positions``
+* for ``--finetune-from-model`` (and ``--path``: the task's fields only) of a checkpoint of the same model, adopts
+  the checkpoint's sizes (:data:`SIZES`) and the task's segment ids and layout (:data:`TASK_FIELDS`: a checkpoint
+  fine-tuned with ``--pseudo-masks`` decodes with it; after ``pmlm``, its S1 / S2 segments 0 / 1) that the command
+  line does not set. A size set on the command line that differs stops with the flags to use; a larger ``--max-positions``
   or ``--num-segments`` is allowed: the model grows the checkpoint's tables when it loads them
   (:mod:`palm_plugin.modules.table_extension`), as the papers' 768-position fine-tuning needs. A checkpoint without a
   relative position bias (BERT, UniLM v1, MiniLM) gives no relative sizes: a ``unilm2_*`` arch keeps its own and
@@ -35,7 +36,7 @@ SIZES = re.compile(
     r"|num_segments|relative_position_(buckets|max_distance)|layer_norm_eps"
 )
 GROWABLE = ("max_positions", "num_segments")
-TASK_FIELDS = ("source_segment", "target_segment")
+TASK_FIELDS = ("source_segment", "target_segment", "pseudo_masks")
 # the segment ids of S1 / S2 in the tasks that pre-train with two segments: fine-tuning adopts them
 PRETRAINING_SEGMENTS = {"pmlm": {"source_segment": 0, "target_segment": 1}}
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
