@@ -175,6 +175,7 @@ def main(argv=None):
     seconds = time.time() - started
     command = "palm-experiments " + " ".join(argv if argv is not None else sys.argv[1:])
     finished = sum(result_of(plan, n) is not None for n in plan.runs)
+    small = any(e.key != "real" for e in experiments)  # tables of the small networks (and the minilm table)
     budget = (f"Budget of every pre-training row: {scale.pretrain_updates} updates of {scale.blocks} text blocks of "
               f"{scale.tokens_per_sample} tokens (--batch-size with a fixed --tokens-per-sample, not --max-tokens: "
               f"pmlm counts its appended pseudo and original tokens in a sample's size, so an equal --max-tokens "
@@ -183,14 +184,17 @@ def main(argv=None):
               f"updates in stage ae). Fine-tuning: {scale.finetune_updates} updates of {scale.finetune_pairs} pairs "
               f"(real-weights table: {scale.minilm_updates}; its response selection: {scale.minilm_select_updates} "
               f"updates at lr {scale.minilm_select_lr}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
-              f"pairs. Seeds {scale.seeds} (each seed pre-trains and fine-tunes anew). Mean ± standard deviation over "
-              f"seeds. Pre-training text: {plan.pretrain_text}.")
+              f"pairs. Pre-training text: {plan.pretrain_text}. " if small else "")
     if any(e.key == "real" for e in experiments):
-        budget += (f" Real-weights experiment: every continued pre-training (and PALM's from scratch) "
+        budget += (f"Real-weights experiment: every continued pre-training (and PALM's from scratch) "
                    f"{scale.real_pretrain_updates} updates of {scale.blocks} blocks of {scale.tokens_per_sample} "
                    f"WordPiece tokens of the same text ({plan.wordpiece_pretrain_text}; lr {scale.real_pretrain_lr} "
-                   f"from the checkpoint, {scale.pretrain_lr} from scratch); every fine-tuning {scale.minilm_updates} "
-                   f"updates of {scale.finetune_pairs} pairs at lr {scale.minilm_lr}; perplexities in WordPiece tokens.")
+                   f"from the checkpoint, {scale.pretrain_lr} from scratch; PALM "
+                   f"{scale.stage_ae_updates(scale.real_pretrain_updates)} of them in stage ae); every fine-tuning "
+                   f"{scale.minilm_updates} updates of {scale.finetune_pairs} pairs at lr {scale.minilm_lr}; "
+                   f"{scale.eval_pairs} random test pairs; perplexities in WordPiece tokens. ")
+    budget += (f"Seeds {scale.seeds} (each seed pre-trains and fine-tunes anew). Mean ± standard deviation over "
+               f"seeds.")
     preset = name + (", with --scale" if args.scale else "") + (
         "; not the default configuration" if name != "default" else "")
     header = (f"# The papers' comparisons, reproduced small (preset {preset})"
