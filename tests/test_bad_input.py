@@ -100,6 +100,15 @@ def test_generate_on_another_dictionary_names_checkpoint_and_dictionaries(model,
                 f"trained with {small}/dict.src.txt and {small}/dict.tgt.txt"]
     assert all(part in message for part in expected), message
     assert "size mismatch" not in result.stderr
+    # fine-tuning it on that data: the plugin's diagnosis is the last word, not fairseq's "architectures match"
+    result = run_cli("fairseq-train", large, "--user-dir", USER_DIR, *SEQ2SEQ[model], "--optimizer", "adam", "--lr",
+                     "1e-3", "--max-update", 1, "--batch-size", 8, "--disable-validation", "--cpu", "--save-dir",
+                     tmp_path / "tuned", "--finetune-from-model", checkpoint, check=False)
+    message = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and message.startswith(
+        f"{DictionaryMismatchError.__module__}.DictionaryMismatchError: {checkpoint}: the checkpoint's token "
+        "embedding has"), message
+    assert "fairseq-preprocess --srcdict DICT" in message and not (tmp_path / "tuned" / "checkpoint_last.pt").exists()
 
     from fairseq import checkpoint_utils
 

@@ -12,7 +12,8 @@ The allow-list was read off real checkpoints with ``torch.serialization.get_unsa
 omegaconf's container, node and metadata classes plus the plain types they record as ``ref_type``/``key_type``.
 
 fairseq's model loader is wrapped too, to name the checkpoint and the data's dictionary when the model finds that
-the checkpoint was trained with another dictionary (:mod:`palm_plugin.modules.dictionary_check`).
+the checkpoint was trained with another dictionary (:mod:`palm_plugin.modules.dictionary_check`), and so is
+fairseq-train's, whose "ensure that the architectures match" would otherwise be the last word.
 """
 import argparse
 import collections
@@ -116,6 +117,24 @@ def _name_dictionary_mismatch(load_model_ensemble_and_task):
     return load
 
 
+def _surface_dictionary_mismatch(load_checkpoint):
+    """Wrap fairseq-train's checkpoint loading (``--finetune-from-model``, ``--restore-file``, resuming): fairseq
+    replaces any error of the model's ``load_state_dict`` by "please ensure that the architectures match", which
+    buries the model's own diagnosis; a dictionary mismatch comes out as itself, with the checkpoint's name."""
+
+    @functools.wraps(load_checkpoint)
+    def load(self, filename, *args, **kwargs):
+        try:
+            return load_checkpoint(self, filename, *args, **kwargs)
+        except Exception as error:
+            if isinstance(error.__context__, DictionaryMismatchError):
+                raise DictionaryMismatchError(f"{filename}: {error.__context__}") from None
+            raise
+
+    load.__palm_plugin__ = True
+    return load
+
+
 def install():
     """Allow-list fairseq's checkpoint types and make fairseq's loaders report refusals, unreadable files and
     dictionary mismatches clearly (idempotent)."""
@@ -124,6 +143,10 @@ def install():
 
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "__palm_plugin__", False):
         checkpoint_utils.load_checkpoint_to_cpu = _explain_refusal(checkpoint_utils.load_checkpoint_to_cpu)
+    from fairseq.trainer import Trainer
+
+    if not getattr(Trainer.load_checkpoint, "__palm_plugin__", False):
+        Trainer.load_checkpoint = _surface_dictionary_mismatch(Trainer.load_checkpoint)
     if not getattr(checkpoint_utils.load_model_ensemble_and_task, "__palm_plugin__", False):
         checkpoint_utils.load_model_ensemble_and_task = _name_dictionary_mismatch(
             checkpoint_utils.load_model_ensemble_and_task
