@@ -145,8 +145,22 @@ def test_generate_output_parsing(tmp_path):
     assert hyps == {0: "the first hypothesis", 1: "the second hypothesis"}
     assert refs == {0: "the first reference", 1: "the second reference"}
     assert scores[1] == [-0.2, -0.3, -0.4, -1.1]
-    result = perplexity.perplexity_from_generate(path)
+    # beam-search output: its P- lines score the model's own hypotheses, not the references
+    with pytest.raises(ScoreError, match=r"gen\.out: its hypotheses are not the references: this is beam-search "
+                                         r"output.*--score-reference$"):
+        perplexity.perplexity_from_generate(path)
+    # --score-reference output: each hypothesis is its reference (an unknown word escaped in the T- line only)
+    reference_lines = [line.replace("the first hypothesis", "the first reference <unk>").replace(
+        "the second hypothesis", "the second reference") for line in GENERATE_OUTPUT.splitlines()
+        if not line.startswith("H-0\t-0.90")]
+    reference_lines = [line.replace("T-0\tthe first reference", "T-0\tthe first reference <<unk>>")
+                       for line in reference_lines]
+    scored = write(tmp_path / "scored.out", reference_lines)
+    result = perplexity.perplexity_from_generate(scored)
     assert result["tokens"] == 8 and result["ppl"] == pytest.approx(2 ** (3.0 / 8))
+    with pytest.raises(ScoreError, match=r"every hypothesis is its reference: this is fairseq-generate "
+                                         r"--score-reference output"):
+        inputs.load_examples(score.build_parser().parse_args(["rougel", "--generate", str(scored)]))
     # references from a raw file: sample ids index its lines
     raw = write(tmp_path / "raw.txt", ["the first hypothesis", "another"])
     out = tmp_path / "b.json"

@@ -52,12 +52,22 @@ def read_generate_output(path):
     return (detoks or hyps), refs, scores
 
 
+def scores_references(hyps, refs):
+    """Whether ``fairseq-generate`` output (from :func:`read_generate_output`) came from ``--score-reference``: there
+    every hypothesis is its reference (fairseq writes an unknown word ``<<unk>>`` in T- lines, ``<unk>`` in H-)."""
+    shared = [i for i in hyps if i in refs]
+    return bool(shared) and all(hyps[i] == refs[i].replace("<<unk>>", "<unk>") for i in shared)
+
+
 def load_examples(args):
     """Hypotheses and reference streams (a list of lists, one list per reference file) from the command line."""
     if args.generate:
         by_id, generate_refs, _ = read_generate_output(args.generate)
         if not by_id:
             raise ScoreError(f"{args.generate} holds no H-/D- lines: is it the output of fairseq-generate?")
+        if len(by_id) > 1 and scores_references(by_id, generate_refs):
+            raise ScoreError(f"{args.generate}: every hypothesis is its reference: this is fairseq-generate "
+                             "--score-reference output; score the hypotheses of a run without --score-reference")
         ids = sorted(by_id)
         hyps = [by_id[i] for i in ids]
         if args.ref:

@@ -5,16 +5,19 @@ import json
 import re
 
 from palm_tools.scoring import ScoreError
-from palm_tools.scoring.inputs import read_generate_output, read_lines
+from palm_tools.scoring.inputs import read_generate_output, read_lines, scores_references
 
 
 def perplexity_from_generate(path):
     """Token-level perplexity from ``fairseq-generate --score-reference`` output: 2 ** (-mean of all P- values),
     the end-of-sentence token included (fairseq prints the positional scores in base 2)."""
-    _, _, scores = read_generate_output(path)
+    hyps, refs, scores = read_generate_output(path)
     tokens = sum(len(s) for s in scores.values())
     if not tokens:
         raise ScoreError(f"{path} holds no P- lines: run fairseq-generate with --score-reference and without --quiet")
+    if refs and not scores_references(hyps, refs):
+        raise ScoreError(f"{path}: its hypotheses are not the references: this is beam-search output, whose P- lines "
+                         "score the model's own hypotheses; run fairseq-generate with --score-reference")
     log2_sum = sum(sum(s) for s in scores.values())
     return {"ppl": 2 ** (-log2_sum / tokens), "tokens": tokens, "sentences": len(scores), "source": "generate"}
 
