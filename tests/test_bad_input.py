@@ -120,8 +120,8 @@ def test_generate_on_another_dictionary_names_checkpoint_and_dictionaries(model,
 @pytest.mark.parametrize("arch, option, value, message", [
     ("unilm_tiny", "encoder_layers", 0, r"^--encoder-layers 0: must be at least 1$"),
     ("palm_tiny", "decoder_layers", 0, r"^--decoder-layers 0: must be at least 1$"),
-    ("unilm_tiny", "encoder_attention_heads", 3, r"^--encoder-embed-dim 64 is not divisible by --encoder-attention-heads 3"),
-    ("palm_tiny", "decoder_attention_heads", 5, r"^--encoder-embed-dim 64 is not divisible by --decoder-attention-heads 5"),
+    ("unilm_tiny", "encoder_attention_heads", 3, r"^--encoder-embed-dim 64 is not divisible by --encoder-attention"),
+    ("palm_tiny", "decoder_attention_heads", 5, r"^--encoder-embed-dim 64 is not divisible by --decoder-attention"),
 ])
 def test_sizes_that_cannot_build_a_network_name_the_option(arch, option, value, message):
     """--encoder-layers 0 used to train a network with no layers; a width the heads do not divide stopped in an

@@ -15,11 +15,12 @@ plugin is imported), and after parsing:
 * for ``--finetune-from-model`` (and ``--path``: the task's fields only) of a checkpoint of the same model, adopts
   the checkpoint's sizes (:data:`SIZES`) and the task's segment ids and layout (:data:`TASK_FIELDS`: a checkpoint
   fine-tuned with ``--pseudo-masks`` decodes with it; after ``pmlm``, its S1 / S2 segments 0 / 1) that the command
-  line does not set. A size set on the command line that differs stops with the flags to use; a larger ``--max-positions``
-  or ``--num-segments`` is allowed: the model grows the checkpoint's tables when it loads them
+  line does not set. A size set on the command line that differs stops with the flags to use; a larger
+  ``--max-positions`` or ``--num-segments`` is allowed: the model grows the checkpoint's tables when it loads them
   (:mod:`palm_plugin.modules.table_extension`), as the papers' 768-position fine-tuning needs. A checkpoint without a
   relative position bias (BERT, UniLM v1, MiniLM) gives no relative sizes: a ``unilm2_*`` arch keeps its own and
-  starts its bias at zero. PALM's ``--roberta-path`` of a converted BERT-family checkpoint gives its LayerNorm epsilon.
+  starts its bias at zero. PALM's ``--roberta-path`` of a converted BERT-family checkpoint gives its LayerNorm
+  epsilon.
 """
 import logging
 import os
