@@ -186,9 +186,9 @@ class Plan:
                 ("fairseq-train", task_args + ["--disable-validation", "--criterion",
                                                "label_smoothed_cross_entropy" if palm else "unilm_cloze",
                                                "--label-smoothing", 0.1] + train),
-                ("fairseq-generate", task_args + ["--user-dir", USER_DIR, "--path", self.checkpoint(name),
-                                                  "--gen-subset", "test", "--score-reference", "--batch-size", 16,
-                                                  "--num-workers", 0] + (["--cpu"] if scale.device == "cpu" else [])),
+                ("fairseq-generate", self.generation_task(row, data, scoring=True) + [
+                    "--user-dir", USER_DIR, "--path", self.checkpoint(name), "--gen-subset", "test", "--score-reference",
+                    "--batch-size", 16, "--num-workers", 0] + (["--cpu"] if scale.device == "cpu" else [])),
             ]
         else:
             if row.model in ("palm", "minilm_palm"):
@@ -203,12 +203,16 @@ class Plan:
         self.runs[name] = Run(name, needs, commands, task, seed)
         return name
 
-    def generation_task(self, row, data):
+    def generation_task(self, row, data, scoring=False):
         """The fine-tuning task's options for ``row``'s network, shared by fairseq-train and fairseq-generate."""
         scale, model = self.scale, row.model
         if model in ("palm", "minilm_palm"):
+            # every family scores each test reference whole: fairseq's translation task refuses a reference longer
+            # than the fine-tuning limit (test pairs are chosen by palm-data's pieces; WordPiece can be longer), so
+            # scoring admits what PALM's decoder positions hold (PalmConfig.decoder_max_positions)
+            targets = 512 if scoring else scale.max_target
             return [data, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--truncate-source",
-                    "--max-source-positions", scale.max_source, "--max-target-positions", scale.max_target]
+                    "--max-source-positions", scale.max_source, "--max-target-positions", targets]
         options = list(row.finetune_options)
         if "--source-segment" in options:  # the row's own segments (UniLM v1's 4 / 5 after its mix)
             start = options.index("--source-segment")
