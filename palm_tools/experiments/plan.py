@@ -100,6 +100,11 @@ class Plan:
             return self.prepared / "text-wordpiece", self.minilm_dir / "dict.txt"
         return self.prepared / "text-spm", self.data / "dict.txt"
 
+    def from_real_checkpoint(self, model):
+        """The options that start ``model`` from the converted real checkpoint: PALM takes its encoder
+        (--roberta-path, a new decoder), UniLM and UniLMv2 the whole network."""
+        return ["--roberta-path" if model == "minilm_palm" else "--finetune-from-model", self.minilm_dir / "model.pt"]
+
     def run_dir(self, name):
         return self.work / "runs" / name
 
@@ -116,10 +121,7 @@ class Plan:
         text = self.wordpiece_pretrain_text if real else self.pretrain_text
         updates = scale.real_pretrain_updates if real else scale.pretrain_updates
         lr = scale.real_pretrain_lr if pretraining.init else scale.pretrain_lr
-        checkpoint = self.minilm_dir / "model.pt"
-        # PALM takes the checkpoint's encoder (--roberta-path); UniLM and UniLMv2 the whole network
-        init = ([] if not pretraining.init else ["--roberta-path", checkpoint] if model == "minilm_palm" else
-                ["--finetune-from-model", checkpoint])
+        init = self.from_real_checkpoint(model) if pretraining.init else []
         common = _model_args(scale, model, self, from_checkpoint=bool(init)) + options
 
         def train(save, count):
@@ -163,9 +165,8 @@ class Plan:
             return name
         scale, folder = self.scale, self.run_dir(name)
         needs, init = (), []
-        if row.pretrain == "minilm":  # PALM: the checkpoint's encoder, a new decoder
-            init = ["--roberta-path" if row.model == "minilm_palm" else "--finetune-from-model",
-                    self.minilm_dir / "model.pt"]
+        if row.pretrain == "minilm":
+            init = self.from_real_checkpoint(row.model)
         elif row.pretrain:
             needs = (self.pretrain_run(row.pretrain, seed),)
             init = ["--finetune-from-model", self.checkpoint(needs[0])]
