@@ -48,7 +48,7 @@ tables: $(STAMP)
 # use every core, each test file on one of them, in its own order (the documented commands build on each other).
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS) tests
 
 # Mutation testing of the core (docs/mutation.md): long (hours on 2 cores), kept out of CI. mutmut reads its
 # configuration from setup.cfg ([mutmut]); results are cached under mutants/, so a rerun tests only new or

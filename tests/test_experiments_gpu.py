@@ -92,7 +92,8 @@ def test_quick_path_of_the_card_command(tmp_path, small_palm_data):
     assert len(cells) == len(rows) and all(c["n"] == 1 and math.isfinite(c["mean"]) and c["mean"] > 1 for c in cells)
     assert all(table["unigram_ppl"] == unigram["ppl"] for table in report["experiments"])
     text = (out / "paper_tables_gpu.md").read_text()
-    assert f"| unigram model of the training responses (no context; the baseline) | {unigram['ppl']:.2f} |" in text
+    assert (f"| unigram model of the training responses in palm-data's pieces (no context; the baseline) | "
+            f"{unigram['ppl']:.2f} |") in text
     assert "Pre-training text: " + str(data / "bin" / "pretrain") in text
     assert (out / "paper_tables_gpu.png").read_bytes()[:4] == b"\x89PNG"
     assert not Path(small_palm_data / "pretrain").exists()  # the shared fixture is left as it was
