@@ -11,14 +11,15 @@ USER_DIR = REPO / "palm_plugin"
 BIN = Path(sys.executable).parent
 
 
-def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None):
+def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None, input=None):
     """Run ``tool`` (a fairseq console script such as ``fairseq-train``, or a path to a Python script) as a real
-    process with this interpreter's environment; return the completed process. On failure the captured output is
-    shown in the assertion message."""
+    process with this interpreter's environment (``input``: its standard input); return the completed process. On
+    failure the captured output is shown in the assertion message."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env_extra or {}))
     command = [sys.executable, str(tool)] if str(tool).endswith(".py") else [str(BIN / tool)]
     result = subprocess.run(
-        command + [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        command + [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+        input=input,
     )
     if check and result.returncode != 0:
         pytest.fail(

@@ -1,7 +1,9 @@
-"""Bad input stops with the file named and what to do: a missing split or dictionary for the pre-training tasks, and
-a checkpoint decoded on data binarized with another dictionary (palm and unilm)."""
+"""Bad input stops with the file named and what to do: a missing split or dictionary for the pre-training tasks, a
+checkpoint decoded on data binarized with another dictionary (palm and unilm), a broken or unusable split; a source
+the model cannot read is warned about."""
 import argparse
 import random
+import re
 
 import pytest
 
@@ -29,15 +31,15 @@ def test_missing_dictionary_names_the_file(task, tmp_path):
         build_dataset(tmp_path, task, seed=1)
 
 
-def build_model(arch, words, **overrides):
-    """A model of ``arch`` (with ``overrides`` of its options) over a dictionary of ``words`` word types (plus the
-    specials and <mask>)."""
+def build_model(arch, words, reverse=False, **overrides):
+    """A model of ``arch`` (with ``overrides`` of its options) over a dictionary of ``words`` word types (in reverse
+    order with ``reverse``), plus the specials and <mask>."""
     import palm_plugin  # noqa: F401  (registers the archs)
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     dictionary = Dictionary()
-    for index in range(words):
+    for index in (reversed(range(words)) if reverse else range(words)):
         dictionary.add_symbol(f"w{index}")
     dictionary.add_symbol("<mask>")
     args = argparse.Namespace(**overrides)
@@ -56,6 +58,25 @@ def test_state_dict_of_another_dictionary_is_a_dictionary_error(arch):
         build_model(arch, words=30).load_state_dict(trained.state_dict())
 
 
+@pytest.mark.parametrize("arch", ["palm_tiny", "unilm_tiny"])
+def test_state_dict_of_a_reordered_dictionary_is_a_dictionary_error(arch):
+    """A dictionary of the same size but another order fits the embedding: the record of its symbols catches it and
+    names the rows. Without a record (a converted checkpoint) the model's own is adopted; fairseq's checkpoint
+    averaging (sum, then floor division of integer tensors) keeps the record."""
+    from palm_plugin.modules.dictionary_check import FINGERPRINT
+
+    trained = build_model(arch, words=20).state_dict()
+    with pytest.raises(DictionaryMismatchError, match=r"other symbols: 20 of its 25 rows name another symbol in this "
+                                                      r"dictionary, the first at rows 4 \('w19' here\), 5 \('w18' here\)"):
+        build_model(arch, words=20, reverse=True).load_state_dict(dict(trained))
+    model = build_model(arch, words=20, reverse=True)
+    model.load_state_dict({k: v for k, v in trained.items() if k != FINGERPRINT})
+    assert model.state_dict()[FINGERPRINT].equal(build_model(arch, words=20, reverse=True).state_dict()[FINGERPRINT])
+    averaged = dict(trained, **{FINGERPRINT: (trained[FINGERPRINT] * 8) // 8})
+    assert averaged[FINGERPRINT].equal(trained[FINGERPRINT]) and trained[FINGERPRINT].unique().numel() == 25
+    build_model(arch, words=20).load_state_dict(averaged)
+
+
 def write_pairs(directory, words, seed=0):
     rng = random.Random(seed)
     directory.mkdir()
@@ -67,11 +88,17 @@ def write_pairs(directory, words, seed=0):
 
 @pytest.fixture(scope="module")
 def two_dictionaries(tmp_path_factory):
-    """The same kind of pairs binarized twice: ``small`` (30 word types) and ``large`` (60: a larger dictionary)."""
+    """The same kind of pairs binarized three times: ``small`` (30 word types), ``large`` (60: a larger dictionary)
+    and ``reordered`` (small's text with small's dictionary in reverse order)."""
     root = tmp_path_factory.mktemp("dictionaries")
     for name, words in (("small", 30), ("large", 60)):
         write_pairs(root / name, words)
         binarize_pairs(root / name / "bin", root / name / "train", root / name / "valid")
+    entries = (root / "small" / "bin" / "dict.src.txt").read_text().splitlines()
+    (root / "reversed.txt").write_text("\n".join(reversed(entries)) + "\n")
+    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "small" / "train",
+            "--validpref", root / "small" / "valid", "--destdir", root / "reordered" / "bin", "--joined-dictionary",
+            "--srcdict", root / "reversed.txt", "--workers", 1)
     return root
 
 
@@ -85,7 +112,8 @@ SEQ2SEQ = {
 @pytest.mark.parametrize("model", SEQ2SEQ)
 def test_generate_on_another_dictionary_names_checkpoint_and_dictionaries(model, two_dictionaries, tmp_path):
     """fairseq-generate (and loading without a task) name the checkpoint, the data's dictionaries and the ones the
-    checkpoint was trained with, and say how to binarize; no raw torch "size mismatch"."""
+    checkpoint was trained with, and say how to binarize; no raw torch "size mismatch". A dictionary of the same size
+    in another order is caught as well (it used to decode in the wrong words with exit 0)."""
     small, large = two_dictionaries / "small" / "bin", two_dictionaries / "large" / "bin"
     run_cli("fairseq-train", small, "--user-dir", USER_DIR, *SEQ2SEQ[model], "--optimizer", "adam", "--lr", "1e-3",
             "--max-update", 1, "--batch-size", 8, "--required-batch-size-multiple", 1, "--disable-validation",
@@ -100,6 +128,12 @@ def test_generate_on_another_dictionary_names_checkpoint_and_dictionaries(model,
                 f"trained with {small}/dict.src.txt and {small}/dict.tgt.txt"]
     assert all(part in message for part in expected), message
     assert "size mismatch" not in result.stderr
+    reordered = two_dictionaries / "reordered" / "bin"
+    result = run_cli("fairseq-generate", reordered, "--user-dir", USER_DIR, *SEQ2SEQ[model][:2], "--path", checkpoint,
+                     "--gen-subset", "valid", "--cpu", check=False)
+    message = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and f"{checkpoint}: does not fit the dictionary {reordered}/dict.src.txt" in message
+    assert "trained with a dictionary of other symbols" in message and "--srcdict DICT --tgtdict DICT" in message
     # fine-tuning it on that data: the plugin's diagnosis is the last word, not fairseq's "architectures match"
     result = run_cli("fairseq-train", large, "--user-dir", USER_DIR, *SEQ2SEQ[model], "--optimizer", "adam", "--lr",
                      "1e-3", "--max-update", 1, "--batch-size", 8, "--disable-validation", "--cpu", "--save-dir",
@@ -109,6 +143,14 @@ def test_generate_on_another_dictionary_names_checkpoint_and_dictionaries(model,
         f"{DictionaryMismatchError.__module__}.DictionaryMismatchError: {checkpoint}: the checkpoint's token "
         "embedding has"), message
     assert "fairseq-preprocess --srcdict DICT" in message and not (tmp_path / "tuned" / "checkpoint_last.pt").exists()
+    result = run_cli("fairseq-train", reordered, "--user-dir", USER_DIR, *SEQ2SEQ[model], "--optimizer", "adam",
+                     "--lr", "1e-3", "--max-update", 1, "--batch-size", 8, "--disable-validation", "--cpu",
+                     "--save-dir", tmp_path / "tuned", "--finetune-from-model", checkpoint, check=False)
+    message = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and message.startswith(
+        f"{DictionaryMismatchError.__module__}.DictionaryMismatchError: {checkpoint}: the checkpoint was trained with "
+        "a dictionary of other symbols"), message
+    assert not (tmp_path / "tuned" / "checkpoint_last.pt").exists()
 
     from fairseq import checkpoint_utils
 
@@ -128,3 +170,92 @@ def test_sizes_that_cannot_build_a_network_name_the_option(arch, option, value, 
     assertion inside fairseq."""
     with pytest.raises(ValueError, match=message):
         build_model(arch, words=4, **{option: value})
+
+
+def broken_split(root, kind):
+    """A copy of small/bin with its training source split broken: ``empty`` (fairseq-preprocess of an empty file),
+    ``bin`` (the .bin cut short by 20 bytes) or ``idx`` (the .idx cut short by 5 bytes)."""
+    import shutil
+
+    broken = root / f"broken-{kind}"
+    shutil.rmtree(broken, ignore_errors=True)
+    shutil.copytree(root / "small" / "bin", broken)
+    prefix = broken / "train.src-tgt.src"
+    if kind == "empty":
+        for name in ("src", "tgt"):
+            (root / f"empty.{name}").write_text("")
+        run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "empty",
+                "--destdir", root / "empty-bin", "--srcdict", broken / "dict.src.txt", "--joined-dictionary",
+                "--workers", 1)
+        for suffix in (".bin", ".idx"):
+            shutil.copy(root / "empty-bin" / f"train.src-tgt.src{suffix}", f"{prefix}{suffix}")
+    else:
+        path = prefix.with_suffix(prefix.suffix + f".{kind}")
+        cut = {"bin": 20, "idx": 5}[kind]
+        path.write_bytes(path.read_bytes()[:-cut])
+    return prefix
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("empty", r"^error: {prefix}.bin: the split has no examples \(fairseq-preprocess was given an empty file\)"),
+    ("bin", r"^error: {prefix}.bin: \d+ bytes, but its index {prefix}.idx needs \d+: the file was cut short .*"
+            r"binarize the split again with fairseq-preprocess"),
+    ("idx", r"^error: {prefix}.idx: not a complete fairseq index \(buffer is smaller than requested size\); "
+            r"binarize the split again"),
+])
+def test_broken_split_names_the_file(kind, message, two_dictionaries, capfd):
+    """An empty split, a .bin or .idx cut short: fairseq failed inside numpy (or read garbage later); now opening
+    the split stops with the file named and what to do, and the destructor of the half-opened dataset is quiet."""
+    import gc
+
+    import palm_plugin  # noqa: F401  (installs the fixes)
+    from fairseq.data import data_utils
+
+    from palm_plugin.fixes.data_checks import BinarizedDataError
+
+    prefix = broken_split(two_dictionaries, kind)
+    with pytest.raises(BinarizedDataError) as stopped:
+        data_utils.load_indexed_dataset(str(prefix), None)
+    assert isinstance(stopped.value, SystemExit)  # the command ends with the message as its last line, no traceback
+    assert re.match(message.format(prefix=re.escape(str(prefix))), str(stopped.value.code)), stopped.value.code
+    gc.collect()
+    assert "Exception ignored" not in capfd.readouterr().err
+    # the intact split still opens
+    assert len(data_utils.load_indexed_dataset(str(two_dictionaries / "small" / "bin" / "train.src-tgt.src"), None)) == 24
+
+
+@pytest.mark.slow
+def test_commands_on_unusable_data_end_with_one_clear_line(two_dictionaries, tmp_path):
+    """Real processes: fairseq-train on an empty split, and on data none of whose pairs fits --max-source-positions
+    (fairseq dropped them all and failed on an empty batch list), stop with one line naming the file or split and
+    what to do; nothing is saved. fairseq-interactive warns about an empty line and a line of unknown words, and
+    still answers every line."""
+    empty = broken_split(two_dictionaries, "empty").parent
+    train = ["--optimizer", "adam", "--lr", "1e-3", "--max-update", 1, "--batch-size", 8, "--cpu",
+             "--disable-validation", "--no-epoch-checkpoints"]
+    result = run_cli("fairseq-train", empty, "--user-dir", USER_DIR, *SEQ2SEQ["unilm"], *train, "--save-dir",
+                     tmp_path / "empty", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (f"error: {empty}/train.src-tgt.src.bin: the split has no "
+                                                      "examples (fairseq-preprocess was given an empty file); give it "
+                                                      "a text file with at least one line")
+    small = two_dictionaries / "small" / "bin"
+    result = run_cli("fairseq-train", small, "--user-dir", USER_DIR, *SEQ2SEQ["palm"], *train, "--save-dir",
+                     tmp_path / "long", "--max-source-positions", 2, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: split 'train': none of its 24 examples fits the model's positions ((2, 512)); raise "
+        "--max-source-positions / --max-target-positions (or the task's length options), or split the examples "
+        "into shorter ones")
+    assert not (tmp_path / "empty").exists() or not list((tmp_path / "empty").iterdir())
+    assert not list((tmp_path / "long").glob("*.pt"))
+
+    run_cli("fairseq-train", small, "--user-dir", USER_DIR, *SEQ2SEQ["unilm"], *train, "--save-dir", tmp_path / "ok")
+    result = run_cli("fairseq-interactive", small, "--user-dir", USER_DIR, *SEQ2SEQ["unilm"][:2], "--path",
+                     tmp_path / "ok" / "checkpoint_last.pt", "--cpu", "--beam", 2, "--max-len-b", 3,
+                     input="w1 w2 w3\n\nzebra quokka\n")
+    warnings = [line for line in result.stderr.splitlines() if "the output will not depend on it" in line]
+    assert len(warnings) == 2 and "an input is empty" in warnings[0], result.stderr[-3000:]
+    assert "the input 'zebra quokka' has no symbol of the dictionary" in warnings[1]
+    assert sorted(line.split("\t")[0] for line in result.stdout.splitlines() if line.startswith("H-")) == \
+        ["H-0", "H-1", "H-2"]

@@ -312,8 +312,11 @@ def test_unilm2_export_writes_the_released_fast_qkv_layout(tmp_path, capsys):
 
 
 def test_export_takes_the_symbols_the_tasks_added_from_the_embedding_size(tmp_path):
-    """dict.txt holds the data's symbols; every task adds <mask>, and the pseudo-masked ones <pseudo> after it."""
+    """dict.txt holds the data's symbols; every task adds <mask>, and the pseudo-masked ones <pseudo> after it. A
+    dictionary of the right size but other symbols than the checkpoint's record is refused."""
     from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
+    from palm_plugin.modules.dictionary_check import FINGERPRINT, symbol_fingerprint
+    from palm_plugin.modules.table_extension import TOKENS
     from palm_tools.convert import ConversionError
     from palm_tools.convert.export import export_dictionary
 
@@ -323,18 +326,30 @@ def test_export_takes_the_symbols_the_tasks_added_from_the_embedding_size(tmp_pa
     words.save(str(tmp_path / "dict.txt"))
     args, checkpoint = argparse.Namespace(dict=None), tmp_path / "checkpoint.pt"
     size = len(words)
-    assert export_dictionary(checkpoint, {}, size + 1, args).symbols == words.symbols + [MASK_SYMBOL]
-    assert export_dictionary(checkpoint, {}, size + 2, args).symbols == words.symbols + [MASK_SYMBOL, PSEUDO_SYMBOL]
+
+    def weights(rows):
+        return {TOKENS: torch.zeros(rows, 2)}
+
+    assert export_dictionary(checkpoint, {}, weights(size + 1), args).symbols == words.symbols + [MASK_SYMBOL]
+    assert export_dictionary(checkpoint, {}, weights(size + 2), args).symbols == words.symbols + [MASK_SYMBOL,
+                                                                                                  PSEUDO_SYMBOL]
     with pytest.raises(ConversionError, match=f"dict.txt: {size + 1} symbols, but .*checkpoint.pt has {size + 3} "):
-        export_dictionary(checkpoint, {}, size + 3, args)
+        export_dictionary(checkpoint, {}, weights(size + 3), args)
     # --dict names another file; without one and without dict.txt beside it, the data's dictionary of the source side
     elsewhere = tmp_path / "data"
     elsewhere.mkdir()
     (tmp_path / "dict.txt").rename(elsewhere / "dict.en.txt")
-    assert export_dictionary(checkpoint, {}, size + 1, argparse.Namespace(dict=str(elsewhere / "dict.en.txt"))
+    assert export_dictionary(checkpoint, {}, weights(size + 1), argparse.Namespace(dict=str(elsewhere / "dict.en.txt"))
                              ).symbols == words.symbols + [MASK_SYMBOL]
     cfg = {"task": {"data": str(elsewhere), "source_lang": "en"}}
-    assert export_dictionary(checkpoint, cfg, size + 1, args).symbols == words.symbols + [MASK_SYMBOL]
+    trained = export_dictionary(checkpoint, cfg, weights(size + 1), args)
+    assert trained.symbols == words.symbols + [MASK_SYMBOL]
+    recorded = dict(weights(size + 1), **{FINGERPRINT: symbol_fingerprint(trained)})
+    assert export_dictionary(checkpoint, cfg, recorded, args).symbols == trained.symbols
+    (elsewhere / "dict.en.txt").write_text("".join(f"w{index} 1\n" for index in reversed(range(6))))
+    with pytest.raises(ConversionError, match=r"dict.en.txt: not the dictionary .*checkpoint.pt was trained with: .* "
+                                              r"6 of its 11 rows name another symbol"):
+        export_dictionary(checkpoint, cfg, recorded, args)
 
 
 def tiny_gpt2_bpe(directory):

@@ -70,7 +70,7 @@ def generate_cli(data, family, checkpoint_dir, *extra):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_api_generate_and_score_equal_fairseq_generate(data, trained, family):
+def test_api_generate_and_score_equal_fairseq_generate(data, trained, family, caplog):
     from palm_plugin.models.hub_interface import from_pretrained
 
     model = from_pretrained(trained[family], checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data / "bin"))
@@ -89,6 +89,12 @@ def test_api_generate_and_score_equal_fairseq_generate(data, trained, family):
     for text in hypotheses:
         bigrams = [b for b in zip(text.split(), text.split()[1:]) if "." not in b]
         assert len(bigrams) == len(set(bigrams)), text
+
+    # a source the model cannot read is answered, with a warning (the answer does not depend on it)
+    with caplog.at_level("WARNING", logger="palm_plugin.modules.dictionary_check"):
+        assert len(model.generate(["", "zebra quokka", sources[0]], beam=1)) == 3
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "an input is empty", "the input 'zebra quokka' has no symbol of the dictionary"]
 
     reference = generate_cli(data, family, trained[family], "--score-reference")
     positional = dict(re.findall(r"^P-(\d+)\t(.*)$", reference, flags=re.M))

@@ -56,9 +56,11 @@ def test_layout_determinism_and_reuse(inputs, tmp_path):
     prepared(inputs, second)
     assert digest(first) == digest(second) and len(digest(first)) > 30
 
-    again = prepared(inputs, first)
+    again = run("--out", first)  # the options not given are the earlier run's
+    assert again.returncode == 0 and "options of the earlier run in" in again.stdout and "--vocab-size 300" in again.stdout
     assert again.stdout.count("reusing") == 7  # raw, spm, tok, dict.txt, three binarized sets
     assert "training" not in again.stdout and "binarizing" not in again.stdout
+    assert_records_refuse_and_rebuild(inputs, first, second)
 
     # one sentence a line, blank lines between documents; held-out documents are not in training
     train = {d.strip() for d in (first / "raw" / "sotu.train.txt").read_text().split("\n\n") if d.strip()}
@@ -85,6 +87,37 @@ def test_layout_determinism_and_reuse(inputs, tmp_path):
     assert any(len(dataset[i]) == 1 for i in range(len(dataset)))  # document boundaries: EOS only
     for name in ("dict.src.txt", "dict.tgt.txt"):
         assert (first / "bin" / "chitchat" / name).read_text() == (first / "dict.txt").read_text()
+
+
+def assert_records_refuse_and_rebuild(inputs, first, second):
+    """A finished stage built from other options or input content, or without a record, stops the run with the
+    stage, the change and --rebuild named, nothing changed; --rebuild replaces it and every stage after it, giving
+    what a fresh run gives."""
+    built = digest(first)
+    refused = [
+        (["--vocab-size", "301"], f"{first}/spm was built from other inputs or options: --vocab-size 300 -> 301; pass "
+                                  "--rebuild to rebuild it and the stages after it"),
+        (["--pretrain-text", inputs / "corpus2.txt"], f"{first}/raw was built from other inputs or options: "
+                                                      "pre-training text: other file content; pass --rebuild to rebuild it and the stages "
+                                                      "after it"),
+    ]
+    (inputs / "corpus2.txt").write_text((inputs / "corpus.txt").read_text() + "\nOne more paragraph here.\n")
+    for options, message in refused:
+        result = run("--out", first, *options)
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == f"palm-data: error: {message} " \
+            "(the old content is replaced), or choose another --out", result.stderr
+        assert digest(first) == built
+    (first / "tok" / ".recipe.json").unlink()
+    result = run("--out", first)
+    assert result.returncode == 2 and f"{first}/tok has no record of what it was built from" in result.stderr
+    assert digest(first) == {k: v for k, v in built.items() if k != "tok/.recipe.json"}
+
+    changed = run("--out", second, "--vocab-size", "301", "--rebuild")
+    assert changed.returncode == 0, changed.stderr
+    assert f"reusing {second}/raw" in changed.stdout and changed.stdout.count("rebuilding") == 6
+    assert len((second / "dict.txt").read_text().splitlines()) == 301 - 3 + 1  # no <unk>, <s>, </s>; <mask> added
+    assert run("--out", second, "--vocab-size", "300", "--rebuild").returncode == 0
+    assert digest(second) == built
 
 
 def assert_clean_failure(result, out, *expected):

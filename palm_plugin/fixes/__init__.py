@@ -14,6 +14,7 @@ from palm_plugin.fixes import (
     checkpoint_copy,
     checkpoint_paths,
     cudnn_attention,
+    data_checks,
     distributed,
     generation_options,
     ngram_repeat_block,
@@ -27,6 +28,7 @@ from palm_plugin.fixes import (
 FIXES = (
     (safe_loading, "torch >= 2.6 weights-only loading refuses fairseq checkpoints; allow-list their types"),
     (checkpoint_copy, "checkpoint_last.pt / checkpoint_best.pt copied non-atomically: a killed run truncates them"),
+    (data_checks, "an empty, cut-short or all-too-long split fails inside numpy or batch_by_size"),
     (batch_remainder, "--required-batch-size-multiple drops the last batch (fairseq #5036)"),
     (option_help, "--help lists no task, model or criterion options"),
     (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),

@@ -26,6 +26,8 @@ from fairseq import hub_utils, utils
 from fairseq.data import BaseWrapperDataset, data_utils
 from omegaconf import open_dict
 
+from palm_plugin.modules.dictionary_check import warn_if_unknown
+
 
 def from_pretrained(
     model_name_or_path: str,
@@ -95,6 +97,12 @@ class PluginHubInterface(hub_utils.GeneratorHubInterface):
         if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], str)):
             return self.sample(inputs, beam=beam, verbose=verbose, **kwargs)
         return super().generate(inputs, beam=beam, verbose=verbose, **kwargs)
+
+    def encode(self, sentence: str) -> torch.LongTensor:
+        """fairseq's encoding (tokenizer, BPE, dictionary), with a warning when the sentence has no known symbol."""
+        tokens = super().encode(sentence)
+        warn_if_unknown(sentence, tokens, self.src_dict)
+        return tokens
 
     @torch.inference_mode()
     def score(self, sources: List[str], targets: List[str], **kwargs) -> List[Dict]:

@@ -34,7 +34,9 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
 from palm_plugin.fixes.saved_model_build import building_saved_model
-from palm_plugin.modules.dictionary_check import check_embedding_rows
+from palm_plugin.modules.dictionary_check import (
+    FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
+)
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncoder, transformer_config
 from palm_plugin.modules import compiled_layers
@@ -157,6 +159,7 @@ class PalmModel(FairseqEncoderDecoderModel):
         ]
         if self.reinit_parts:
             self.register_buffer(REINIT_MARKER, torch.ones(()))
+        self.register_buffer(FINGERPRINT, symbol_fingerprint(encoder.dictionary))
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".", **kwargs):
@@ -276,6 +279,7 @@ class PalmModel(FairseqEncoderDecoderModel):
                 if prefix + suffix in state_dict:
                     state_dict[prefix + suffix] = state_dict[prefix + suffix][:-1]
         check_embedding_rows(state_dict, embed_key, self.encoder.embed_tokens, self.encoder.dictionary)
+        check_symbols(state_dict, prefix + FINGERPRINT, self.encoder.dictionary)
 
 
     def _reinitialise(self, state_dict, prefix: str) -> None:

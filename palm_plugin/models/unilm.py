@@ -29,7 +29,9 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.modules import table_extension
 from palm_plugin.modules import compiled_layers
-from palm_plugin.modules.dictionary_check import check_embedding_rows
+from palm_plugin.modules.dictionary_check import (
+    FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
+)
 from palm_plugin.modules.size_check import check_sizes
 from palm_plugin.models.unilm_decoding import UniLMIncrementalDecoder, UniLMSourceEncoder
 from palm_plugin.modules.attention_masks import hide_padding, mask_from_fields
@@ -143,6 +145,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
         )
         self.cfg = cfg
         self.lm_head = lm_head
+        self.register_buffer(FINGERPRINT, symbol_fingerprint(dictionary))
         self.padding_idx = dictionary.pad()
         # Next sentence prediction (section 2.3), on the bidirectional rows: BERT's pooler + a 2-way classifier.
         self.pooler = nn.Linear(cfg.encoder_embed_dim, cfg.encoder_embed_dim)
@@ -282,6 +285,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
             state_dict, prefix + "encoder.stack.embeddings.tokens.weight", self.stack.embeddings.tokens,
             self.encoder.dictionary,
         )
+        check_symbols(state_dict, prefix + FINGERPRINT, self.encoder.dictionary)
 
     def max_positions(self):
         return self.cfg.max_positions

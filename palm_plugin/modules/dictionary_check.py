@@ -9,7 +9,19 @@ which fairseq runs on every state dict before loading it (``fairseq-generate --p
 dictionary than the checkpoint's ends in torch's "size mismatch" traceback, which names neither file. The model
 knows neither file either: the loaders that do add them to the message (:mod:`palm_plugin.fixes.safe_loading` for
 fairseq's loader, :mod:`palm_plugin.models.palm_roberta_init` for ``--roberta-path``).
+
+A dictionary of the same size but other symbols (another corpus's dictionary, or the same one re-sorted) fits the
+embedding and would train and decode in the wrong words without a word. So both models keep a record of their
+dictionary, :data:`FINGERPRINT`: one hash per symbol, saved with the weights; :func:`check_symbols` compares it with
+the dictionary of the model being loaded. A checkpoint without a record (converted, or written before the record
+existed) gets the loading model's own.
 """
+import hashlib
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
 
 
 class DictionaryMismatchError(ValueError):
@@ -36,3 +48,51 @@ def check_embedding_rows(state_dict, key, embedding, dictionary):
             "the checkpoint's dictionary (the dictionary of the data it was trained on): fairseq-preprocess "
             "--srcdict DICT --tgtdict DICT, or --only-source --srcdict DICT for monolingual data"
         )
+
+
+FINGERPRINT = "dictionary_fingerprint"  # state-dict key of the record of the dictionary's symbols
+
+
+def symbol_fingerprint(dictionary) -> torch.Tensor:
+    """One hash per symbol of ``dictionary``, in its order (int64). 31 bits each: fairseq's checkpoint averaging sums
+    and then floor-divides integer tensors, which gives each hash back as long as the sum does not overflow."""
+    hashes = [
+        int.from_bytes(hashlib.blake2b(symbol.encode("utf-8"), digest_size=4).digest(), "little") >> 1
+        for symbol in dictionary.symbols
+    ]
+    return torch.tensor(hashes, dtype=torch.long)
+
+
+def check_symbols(state_dict, key, dictionary):
+    """Raise :class:`DictionaryMismatchError` when the checkpoint's record ``state_dict[key]`` names other symbols
+    than ``dictionary`` on the rows both have (the rows after them, ``<mask>`` or ``<pseudo>``, are the embedding
+    check's concern); then the record becomes this dictionary's, which the model loads."""
+    own = symbol_fingerprint(dictionary)
+    saved = state_dict.get(key)
+    if saved is not None:
+        common = min(len(saved), len(own))
+        differ = (saved[:common] != own[:common]).nonzero().flatten().tolist()
+        if differ:
+            shown = ", ".join(f"{row} ({dictionary[row]!r} here)" for row in differ[:3])
+            raise DictionaryMismatchError(
+                f"the checkpoint was trained with a dictionary of other symbols: {len(differ)} of its {common} rows "
+                f"name another symbol in this dictionary, the first at rows {shown}; decoded with it, every token id "
+                "would mean another word. Binarize the data with the checkpoint's dictionary (the dictionary of the "
+                "data it was trained on): fairseq-preprocess --srcdict DICT --tgtdict DICT, or --only-source "
+                "--srcdict DICT for monolingual data"
+            )
+    state_dict[key] = own
+
+
+def warn_if_unknown(text, tokens, dictionary):
+    """Warn when the encoded source ``tokens`` of ``text`` hold no symbol of ``dictionary`` (the text is empty, or
+    every piece is unknown: another tokenisation or language than the model's): a model answers it all the same,
+    and the answer does not depend on the text. Returns whether it warned."""
+    known = [t for t in tokens.tolist() if t not in (dictionary.unk(), dictionary.eos(), dictionary.bos(),
+                                                      dictionary.pad())]
+    if known:
+        return False
+    what = "an input is empty" if not text.strip() else f"the input {text[:60]!r} has no symbol of the dictionary"
+    logger.warning(f"{what}: the output will not depend on it; check the input (and --bpe / --tokenizer, which must "
+                   "be the ones the model was trained with)")
+    return True

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 import palm_plugin
 from palm_plugin.models.unilm import UniLMModel
+from palm_plugin.modules.dictionary_check import FINGERPRINT
 from palm_tools.atomic_files import atomic_path
 from palm_tools.convert import ConversionError
 from palm_tools.convert.names import MASK
@@ -68,7 +69,7 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
                 f"{source_path}: shape mismatch for {name}: the file has {tuple(tensor.shape)}, the model built from "
                 f"its config needs {tuple(expected[name].shape)}"
             )
-    missing = sorted(set(expected) - set(converted) - {"lm_head.weight"})
+    missing = sorted(set(expected) - set(converted) - {"lm_head.weight", FINGERPRINT})  # the record: the model's own
     essential = [n for n in missing if n.startswith("encoder.")]
     if essential:
         raise ConversionError(f"{source_path}: missing parameters {essential[:5]}{' ...' if len(essential) > 5 else ''}")

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from fairseq.data import Dictionary
 
+from palm_plugin.modules.dictionary_check import FINGERPRINT, DictionaryMismatchError, check_symbols
+from palm_plugin.modules.table_extension import TOKENS
 from palm_tools.atomic_files import atomic_path
 from palm_tools.convert import ConversionError
 from palm_tools.convert.checkpoint import atomic_write_bytes
@@ -29,9 +31,11 @@ def hf_names(config):
     return names
 
 
-def export_dictionary(checkpoint, cfg, rows, args):
+def export_dictionary(checkpoint, cfg, weights, args):
     """The dictionary the checkpoint was trained with (``--dict``, dict.txt beside it, or its data's dictionary),
-    with the symbols the tasks add (<mask>, and <pseudo> when the embedding has a row for it)."""
+    with the symbols the tasks add (<mask>, and <pseudo> when the embedding has a row for it); checked against the
+    checkpoint's record of its symbols when it has one."""
+    rows = weights[TOKENS].size(0)
     path = Path(args.dict) if args.dict else checkpoint.parent / "dict.txt"
     if not args.dict and not path.is_file():
         task = cfg.get("task") or {}
@@ -44,6 +48,10 @@ def export_dictionary(checkpoint, cfg, rows, args):
         dictionary.add_symbol(PSEUDO)
     if rows != len(dictionary):
         raise ConversionError(f"{path}: {len(dictionary)} symbols, but {checkpoint} has {rows} embedding rows")
+    try:
+        check_symbols(dict(weights), FINGERPRINT, dictionary)
+    except DictionaryMismatchError as error:
+        raise ConversionError(f"{path}: not the dictionary {checkpoint} was trained with: {error}") from None
     return dictionary
 
 
@@ -59,8 +67,8 @@ def export(args):
     name = model_cfg.get("_name", model_cfg.get("arch"))
     if ARCH_MODEL_NAME_REGISTRY.get(name, name) != "unilm":
         raise ConversionError(f"{checkpoint}: a {name!r} model; export writes unilm models")
-    embeddings = weights["encoder.stack.embeddings.tokens.weight"]
-    dictionary = export_dictionary(checkpoint, cfg, embeddings.size(0), args)
+    embeddings = weights[TOKENS]
+    dictionary = export_dictionary(checkpoint, cfg, weights, args)
     bert_name = {**BERT_SPECIALS, MASK: "[MASK]"}
     vocab_path = Path(args.vocab) if args.vocab else checkpoint.parent / "vocab.txt"
     if vocab_path.is_file():  # the published order, so that a converted checkpoint goes back row for row
@@ -88,7 +96,7 @@ def export(args):
     names = hf_names(config)
     hf = {}
     for ours, tensor in weights.items():
-        if ours in ("lm_head.weight", "encoder.stack.relative_position.weight") or ours.startswith("classification_heads."):
+        if ours in ("lm_head.weight", "encoder.stack.relative_position.weight", FINGERPRINT) or ours.startswith("classification_heads."):
             continue
         if ours not in names:
             raise ConversionError(f"{checkpoint}: no HF BERT place for {ours!r}")

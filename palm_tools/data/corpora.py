@@ -22,6 +22,8 @@ Everything is deterministic for a given --seed.
 """
 import argparse
 import collections
+import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -31,10 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
-from palm_tools.data.pretraining_corpus import stage_pretraining_corpus
+from palm_tools.data.pretraining_corpus import gensim_wiki_extract, stage_pretraining_corpus
 from palm_tools.data.sentence_split import split_sentences  # noqa: E402
 
 SPECIAL_SYMBOLS = ["<mask>"]  # appended to the dictionary so every task (and fairseq's translation) sees one size
+RECORD = ".recipe.json"  # in each stage's folder (beside dict.txt: .dict.txt.json): what the stage was built from
+OPTIONS = ".options.json"  # under --out: the content options of the last complete run, for the options not given
+# The options that decide the data (adopted from OPTIONS when not given); --out, --workers and --rebuild do not.
+CONTENT_OPTIONS = ("pretrain_text", "dialog_json", "vocab_size", "spm_sentences", "valid_fraction", "small_train_pairs",
+                   "max_line_chars", "max_turn_chars", "seed", "pretraining_corpus", "wiki_xml")
 
 
 class DataError(Exception):
@@ -160,25 +167,80 @@ def load_conversations(args):
 
 # ----------------------------------------------------------------------------------------------- stages
 class Stage:
-    """A folder written under a temporary name and renamed when complete; reused when it already exists."""
+    """One stage's output (a folder, or the file dict.txt) under ``out``: written under a temporary name and renamed
+    when complete, with a record of what it was built from (``recipe``: the options and inputs that decide its
+    content, and the digests of the stages it reads). A finished stage with the same record is reused; one with
+    another record (or none) is refused, or with ``rebuild`` replaced once its new content is complete."""
 
-    def __init__(self, out, name):
+    def __init__(self, out, name, recipe, rebuild):
         self.final = out / name
-        self.tmp = out / f".{name}.tmp"
+        self.tmp = self.final.with_name(f".{self.final.name}.tmp")
+        self.file = self.final.suffix == ".txt"  # dict.txt: its record lies beside it
+        self.record = self.final.with_name(f".{self.final.name}.json") if self.file else self.final / RECORD
+        self.recipe, self.rebuild = recipe, rebuild
 
     def done(self):
-        return self.final.exists()
+        if not self.final.exists():
+            return False
+        try:
+            recorded = json.loads(self.record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            recorded = None
+        if recorded == self.recipe:
+            log(f"reusing {self.final}")
+            return True
+        if recorded is None:
+            changes = "has no record of what it was built from (an older palm-data, or a run killed as it finished)"
+        else:
+            changes = "was built from other inputs or options: " + "; ".join(
+                _change(key, recorded.get(key), self.recipe.get(key))
+                for key in sorted(set(recorded) | set(self.recipe)) if recorded.get(key) != self.recipe.get(key)
+            )
+        if self.rebuild:
+            log(f"rebuilding {self.final}: it {changes}")
+            return False
+        raise DataError(f"{self.final} {changes}; pass --rebuild to rebuild it and the stages after it (the old "
+                        "content is replaced), or choose another --out")
 
     def __enter__(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
-        self.tmp.mkdir(parents=True)
+        if not self.file:
+            self.tmp.mkdir(parents=True)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True) if not self.file else self.tmp.unlink(missing_ok=True)
+            return
+        recipe = json.dumps(self.recipe, indent=1, sort_keys=True) + "\n"
+        if self.file:  # the record after the file: a kill in between leaves a stage without one, never a wrong one
             os.replace(self.tmp, self.final)
-        else:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            _write_atomically(self.record, recipe)
+            return
+        (self.tmp / RECORD).write_text(recipe, encoding="utf-8")
+        old = self.final.with_name(f".{self.final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if self.final.exists():
+            os.replace(self.final, old)
+        os.replace(self.tmp, self.final)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _change(key, old, new):
+    """One difference between a stage's record and this run's recipe, in words."""
+    if key.startswith("--"):
+        return f"{key} {old} -> {new}"
+    if "sha256:" in json.dumps([old, new]):
+        return f"{key}: other file content"
+    if isinstance(old, str) and len(old) == 16 and isinstance(new, str) and len(new) == 16:  # a stage's digest
+        return f"the {key} stage it reads changed"
+    return f"{key}: {old} -> {new}"
+
+
+def _write_atomically(path, text):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def write_lines(path, lines):
@@ -187,10 +249,9 @@ def write_lines(path, lines):
             f.write(line + "\n")
 
 
-def stage_raw(args, out):
-    stage = Stage(out, "raw")
+def stage_raw(args, out, stage_named):
+    stage = stage_named("raw")
     if stage.done():
-        log(f"reusing {stage.final}")
         return
     documents = load_pretraining_documents(args)
     conversations = load_conversations(args)
@@ -227,6 +288,10 @@ def stage_raw(args, out):
             if len(pairs) < len(candidates):
                 log(f"chitchat.{split}: dropped {len(candidates) - len(pairs)} pairs with a turn over "
                     f"--max-turn-chars={args.max_turn_chars}")
+            if not pairs:
+                log(f"warning: chitchat.{split} has no context/response pairs ({len(indices)} conversations): "
+                    f"fairseq-train and fairseq-generate stop on an empty split; give more conversations or raise "
+                    f"--valid-fraction")
             write_lines(tmp / f"chitchat.{split}.src", [p[0] for p in pairs])
             write_lines(tmp / f"chitchat.{split}.tgt", [p[1] for p in pairs])
             log(f"chitchat.{split}: {len(indices)} conversations, {len(pairs)} context/response pairs")
@@ -241,10 +306,9 @@ def training_files(raw):
     return [raw / "sotu.train.txt", raw / "chitchat.train.src", raw / "chitchat.train.tgt"]
 
 
-def stage_spm(args, out):
-    stage = Stage(out, "spm")
+def stage_spm(args, out, stage_named):
+    stage = stage_named("spm")
     if stage.done():
-        log(f"reusing {stage.final}")
         return
     import sentencepiece as spm
 
@@ -264,25 +328,23 @@ def stage_spm(args, out):
         )
 
 
-def stage_tokenize(args, out):
-    stage = Stage(out, "tok")
+def stage_tokenize(args, out, stage_named):
+    stage = stage_named("tok")
     if stage.done():
-        log(f"reusing {stage.final}")
         return
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=str(out / "spm" / "spm.model"))
     with stage as tmp:
-        for path in sorted((out / "raw").iterdir()):
+        for path in sorted(p for p in (out / "raw").iterdir() if not p.name.startswith(".")):
             lines = path.read_text(encoding="utf-8").split("\n")[:-1]
             write_lines(tmp / path.name, [" ".join(pieces) for pieces in processor.encode(lines, out_type=str)])
         log(f"encoded {len(list(tmp.iterdir()))} files with sentencepiece")
 
 
-def stage_dictionary(args, out):
-    path = out / "dict.txt"
-    if path.exists():
-        log(f"reusing {path}")
+def stage_dictionary(args, out, stage_named):
+    stage = stage_named("dict.txt")
+    if stage.done():
         return
     import sentencepiece as spm
 
@@ -295,9 +357,8 @@ def stage_dictionary(args, out):
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     lines = [f"{piece} {counts[piece]}" for piece in pieces if piece not in specials]
     lines += [f"{symbol} 0" for symbol in SPECIAL_SYMBOLS]
-    tmp = path.with_suffix(".tmp")
-    write_lines(tmp, lines)
-    os.replace(tmp, path)
+    with stage as tmp:
+        write_lines(tmp, lines)
     log(f"dictionary: {len(lines)} entries (+4 fairseq specials)")
 
 
@@ -308,7 +369,7 @@ def fairseq_preprocess(arguments):
         raise DataError(f"fairseq-preprocess failed:\n{result.stderr[-3000:]}")
 
 
-def stage_binarize(args, out):
+def stage_binarize(args, out, stage_named):
     tok, dictionary = out / "tok", out / "dict.txt"
     jobs = {
         "sotu": ["--only-source", "--trainpref", tok / "sotu.train.txt", "--validpref", tok / "sotu.valid.txt",
@@ -321,9 +382,8 @@ def stage_binarize(args, out):
                         "--srcdict", dictionary, "--tgtdict", dictionary],
     }
     for name, arguments in jobs.items():
-        stage = Stage(out / "bin", name)
+        stage = stage_named(f"bin/{name}")
         if stage.done():
-            log(f"reusing {stage.final}")
             continue
         (out / "bin").mkdir(exist_ok=True)
         with stage as tmp:
@@ -331,8 +391,77 @@ def stage_binarize(args, out):
             fairseq_preprocess([str(a) for a in arguments] + ["--destdir", str(tmp), "--workers", str(args.workers)])
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def file_identity(path):
+    """A file's content, as a stage's record holds it."""
+    try:
+        return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as error:
+        raise DataError(f"{path}: cannot read: {error.strerror}") from error
+
+
+def package_identity(name):
+    try:
+        return f"{name} {importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{name} not installed"
+
+
+def _digest(recipe):
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stage_recipes(args):
+    """What each stage is built from: the options that decide its content, its inputs' content, and the digests of
+    the stages it reads (so a change reaches every stage after it)."""
+    raw = {f"--{name.replace('_', '-')}": getattr(args, name)
+           for name in ("seed", "valid_fraction", "small_train_pairs", "max_line_chars", "max_turn_chars")}
+    raw["pre-training text"] = ([file_identity(p) for p in args.pretrain_text] if args.pretrain_text
+                                else package_identity("sotu"))
+    raw["dialogs"] = file_identity(args.dialog_json) if args.dialog_json else package_identity("chitchat-dataset")
+    spm = {"raw": _digest(raw), "--vocab-size": args.vocab_size, "--spm-sentences": args.spm_sentences,
+           "--seed": args.seed}
+    tok = {"raw": _digest(raw), "spm": _digest(spm)}
+    dictionary = {"tok": _digest(tok), "spm": _digest(spm)}
+    recipes = {"raw": raw, "spm": spm, "tok": tok, "dict.txt": dictionary}
+    for name in ("sotu", "chitchat", "chitchat10k"):
+        recipes[f"bin/{name}"] = {"tok": _digest(tok), "dict.txt": _digest(dictionary)}
+    if args.pretraining_corpus == "all":
+        wiki = args.wiki_xml or gensim_wiki_extract()
+        pretrain = {"raw": _digest(raw), "spm": _digest(spm),
+                    "Wikipedia text": file_identity(wiki) if wiki else "none (gensim not installed, no --wiki-xml)"}
+        recipes["pretrain"] = pretrain
+        recipes["bin/pretrain"] = {"pretrain": _digest(pretrain), "tok": _digest(tok), "dict.txt": _digest(dictionary)}
+    return recipes
+
+
+def adopt_recorded_options(args, given):
+    """The content options not given on the command line take the values of the last complete run in --out, so that
+    a rerun (``palm-data --out data --pretraining-corpus all``) extends that data instead of refusing it."""
+    try:
+        recorded = json.loads((args.out / OPTIONS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    adopted = {name: value for name, value in recorded.items() if name in CONTENT_OPTIONS and name not in given
+               and value != getattr(args, name)}
+    for name, value in adopted.items():
+        setattr(args, name, Path(value) if name == "wiki_xml" and value else value)
+    if adopted:
+        log("options of the earlier run in " + str(args.out) + ": " +
+            ", ".join(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, list) else value}"
+                      for name, value in sorted(adopted.items())))
+
+
+def record_options(args):
+    values = {name: getattr(args, name) for name in CONTENT_OPTIONS}
+    values["pretrain_text"] = [str(Path(p).resolve()) for p in args.pretrain_text] if args.pretrain_text else None
+    for name in ("dialog_json", "wiki_xml"):
+        values[name] = str(Path(values[name]).resolve()) if values[name] else None
+    _write_atomically(args.out / OPTIONS, json.dumps(values, indent=1, sort_keys=True) + "\n")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="palm-data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("data"), help="output folder (default: data)")
     parser.add_argument("--pretrain-text", nargs="+", metavar="FILE",
                         help="your own pre-training corpus instead of sotu: UTF-8 text, one paragraph a line, "
@@ -359,17 +488,40 @@ def parse_args(argv=None):
     parser.add_argument("--wiki-xml", type=Path, metavar="FILE",
                         help="MediaWiki XML export (.bz2 or plain) for --pretraining-corpus all (default: gensim's "
                              "English Wikipedia test extract, when gensim is installed)")
-    return parser.parse_args(argv)
+    parser.add_argument("--rebuild", action="store_true",
+                        help="rebuild the stages in --out that were built from other inputs or options than this "
+                             "run's (and the stages after them), replacing their content; without it such a stage "
+                             "stops the run")
+    return parser
+
+
+def parse_args(argv=None):
+    """The options, and the names of those given on the command line."""
+    parser = build_parser()
+    unset = object()
+    args = parser.parse_args(argv, namespace=argparse.Namespace(**{name: unset for name in CONTENT_OPTIONS}))
+    given = {name for name in CONTENT_OPTIONS if getattr(args, name) is not unset}
+    for name in CONTENT_OPTIONS:
+        if getattr(args, name) is unset:
+            setattr(args, name, parser.get_default(name))
+    return args, given
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args, given = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
+        adopt_recorded_options(args, given)
+        recipes = stage_recipes(args)
+
+        def stage_named(name):
+            return Stage(args.out, name, recipes[name], args.rebuild)
+
         for stage in (stage_raw, stage_spm, stage_tokenize, stage_dictionary, stage_binarize):
-            stage(args, args.out)
+            stage(args, args.out, stage_named)
         if args.pretraining_corpus == "all":
-            stage_pretraining_corpus(args, args.out, Stage, write_lines, fairseq_preprocess, log)
+            stage_pretraining_corpus(args, args.out, stage_named, write_lines, fairseq_preprocess, log)
+        record_options(args)
     except DataError as error:
         print(f"palm-data: error: {error}", file=sys.stderr)
         return 2

@@ -140,14 +140,12 @@ LICENCES = {
 }
 
 
-def stage_pretraining_corpus(args, out, stage_class, write_lines, fairseq_preprocess, log):
+def stage_pretraining_corpus(args, out, stage_named, write_lines, fairseq_preprocess, log):
     """pretrain/{train.txt, train.tok, sources.json}, then bin/pretrain (train: the corpus; valid: sotu.valid)."""
     import sentencepiece as spm
 
-    stage = stage_class(out, "pretrain")
-    if stage.done():
-        log(f"reusing {stage.final}")
-    else:
+    stage = stage_named("pretrain")
+    if not stage.done():
         sources = build(out / "raw", args.wiki_xml, log)
         processor = spm.SentencePieceProcessor(model_file=str(out / "spm" / "spm.model"))
         with stage as tmp:
@@ -165,9 +163,8 @@ def stage_pretraining_corpus(args, out, stage_class, write_lines, fairseq_prepro
             write_lines(tmp / "train.txt", lines)
             write_lines(tmp / "train.tok", [" ".join(p) for p in processor.encode(lines, out_type=str)])
             (tmp / "sources.json").write_text(json.dumps(counts, indent=1) + "\n")
-    binary = stage_class(out / "bin", "pretrain")
+    binary = stage_named("bin/pretrain")
     if binary.done():
-        log(f"reusing {binary.final}")
         return
     with binary as tmp:
         log("binarizing the pre-training corpus with fairseq-preprocess")

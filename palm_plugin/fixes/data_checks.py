@@ -1,0 +1,106 @@
+"""Binarized data a command cannot use stops it with the file and what to do, as its last line.
+
+fairseq reads a split's ``.idx`` / ``.bin`` pair without checking it, and fails deep inside numpy or its batching:
+- an empty split (fairseq-preprocess of an empty file writes an empty ``.bin``): numpy's "cannot mmap an empty
+  file", followed by an AttributeError from the dataset's destructor (it closes a buffer it never opened);
+- a ``.bin`` cut short (a copy or a download interrupted): "buffer is smaller than requested size" when the first
+  example past the end is read, or a broken ``.idx``: an AssertionError or a struct error;
+- a split none of whose examples fit the model's positions: fairseq's training iterator drops the examples it
+  cannot take (with a warning) and then fails on an empty list in ``batch_by_size`` (IndexError).
+:func:`install` checks the pair when a dataset is opened, makes the destructors safe, and names the split and the
+options when every example is dropped. And a ``fairseq-interactive`` line that is empty or has no symbol of the
+dictionary, which every model answers without a word, is warned about
+(:func:`palm_plugin.modules.dictionary_check.warn_if_unknown`).
+"""
+import os
+import struct
+
+from palm_plugin.modules.dictionary_check import warn_if_unknown
+
+
+class BinarizedDataError(SystemExit):
+    """Stops the command with ``message`` as its last line (a SystemExit: no traceback)."""
+
+    def __init__(self, message):
+        super().__init__(f"error: {message}")
+
+
+def check_split(path):
+    """Raise :class:`BinarizedDataError` when the ``path``.idx / ``path``.bin pair is broken, empty or cut short."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
+
+    index_path, data_path = index_file_path(path), data_file_path(path)
+    again = "binarize the split again with fairseq-preprocess (the same dictionary: --srcdict)"
+    try:
+        index = MMapIndexedDataset.Index(index_path)
+    except (AssertionError, struct.error, ValueError, KeyError) as error:
+        raise BinarizedDataError(f"{index_path}: not a complete fairseq index ({error or type(error).__name__}); "
+                                 f"{again}") from None
+    if len(index) == 0:
+        raise BinarizedDataError(f"{data_path}: the split has no examples (fairseq-preprocess was given an empty "
+                                 "file); give it a text file with at least one line")
+    needed = int(index._pointers[-1]) + int(index._sizes[-1]) * index._dtype_size
+    actual = os.path.getsize(data_path)
+    if actual < needed:
+        raise BinarizedDataError(f"{data_path}: {actual:,} bytes, but its index {index_path} needs {needed:,}: the "
+                                 f"file was cut short (an interrupted copy or download?); {again}")
+
+
+def _safe_destructor(cls):
+    """fairseq's ``__del__`` closes the buffer ``__init__`` opens last: after a failed ``__init__`` it raises."""
+    del_ = cls.__del__
+
+    def __del__(self):
+        if "_bin_buffer_mmap" in self.__dict__:
+            del_(self)
+
+    cls.__del__ = __del__
+
+
+def _name_the_split(filter_indices_by_size):
+    def filter_keeping_one(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        kept = filter_indices_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
+        if len(kept) == 0 and len(indices) > 0:
+            split = next((name for name, d in getattr(self, "datasets", {}).items() if d is dataset), None)
+            raise BinarizedDataError(
+                f"{'split ' + repr(split) if split else 'the data'}: none of its {len(indices):,} examples fits the "
+                f"model's positions ({max_positions}); raise --max-source-positions / --max-target-positions (or "
+                "the task's length options), or split the examples into shorter ones"
+            )
+        return kept
+
+    return filter_keeping_one
+
+
+def _warn_on_unknown_lines(get_interactive_tokens_and_lengths):
+    def tokens_and_lengths(self, lines, encode_fn):
+        tokens, lengths = get_interactive_tokens_and_lengths(self, lines, encode_fn)
+        for line, encoded in zip(lines, tokens):
+            warn_if_unknown(line, encoded, self.source_dictionary)
+        return tokens, lengths
+
+    return tokens_and_lengths
+
+
+def install():
+    """Patch fairseq's MMapIndexedDataset, FairseqTask.filter_indices_by_size and
+    FairseqTask.get_interactive_tokens_and_lengths (idempotent)."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+    from fairseq.tasks import FairseqTask
+
+    do_init = MMapIndexedDataset._do_init
+    if getattr(do_init, "__palm_plugin__", False):
+        return
+
+    def checked_init(self, path):
+        check_split(path)
+        do_init(self, path)
+
+    checked_init.__palm_plugin__ = True
+    MMapIndexedDataset._do_init = checked_init
+    _safe_destructor(MMapIndexedDataset)
+    _safe_destructor(MMapIndexedDataset.Index)
+    FairseqTask.filter_indices_by_size = _name_the_split(FairseqTask.filter_indices_by_size)
+    FairseqTask.get_interactive_tokens_and_lengths = _warn_on_unknown_lines(
+        FairseqTask.get_interactive_tokens_and_lengths
+    )
