@@ -244,7 +244,7 @@ def test_commands_on_unusable_data_end_with_one_clear_line(two_dictionaries, tmp
                      tmp_path / "long", "--max-source-positions", 2, check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: split 'train': none of its 24 examples fits the model's positions ((2, 512)); raise "
+        "error: split 'train': none of its 24 examples fits the model's positions (at most source 2, target 512); raise "
         "--max-source-positions / --max-target-positions (or the task's length options), or split the examples "
         "into shorter ones")
     assert not (tmp_path / "empty").exists() or not list((tmp_path / "empty").iterdir())

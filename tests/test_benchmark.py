@@ -242,7 +242,7 @@ def test_merge_replaces_rows_and_takes_ratios_within_one_run():
     assert "**Run 2**" in table and "`palm-bench --only transformer palm --repeats 5`" in table
     assert "median of 2 (run 2: 5) updates" in table
     assert "palm, translation (fine-tuning, copy layer) [run 2]" in table
-    with pytest.raises(ValueError, match="vocab_size"):
+    with pytest.raises(ValueError, match="vocab_size; rerun with the record's settings"):
         bench_report.merge(first, _record("palm-bench --vocab-size 50", {}, vocab_size=50))
 
 

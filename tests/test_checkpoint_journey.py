@@ -112,10 +112,10 @@ def test_wrong_checkpoint_paths_stop_with_what_to_do(converted_minilm_sizes, cli
     traps = [
         ("--finetune-from-model", root / "converted", "a directory; pass the checkpoint file in it"),
         ("--finetune-from-model", hf, "a Hugging Face model directory, not a fairseq checkpoint; convert it first"),
-        ("--finetune-from-model", tmp_path / "missing.pt", "file not found"),
+        ("--finetune-from-model", tmp_path / "missing.pt", f"file not found; {tmp_path} holds no .pt file"),
         ("--finetune-from-model", hf / "model.safetensors", "Hugging Face weights, not a fairseq checkpoint"),
         ("--finetune-from-model", bin_dir / "pytorch_model.bin", "an HF state dict (e.g. pytorch_model.bin)"),
-        ("--restore-file", tmp_path / "missing.pt", "file not found"),
+        ("--restore-file", tmp_path / "missing.pt", f"file not found; {tmp_path} holds no .pt file"),
     ]
     for option, path, message in traps:
         result = cli("fairseq-train", *train_args(root, option, path), check=False)

@@ -186,14 +186,20 @@ def test_unsafe_bin_is_refused_and_never_run(tmp_path):
     torch.save({"embeddings.word_embeddings.weight": torch.zeros(2), "x": Payload()}, source / "pytorch_model.bin")
     tiny_bert_config().save_pretrained(source)
     (source / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    with pytest.raises(safe_loading.UnsafeCheckpointError, match="refused to load"):
+    with pytest.raises(SystemExit, match=r"^error: .*pytorch_model.bin: refused to load this checkpoint: it references "
+                                         r"posix.system, which fairseq checkpoints never contain"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     roberta = tmp_path / "roberta"
     roberta.mkdir()
     (source / "pytorch_model.bin").rename(roberta / "pytorch_model.bin")
-    with pytest.raises(safe_loading.UnsafeCheckpointError, match="refused to load"):
+    with pytest.raises(SystemExit, match="refused to load"):
         convert.main(["hf-roberta", "--input", str(roberta), "--output", str(tmp_path / "out")])
     assert not marker.exists()
+    # the output may not be the input's folder: its vocab.txt and tokenizer_config.json would be replaced
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    with pytest.raises(SystemExit, match=f"^error: --output {source} is the folder of --input {source}: "):
+        convert.main(["bert", "--input", str(source), "--output", str(source)])
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
 
 
 def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path):
@@ -347,8 +353,8 @@ def test_export_takes_the_symbols_the_tasks_added_from_the_embedding_size(tmp_pa
     recorded = dict(weights(size + 1), **{FINGERPRINT: symbol_fingerprint(trained)})
     assert export_dictionary(checkpoint, cfg, recorded, args).symbols == trained.symbols
     (elsewhere / "dict.en.txt").write_text("".join(f"w{index} 1\n" for index in reversed(range(6))))
-    with pytest.raises(ConversionError, match=r"dict.en.txt: not the dictionary .*checkpoint.pt was trained with: .* "
-                                              r"6 of its 11 rows name another symbol"):
+    with pytest.raises(ConversionError, match=r"dict.en.txt: not the dictionary .*checkpoint.pt was trained with \(6 of "
+                                              r"its 11 rows name other symbols, the first row 4\); pass --dict"):
         export_dictionary(checkpoint, cfg, recorded, args)
 
 

@@ -116,7 +116,7 @@ def test_xsum_both_layouts_and_split_file(tmp_path, capsys):
                                            "Rain is expected."]
     code, _, err = run(capsys, "xsum", "--data-dir", data, "--split-file", split, "--split", "train",
                        "--out", tmp_path / "train")
-    assert code == 1 and "train id 999 has no file" in err and "999.summary" in err
+    assert code == 1 and "train id 999 has no file" in err and "999.summary: pass --skip-missing" in err
     code, out, _ = run(capsys, "xsum", "--data-dir", data, "--split-file", split, "--split", "train",
                        "--skip-missing", "--out", tmp_path / "train")
     assert code == 0 and "read 1, kept 0, dropped 1 (1 missing file)" in out

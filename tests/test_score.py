@@ -119,7 +119,7 @@ def test_answer_f1_as_coqa_computes_it(tmp_path):
     first = max(2 * (2 / 3) * (2 / 3) / (4 / 3), 2 * (1 / 3) * 1 / (4 / 3))
     assert json.loads(out.read_text())["f1"] == pytest.approx(100 * (first + 1 + 1) / 3)
     assert metrics.answer_f1(["white"], [["cat"]])["f1"] == 0
-    with pytest.raises(ScoreError, match="example 1 has no non-empty reference"):
+    with pytest.raises(ScoreError, match=r"example 1 \(line 1 of each --ref\) has no non-empty reference: give it one"):
         metrics.answer_f1(["white"], [[""]])
 
 

@@ -79,7 +79,11 @@ def read_checkpoint(path, option):
                                   + (f" ({', '.join(os.path.join(path, n) for n in found[:3])})" if found else
                                      " (it holds no .pt file)"))
     if not os.path.isfile(path):
-        raise CheckpointPathError(f"{option} {path}: file not found")
+        folder = os.path.dirname(path) or "."
+        there = sorted(name for name in os.listdir(folder) if name.endswith(".pt")) if os.path.isdir(folder) else []
+        raise CheckpointPathError(f"{option} {path}: file not found; " + (
+            f"the checkpoints in {folder}: {', '.join(there[:5])}" if there else
+            f"{folder} holds no .pt file" if os.path.isdir(folder) else f"there is no folder {folder}"))
     if path.endswith(".safetensors") or path.endswith(".index.json"):
         raise CheckpointPathError(f"{option} {path}: Hugging Face weights, not a fairseq checkpoint; "
                                   + _convert_hint(os.path.dirname(path) or "."))

@@ -57,6 +57,13 @@ def _safe_destructor(cls):
     cls.__del__ = __del__
 
 
+def _positions(max_positions):
+    """fairseq's max_positions (a number, or a tuple of source and target) in words."""
+    if isinstance(max_positions, tuple) and len(max_positions) == 2:
+        return f"source {max_positions[0]}, target {max_positions[1]}"
+    return str(max_positions)
+
+
 def _name_the_split(filter_indices_by_size):
     def filter_keeping_one(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
         kept = filter_indices_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
@@ -64,7 +71,7 @@ def _name_the_split(filter_indices_by_size):
             split = next((name for name, d in getattr(self, "datasets", {}).items() if d is dataset), None)
             raise BinarizedDataError(
                 f"{'split ' + repr(split) if split else 'the data'}: none of its {len(indices):,} examples fits the "
-                f"model's positions ({max_positions}); raise --max-source-positions / --max-target-positions (or "
+                f"model's positions (at most {_positions(max_positions)}); raise --max-source-positions / --max-target-positions (or "
                 "the task's length options), or split the examples into shorter ones"
             )
         return kept

@@ -20,6 +20,7 @@ import collections
 import functools
 import os
 import pickle
+import re
 import typing
 
 import torch
@@ -167,11 +168,12 @@ def load_state(path):
         raise  # missing or unreadable: the OS error names the file already
     except pickle.UnpicklingError as error:
         if "Weights only load failed" in str(error):
+            found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(error))
             raise UnsafeCheckpointError(
-                f"{path}: refused to load this checkpoint: it references objects that fairseq checkpoints never "
-                f"contain, so unpickling it could run code. If you made this file yourself and trust it, re-save "
-                f"it as a plain state dict (tensors, numbers, strings, argparse.Namespace). Details from torch: "
-                f"{error}"
+                f"{path}: refused to load this checkpoint: it references "
+                f"{found.group(1) if found else 'objects'}, which fairseq checkpoints never contain, so unpickling it "
+                f"could run code. If you made this file yourself and trust it, re-save it as a plain state dict "
+                f"(tensors, numbers, strings, argparse.Namespace)"
             ) from error
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
     except Exception as error:  # torch's parsers fail on garbage with many exception types

@@ -63,16 +63,23 @@ def symbol_fingerprint(dictionary) -> torch.Tensor:
     return torch.tensor(hashes, dtype=torch.long)
 
 
+def differing_rows(record, dictionary):
+    """The rows, of those both have, where the record ``record`` of a dictionary names another symbol than
+    ``dictionary``."""
+    own = symbol_fingerprint(dictionary)
+    common = min(len(record), len(own))
+    return (record[:common] != own[:common]).nonzero().flatten().tolist()
+
+
 def check_symbols(state_dict, key, dictionary):
     """Raise :class:`DictionaryMismatchError` when the checkpoint's record ``state_dict[key]`` names other symbols
     than ``dictionary`` on the rows both have (the rows after them, ``<mask>`` or ``<pseudo>``, are the embedding
     check's concern); then the record becomes this dictionary's, which the model loads."""
-    own = symbol_fingerprint(dictionary)
     saved = state_dict.get(key)
     if saved is not None:
-        common = min(len(saved), len(own))
-        differ = (saved[:common] != own[:common]).nonzero().flatten().tolist()
+        differ = differing_rows(saved, dictionary)
         if differ:
+            common = min(len(saved), len(dictionary))
             shown = ", ".join(f"{row} ({dictionary[row]!r} here)" for row in differ[:3])
             raise DictionaryMismatchError(
                 f"the checkpoint was trained with a dictionary of other symbols: {len(differ)} of its {common} rows "
@@ -81,7 +88,7 @@ def check_symbols(state_dict, key, dictionary):
                 "data it was trained on): fairseq-preprocess --srcdict DICT --tgtdict DICT, or --only-source "
                 "--srcdict DICT for monolingual data"
             )
-    state_dict[key] = own
+    state_dict[key] = symbol_fingerprint(dictionary)
 
 
 def warn_if_unknown(text, tokens, dictionary):
@@ -93,6 +100,6 @@ def warn_if_unknown(text, tokens, dictionary):
     if known:
         return False
     what = "an input is empty" if not text.strip() else f"the input {text[:60]!r} has no symbol of the dictionary"
-    logger.warning(f"{what}: the output will not depend on it; check the input (and --bpe / --tokenizer, which must "
-                   "be the ones the model was trained with)")
+    logger.warning(f"{what}: the output will not depend on it; check the input, and its tokenizer and BPE, which must "
+                   "be the ones the model was trained with")
     return True

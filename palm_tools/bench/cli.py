@@ -241,7 +241,10 @@ def run(argv=None) -> dict:
         if args.merge_into:
             with open(args.merge_into) as f:
                 record = json.load(f)
-            bench_report.check_comparable(record["settings"], settings(args))  # before measuring, not after
+            try:  # before measuring, not after
+                bench_report.check_comparable(record["settings"], settings(args))
+            except ValueError as error:
+                sys.exit(f"palm-bench: --merge-into {args.merge_into}: {error}")
         result = measure(args, argv, stem + ".json", record)
         if record is not None:
             result = bench_report.merge(record, result)

@@ -187,7 +187,8 @@ def check_comparable(settings: Dict, later: Dict):
     differing = [key for key in COMPARABLE_SETTINGS
                  if settings.get(key, OLD_DEFAULTS.get(key)) != later.get(key, OLD_DEFAULTS.get(key))]  # fmt: skip
     if differing:
-        raise ValueError(f"cannot merge runs with different settings: {', '.join(differing)}")
+        raise ValueError(f"cannot merge runs with different settings: {', '.join(differing)}; rerun with the "
+                         "record's settings (its 'settings' entry) or write a new record without --merge-into")
 
 
 # the fields that, with the key, name a row of each section

@@ -26,7 +26,9 @@ Outputs are written to a temporary file, then renamed.
 """
 import argparse
 import sys
+from pathlib import Path
 
+from palm_plugin.fixes import safe_loading
 from palm_tools.convert import ConversionError
 from palm_tools.convert.bert import convert_bert
 from palm_tools.convert.export import export
@@ -74,9 +76,13 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     commands = {"bert": convert_bert, "roberta": convert_roberta, "hf-roberta": convert_hf_roberta, "export": export}
+    source, output = Path(args.input).resolve(), Path(args.output).resolve()
+    if output in (source, source.parent if source.is_file() else source):
+        sys.exit(f"error: --output {args.output} is the folder of --input {args.input}: the files written there "
+                 "(vocab.txt, tokenizer_config.json, ...) would replace the input's; choose another folder")
     try:
         commands[args.command](args)
-    except ConversionError as error:
+    except (ConversionError, safe_loading.UnsafeCheckpointError, safe_loading.CorruptCheckpointError) as error:
         sys.exit(f"error: {error}")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from fairseq.data import Dictionary
 
-from palm_plugin.modules.dictionary_check import FINGERPRINT, DictionaryMismatchError, check_symbols
+from palm_plugin.modules.dictionary_check import FINGERPRINT, differing_rows
 from palm_plugin.modules.table_extension import TOKENS
 from palm_tools.atomic_files import atomic_path
 from palm_tools.convert import ConversionError
@@ -47,11 +47,13 @@ def export_dictionary(checkpoint, cfg, weights, args):
     if rows == len(dictionary) + 1:
         dictionary.add_symbol(PSEUDO)
     if rows != len(dictionary):
-        raise ConversionError(f"{path}: {len(dictionary)} symbols, but {checkpoint} has {rows} embedding rows")
-    try:
-        check_symbols(dict(weights), FINGERPRINT, dictionary)
-    except DictionaryMismatchError as error:
-        raise ConversionError(f"{path}: not the dictionary {checkpoint} was trained with: {error}") from None
+        raise ConversionError(f"{path}: {len(dictionary)} symbols, but {checkpoint} has {rows} embedding rows: pass "
+                              "--dict with the dict.txt of the data it was trained on")
+    differ = differing_rows(weights[FINGERPRINT], dictionary) if FINGERPRINT in weights else []
+    if differ:
+        raise ConversionError(f"{path}: not the dictionary {checkpoint} was trained with ({len(differ)} of its "
+                              f"{rows} rows name other symbols, the first row {differ[0]}); pass --dict with the "
+                              "dict.txt of the data it was trained on")
     return dictionary
 
 

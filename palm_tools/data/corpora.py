@@ -9,7 +9,9 @@ Sources (real text that installs from PyPI, or your own files):
     conversation is ever seen in training.
 
 Output layout under --out (each stage is written to a temporary folder and renamed when complete, so an
-interrupted run leaves no half-written stage, and a second run reuses every finished stage):
+interrupted run leaves no half-written stage; each records what it was built from, and a second run reuses a
+finished stage whose record matches, stops at one built from other text or options, or with --rebuild replaces it;
+the options not given are those of the last complete run in --out):
   raw/        sotu.{train,valid}.txt (one sentence a line, blank line between documents),
               chitchat.{train,valid,test}.{src,tgt}, chitchat10k.train.{src,tgt}
   spm/        spm.model, spm.vocab (trained on the training splits only)

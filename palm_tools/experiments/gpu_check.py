@@ -162,7 +162,10 @@ def parse_args(argv=None):
         p for p in precisions if p not in PRECISION_FLAGS and p not in VARIANTS] + [
         p for p in args.parts.split(",") if p not in ("training", "tests", "profile")]
     if unknown:
-        parser.error(f"unknown --configs/--sizes/--precisions/--parts entry {unknown[0]!r}")
+        choices = {"--configs": CONFIGS, "--sizes": SIZES, "--precisions": list(PRECISION_FLAGS) + list(VARIANTS),
+                   "--parts": ["training", "tests", "profile"]}
+        parser.error(f"unknown --configs/--sizes/--precisions/--parts entry {unknown[0]!r}; the choices: " +
+                     "; ".join(f"{option} {', '.join(values)}" for option, values in choices.items()))
     args.parts = args.parts.split(",")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here (use --device cpu)")

@@ -123,7 +123,8 @@ def rouge_l(hyps, ref_streams, beta=1.2, lowercase=False):
         references = [(s[i].lower() if lowercase else s[i]).split() for s in ref_streams]
         references = [r for r in references if r]
         if not references:
-            raise ScoreError(f"example {i + 1} has no non-empty reference")
+            raise ScoreError(f"example {i + 1} (line {i + 1} of each --ref) has no non-empty reference: give it one, "
+                             "or leave the example out of --hyp and every --ref")
         precision = recall = 0.0
         if candidate:
             for reference in references:
@@ -153,7 +154,8 @@ def answer_f1(hyps, ref_streams):
         predicted = normalize_answer(hyp).split()
         references = [normalize_answer(s[i]).split() for s in ref_streams if s[i].strip()]
         if not references:
-            raise ScoreError(f"example {i + 1} has no non-empty reference")
+            raise ScoreError(f"example {i + 1} (line {i + 1} of each --ref) has no non-empty reference: give it one, "
+                             "or leave the example out of --hyp and every --ref")
         best = 0.0
         for reference in references:
             if not predicted or not reference:

@@ -50,7 +50,8 @@ def read_xsum(data_dir, split_file, split, counts, document_dir=None, skip_missi
             if skip_missing:
                 counts.drop("missing file")
                 continue
-            raise ReaderError(f"{split_file}: {split} id {bbc_id} has no file {summary_path}")
+            raise ReaderError(f"{split_file}: {split} id {bbc_id} has no file {summary_path}: pass --skip-missing to "
+                                  "count the missing ids as dropped")
         text = read_text(summary_path)
         if "[SN]RESTBODY[SN]" in text or "[SN]URL[SN]" in text:
             document, summary = parse_summary_data(text, summary_path)
@@ -60,6 +61,7 @@ def read_xsum(data_dir, split_file, split, counts, document_dir=None, skip_missi
                 if skip_missing:
                     counts.drop("missing file")
                     continue
-                raise ReaderError(f"{split_file}: {split} id {bbc_id} has no file {document_path}")
+                raise ReaderError(f"{split_file}: {split} id {bbc_id} has no file {document_path}: pass --skip-missing to "
+                                  "count the missing ids as dropped")
             document, summary = read_text(document_path), text
         yield document, summary
