@@ -182,7 +182,8 @@ def load_state(path):
 
 def _corruption_message(path, error):
     return (
-        f"{path}: cannot read this file as a torch checkpoint: it is truncated or corrupt (an interrupted copy or "
-        f"download?). Copy it again, or resume from another checkpoint (fairseq writes checkpoints atomically, so "
-        f"the checkpoint_last.pt of a killed run is complete). Details from torch: {type(error).__name__}: {error}"
+        f"{path}: cannot read this file as a torch checkpoint: it is truncated or corrupt (torch: "
+        f"{type(error).__name__}: {' '.join(str(error).split())[:200]}). Copy it again (an interrupted copy or "
+        f"download?), or resume from another checkpoint (fairseq writes checkpoints atomically, so the "
+        f"checkpoint_last.pt of a killed run is complete)"
     )
