@@ -46,7 +46,8 @@ def bert_dictionary(vocab, vocab_path, with_pseudo):
     index = {}
     for row, token in enumerate(vocab):
         if not token or " " in token or token in index:
-            raise ConversionError(f"{vocab_path}: line {row + 1} ({token!r}) is empty, has a space, or repeats")
+            raise ConversionError(f"{vocab_path}: line {row + 1} ({token!r}) is empty, has a space, or repeats; a "
+                                  "WordPiece vocabulary has one distinct token a line: use the model's own file")
         index[token] = row
     for special in list(BERT_SPECIALS.values()) + ["[MASK]"]:
         if special not in index:
@@ -110,7 +111,8 @@ def convert_bert(args):
             relative_position_max_distance=config.get("max_rel_pos", 128),
         )
     except KeyError as error:
-        raise ConversionError(f"{paths['config.json']}: missing {error}") from None
+        raise ConversionError(f"{paths['config.json']}: missing {error}, which a BERT-family config.json holds: "
+                              "use the model's own config.json") from None
     if config.get("hidden_act", "gelu") != "gelu":
         raise ConversionError(f"{paths['config.json']}: hidden_act {config['hidden_act']!r}; UniLM uses gelu")
 

@@ -67,12 +67,15 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
         if tensor.shape != expected[name].shape:
             raise ConversionError(
                 f"{source_path}: shape mismatch for {name}: the file has {tuple(tensor.shape)}, the model built from "
-                f"its config needs {tuple(expected[name].shape)}"
+                f"its config needs {tuple(expected[name].shape)}; the config.json beside the weights must be the "
+                "model's own"
             )
     missing = sorted(set(expected) - set(converted) - {"lm_head.weight", FINGERPRINT})  # the record: the model's own
     essential = [n for n in missing if n.startswith("encoder.")]
     if essential:
-        raise ConversionError(f"{source_path}: missing parameters {essential[:5]}{' ...' if len(essential) > 5 else ''}")
+        raise ConversionError(f"{source_path}: missing parameters {essential[:5]}{' ...' if len(essential) > 5 else ''}"
+                              "; the file holds part of the model, or another one than config.json describes: "
+                              "convert the model's complete weights")
     if missing:
         print(f"not in {source_path}, initialised randomly: {', '.join(missing)}", file=sys.stderr)
     if any(name.startswith("lm_head.") for name in missing):

@@ -78,7 +78,8 @@ def export(args):
         ours = {bert_name.get(symbol, symbol): index for index, symbol in enumerate(dictionary.symbols)}
         missing = [token for token in vocab if token not in ours]
         if missing:
-            raise ConversionError(f"{vocab_path}: tokens not in the checkpoint's dictionary: {missing[:5]}")
+            raise ConversionError(f"{vocab_path}: tokens not in the checkpoint's dictionary: {missing[:5]}; pass the "
+                                  "vocab.txt the checkpoint was converted from (--vocab), or none")
         order = [ours[token] for token in vocab]
     else:
         vocab = [bert_name.get(s, s) for s in dictionary.symbols if s != PSEUDO]

@@ -70,4 +70,5 @@ def rename(name, table, ignored, path):
     for pattern, target in table:
         if re.fullmatch(pattern, name):
             return re.sub(pattern, target, name)
-    raise ConversionError(f"{path}: unknown parameter {name!r}; this is not a BERT/UniLM/RoBERTa checkpoint we know")
+    raise ConversionError(f"{path}: unknown parameter {name!r}; this is not a BERT/UniLM/RoBERTa checkpoint we know: "
+                          "palm-convert takes BERT, UniLM, MiniLM (bert) and RoBERTa (roberta, hf-roberta) weights")

@@ -22,7 +22,7 @@ from palm_tools.convert import ConversionError
 
 def read_state(path):
     if not os.path.isfile(path):
-        raise ConversionError(f"{path}: file not found")
+        raise ConversionError(f"{path}: file not found; check the path (--input takes a checkpoint file, model.pt)")
     return safe_loading.load_state(path)
 
 
@@ -33,7 +33,7 @@ def read_weight_file(path):
     """One file of tensors, weights only: safetensors, or a ``.bin`` through the restricted unpickler."""
     path = Path(path)
     if not path.is_file():
-        raise ConversionError(f"{path}: file not found")
+        raise ConversionError(f"{path}: file not found; the model folder is incomplete: download it again")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -68,7 +68,7 @@ def read_weights(directory):
         state.update(read_weight_file(directory / shard))
     missing = sorted(set(weight_map) - set(state))
     if missing:
-        raise ConversionError(f"{found}: the shards lack {missing[:5]}")
+        raise ConversionError(f"{found}: the shards lack {missing[:5]}; download the shard files again")
     return state, found
 
 
@@ -102,7 +102,8 @@ def read_vocabulary(directory):
         return vocab, path
     path = directory / "tokenizer.json"
     if not path.is_file():
-        raise ConversionError(f"{directory / 'vocab.txt'}: file not found (nor tokenizer.json)")
+        raise ConversionError(f"{directory / 'vocab.txt'}: file not found (nor tokenizer.json): --input must be "
+                              "the model's HF folder, with its vocabulary")
     model = json.loads(path.read_text(encoding="utf-8")).get("model") or {}
     if model.get("type") != "WordPiece":
         raise ConversionError(f"{path}: not a WordPiece tokenizer (model type {model.get('type')!r})")

@@ -23,9 +23,10 @@ from palm_tools.convert.reading import opened_input, read_state, read_weights
 def convert_roberta(args):
     state = read_state(args.input)
     if not isinstance(state, dict) or "model" not in state:
-        raise ConversionError(f"{args.input}: not a fairseq checkpoint (no 'model' entry)")
+        raise ConversionError(f"{args.input}: not a fairseq checkpoint (no 'model' entry); pass the model.pt of a "
+                              "fairseq RoBERTa (an HF RoBERTa folder: palm-convert hf-roberta)")
     if not os.path.isfile(args.dict):
-        raise ConversionError(f"{args.dict}: file not found")
+        raise ConversionError(f"{args.dict}: file not found; pass the dict.txt the RoBERTa model was trained with")
     weights = state["model"]
     cfg = state.get("cfg") or {}
     model_args = cfg.get("model") if isinstance(cfg, dict) or OmegaConf.is_config(cfg) else None
@@ -125,7 +126,8 @@ def convert_hf_roberta(args):
                               f"<mask> last)")
     tokens = state.get("embeddings.word_embeddings.weight")
     if tokens is None or tokens.size(0) != size:
-        raise ConversionError(f"{weights_path}: the token embedding does not have the {size} rows of {vocab_path}")
+        raise ConversionError(f"{weights_path}: the token embedding does not have the {size} rows of {vocab_path}; "
+                              "the folder's vocab.json must be the model's own")
     model_args = dict(
         encoder_layers=config["num_hidden_layers"], encoder_embed_dim=config["hidden_size"],
         encoder_ffn_embed_dim=config["intermediate_size"], encoder_attention_heads=config["num_attention_heads"],
@@ -152,7 +154,7 @@ def convert_hf_roberta(args):
         weights["encoder.lm_head.weight"] = tokens
     missing = sorted(set(names.values()) - set(weights) - {"encoder.lm_head.weight"})
     if missing:
-        raise ConversionError(f"{weights_path}: missing {missing[:5]}")
+        raise ConversionError(f"{weights_path}: missing {missing[:5]}; convert the model's complete weights")
     if dropped:
         print(f"not used by fairseq's RoBERTa (dropped): {', '.join(d for d in dropped if 'token_type' not in d)}",
               file=sys.stderr)

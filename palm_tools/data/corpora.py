@@ -101,7 +101,8 @@ def load_pretraining_documents(args):
         for path in args.pretrain_text:
             found = documents_from_lines(read_text_file(path, args.max_line_chars))
             if not found:
-                raise DataError(f"{path}: no text found (the pre-training corpus is empty)")
+                raise DataError(f"{path}: no text found (the pre-training corpus is empty); give UTF-8 text, one "
+                                "paragraph a line, blank lines between documents")
             documents.extend(found)
         return documents
     try:

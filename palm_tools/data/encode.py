@@ -68,7 +68,8 @@ def build_encoder(config):
     for path in (getattr(config, name, None) for name in ("gpt2_encoder_json", "gpt2_vocab_bpe", "bpe_vocab_file",
                                                           "sentencepiece_model")):
         if path is not None and not os.path.isfile(path):
-            raise ReaderError(f"cannot read the {config.bpe} model file {path}")
+            raise ReaderError(f"cannot read the {config.bpe} model file {path}; pass the model file the tokenizer was "
+                              "trained into (--model)")
     return encoders.build_bpe(config)
 
 

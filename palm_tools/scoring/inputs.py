@@ -16,7 +16,7 @@ def read_lines(path):
         with open(path, encoding="utf-8", newline="") as f:
             lines = f.read().split("\n")
     except OSError as e:
-        raise ScoreError(f"cannot read {path}: {e.strerror}") from e
+        raise ScoreError(f"cannot read {path}: {e.strerror}; check the path") from e
     except UnicodeDecodeError as e:
         raise ScoreError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from e
     if lines[-1] == "":

@@ -8,6 +8,12 @@ class ReaderError(Exception):
     """Malformed raw input. The message names the file, the record and what is wrong."""
 
 
+def malformed(message):
+    """The error of a file that is not laid out as the benchmark's release: the message, and what to do."""
+    return ReaderError(f"{message}; palm-prepare reads each benchmark's files as released (docs/recipes.md says "
+                       "where each comes from): use the original file (a download cut short?), or correct it")
+
+
 class Counts:
     """Examples read, kept and dropped (by reason), printed after a conversion so that nothing is skipped
     silently."""
@@ -41,7 +47,7 @@ def read_text(path, encoding="utf-8"):
     except OSError as e:
         raise ReaderError(f"cannot read {path}: {e.strerror}") from e
     except UnicodeDecodeError as e:
-        raise ReaderError(f"{path} is not {encoding} text ({e.reason} at byte {e.start})") from e
+        raise malformed(f"{path} is not {encoding} text ({e.reason} at byte {e.start})") from e
 
 
 def write_pairs(prefix, pairs, counts, suffixes=("src", "tgt")):

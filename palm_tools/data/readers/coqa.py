@@ -3,7 +3,7 @@ questions and their free-form answers), the current question and the passage; th
 answer (``input_text``)."""
 import json
 
-from palm_tools.data.readers.common import ReaderError, read_text
+from palm_tools.data.readers.common import ReaderError, malformed, read_text
 
 
 def read_coqa(path, counts, max_history=None, separator=" [SEP] "):
@@ -12,24 +12,24 @@ def read_coqa(path, counts, max_history=None, separator=" [SEP] "):
     try:
         data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
-        raise ReaderError(f"{path} is not JSON: {e}") from e
+        raise malformed(f"{path} is not JSON: {e}") from e
     if not isinstance(data, dict) or "data" not in data:
-        raise ReaderError(f"{path}: missing field 'data' (is it a CoQA file?)")
+        raise malformed(f"{path}: missing field 'data' (is it a CoQA file?)")
     for c, conversation in enumerate(data["data"]):
         where = f"conversation {conversation.get('id', c) if isinstance(conversation, dict) else c}"
         for name in ("story", "questions", "answers"):
             if not isinstance(conversation, dict) or name not in conversation:
-                raise ReaderError(f"{path}: {where}: missing field {name!r}")
+                raise malformed(f"{path}: {where}: missing field {name!r}")
         questions, answers = conversation["questions"], conversation["answers"]
         if len(questions) != len(answers):
-            raise ReaderError(f"{path}: {where}: {len(questions)} questions but {len(answers)} answers")
+            raise malformed(f"{path}: {where}: {len(questions)} questions but {len(answers)} answers")
         history = []
         for question, answer in zip(questions, answers):
             for record, kind in ((question, "question"), (answer, "answer")):
                 if "input_text" not in record or "turn_id" not in record:
-                    raise ReaderError(f"{path}: {where}: a {kind} lacks 'input_text' or 'turn_id'")
+                    raise malformed(f"{path}: {where}: a {kind} lacks 'input_text' or 'turn_id'")
             if question["turn_id"] != answer["turn_id"]:
-                raise ReaderError(
+                raise malformed(
                     f"{path}: {where}: question turn {question['turn_id']} is paired with answer turn "
                     f"{answer['turn_id']}"
                 )

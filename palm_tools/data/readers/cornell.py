@@ -11,7 +11,7 @@ import ast
 
 import numpy as np
 
-from palm_tools.data.readers.common import ReaderError, one_line, read_text
+from palm_tools.data.readers.common import ReaderError, malformed, one_line, read_text
 
 FIELD_SEPARATOR = " +++$+++ "
 SMALL_TRAIN = 10_000  # PALM Table 5's low-resource training set
@@ -26,7 +26,7 @@ def read_movie_lines(path):
             continue
         fields = line.rstrip("\r").split(FIELD_SEPARATOR)
         if len(fields) != 5:
-            raise ReaderError(f"{path}:{number}: expected 5 fields separated by '{FIELD_SEPARATOR.strip()}', "
+            raise malformed(f"{path}:{number}: expected 5 fields separated by '{FIELD_SEPARATOR.strip()}', "
                               f"found {len(fields)}")
         lines[fields[0].strip()] = fields[4]
     return lines
@@ -40,14 +40,14 @@ def read_conversations(path):
             continue
         fields = line.rstrip("\r").split(FIELD_SEPARATOR)
         if len(fields) != 4:
-            raise ReaderError(f"{path}:{number}: expected 4 fields separated by '{FIELD_SEPARATOR.strip()}', "
+            raise malformed(f"{path}:{number}: expected 4 fields separated by '{FIELD_SEPARATOR.strip()}', "
                               f"found {len(fields)}")
         try:
             ids = ast.literal_eval(fields[3].strip())
         except (ValueError, SyntaxError) as e:
-            raise ReaderError(f"{path}:{number}: the last field must be a list like ['L1', 'L2']") from e
+            raise malformed(f"{path}:{number}: the last field must be a list like ['L1', 'L2']") from e
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise ReaderError(f"{path}:{number}: the last field must be a list like ['L1', 'L2']")
+            raise malformed(f"{path}:{number}: the last field must be a list like ['L1', 'L2']")
         conversations.append((number, ids))
     return conversations
 
@@ -60,7 +60,7 @@ def read_cornell_pairs(lines_file, conversations_file, counts, min_words=2, max_
     for number, ids in read_conversations(conversations_file):
         for line_id in ids:
             if line_id not in lines:
-                raise ReaderError(f"{conversations_file}:{number}: line {line_id} is not in {lines_file}")
+                raise malformed(f"{conversations_file}:{number}: line {line_id} is not in {lines_file}")
         for first, second in zip(ids, ids[1:]):
             counts.read += 1
             context, response = one_line(lines[first]), one_line(lines[second])

@@ -7,7 +7,7 @@ marked as used (``is_selected``), or all of them.
 """
 import json
 
-from palm_tools.data.readers.common import ReaderError, read_text
+from palm_tools.data.readers.common import ReaderError, malformed, read_text
 
 NO_ANSWER = "No Answer Present."
 
@@ -19,22 +19,22 @@ def read_msmarco(path, counts, task="qa", passages="selected", separator=" [SEP]
     try:
         data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
-        raise ReaderError(f"{path} is not JSON: {e}") from e
+        raise malformed(f"{path} is not JSON: {e}") from e
     column_names = ("query", "passages", "answers") + (("wellFormedAnswers",) if task == "nlg" else ())
     for name in column_names:
         if not isinstance(data, dict) or name not in data:
-            raise ReaderError(f"{path}: missing column {name!r} (is it an MS MARCO v2.1 file with answers?)")
+            raise malformed(f"{path}: missing column {name!r} (is it an MS MARCO v2.1 file with answers?)")
     columns = {name: data[name] for name in column_names}
     for key in columns["query"]:
         counts.read += 1
         for name, column in columns.items():
             if key not in column:
-                raise ReaderError(f"{path}: record {key}: missing field {name!r}")
+                raise malformed(f"{path}: record {key}: missing field {name!r}")
         question, candidates = columns["query"][key], columns["passages"][key]
         try:
             texts = [p["passage_text"] for p in candidates if passages == "all" or p["is_selected"]]
         except (KeyError, TypeError) as e:
-            raise ReaderError(f"{path}: record {key}: a passage lacks 'passage_text' or 'is_selected'") from e
+            raise malformed(f"{path}: record {key}: a passage lacks 'passage_text' or 'is_selected'") from e
         if task == "nlg":
             answers = columns["wellFormedAnswers"][key]
             if not isinstance(answers, list) or not answers:

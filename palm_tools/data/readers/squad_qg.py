@@ -10,13 +10,13 @@ the answer span. Each question uses its first answer, as Du et al. did.
 """
 import json
 
-from palm_tools.data.readers.common import ReaderError, one_line, read_text
+from palm_tools.data.readers.common import ReaderError, malformed, one_line, read_text
 from palm_tools.data.sentence_split import split_sentences
 
 
 def _field(record, name, where, path):
     if not isinstance(record, dict) or name not in record:
-        raise ReaderError(f"{path}: {where}: missing field {name!r}")
+        raise malformed(f"{path}: {where}: missing field {name!r}")
     return record[name]
 
 
@@ -42,7 +42,7 @@ def read_squad_qg(squad_json, counts, doclist=None, context="paragraph", separat
     try:
         data = json.loads(read_text(squad_json))
     except json.JSONDecodeError as e:
-        raise ReaderError(f"{squad_json} is not JSON: {e}") from e
+        raise malformed(f"{squad_json} is not JSON: {e}") from e
     titles = None
     if doclist:
         titles = {line.strip() for line in read_text(doclist).splitlines() if line.strip()}

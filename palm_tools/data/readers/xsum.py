@@ -13,7 +13,7 @@ import json
 import os
 import re
 
-from palm_tools.data.readers.common import ReaderError, read_text
+from palm_tools.data.readers.common import ReaderError, malformed, read_text
 
 _SECTION = re.compile(r"\[SN\](URL|TITLE|FIRST-SENTENCE|RESTBODY)\[SN\]")
 
@@ -24,7 +24,7 @@ def parse_summary_data(text, path):
     sections = dict(zip(parts[1::2], parts[2::2]))
     for name in ("FIRST-SENTENCE", "RESTBODY"):
         if name not in sections:
-            raise ReaderError(f"{path}: no [SN]{name}[SN] section")
+            raise malformed(f"{path}: no [SN]{name}[SN] section")
     return sections["RESTBODY"], sections["FIRST-SENTENCE"]
 
 
@@ -32,7 +32,7 @@ def split_ids(split_file, split):
     try:
         splits = json.loads(read_text(split_file))
     except json.JSONDecodeError as e:
-        raise ReaderError(f"{split_file} is not JSON: {e}") from e
+        raise malformed(f"{split_file} is not JSON: {e}") from e
     if not isinstance(splits, dict) or split not in splits:
         keys = sorted(splits) if isinstance(splits, dict) else type(splits).__name__
         raise ReaderError(f"{split_file} has no split {split!r} (it has {keys})")
