@@ -45,10 +45,11 @@ tables: $(STAMP)
 	$(VENV)/bin/palm-experiments --jobs 2 $(EXPERIMENTS_ARGS)
 
 # The suite's tests start single-threaded fairseq processes one after another: PYTEST_WORKERS processes (pytest-xdist)
-# use every core, each test file on one of them, in its own order (the documented commands build on each other).
+# use every core, each test file on one of them, in its own order (the documented commands build on each other);
+# files in the order tests/conftest.py collects them (longest first), not xdist's (most tests first).
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 $(PYTEST_ARGS) tests
 
 # Mutation testing of the core (docs/mutation.md): long (hours on 2 cores), kept out of CI. mutmut reads its
 # configuration from setup.cfg ([mutmut]); results are cached under mutants/, so a rerun tests only new or

@@ -12,8 +12,8 @@ BIN = Path(sys.executable).parent
 
 
 # The test files that take longest (minutes of real training), longest first. pytest-xdist hands out whole files
-# (--dist loadfile) in collection order; they used to come last alphabetically and ran alone while the other worker
-# sat idle (9 minutes of a 49-minute run). Collected first, they run beside the many short files instead.
+# (--dist loadfile), in collection order with --no-loadscope-reorder (make test); by default it starts with the files
+# of most tests, and the 18-minute test_selection.py ran last, alone, while the other worker sat idle for 9 minutes.
 LONGEST_FILES = ("test_readme_commands.py", "test_selection.py", "test_experiments.py", "test_unilm_classification.py")
 
 
