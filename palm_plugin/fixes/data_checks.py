@@ -40,6 +40,8 @@ def check_split(path):
         raise BinarizedDataError(f"{data_path}: the split has no examples (fairseq-preprocess was given an empty "
                                  "file); give it a text file with at least one line")
     needed = int(index._pointers[-1]) + int(index._sizes[-1]) * index._dtype_size
+    if not os.path.isfile(data_path):
+        raise BinarizedDataError(f"{data_path}: missing beside its index {index_path}; {again}")
     actual = os.path.getsize(data_path)
     if actual < needed:
         raise BinarizedDataError(f"{data_path}: {actual:,} bytes, but its index {index_path} needs {needed:,}: the "
