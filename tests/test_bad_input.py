@@ -184,6 +184,7 @@ def broken_split(root, kind):
     if kind == "empty":
         for name in ("src", "tgt"):
             (root / f"empty.{name}").write_text("")
+        shutil.rmtree(root / "empty-bin", ignore_errors=True)
         run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", root / "empty",
                 "--destdir", root / "empty-bin", "--srcdict", broken / "dict.src.txt", "--joined-dictionary",
                 "--workers", 1)
