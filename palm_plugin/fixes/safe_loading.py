@@ -167,13 +167,14 @@ def load_state(path):
     except OSError:
         raise  # missing or unreadable: the OS error names the file already
     except pickle.UnpicklingError as error:
-        if "Weights only load failed" in str(error):
-            found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(error))
+        # a pickle that names a class or function torch does not allow; any other refusal is of bytes that are no
+        # pickle at all ("Unsupported operand"): a corrupt file, not a dangerous one
+        found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(error))
+        if "Weights only load failed" in str(error) and found:
             raise UnsafeCheckpointError(
-                f"{path}: refused to load this checkpoint: it references "
-                f"{found.group(1) if found else 'objects'}, which fairseq checkpoints never contain, so unpickling it "
-                f"could run code. If you made this file yourself and trust it, re-save it as a plain state dict "
-                f"(tensors, numbers, strings, argparse.Namespace)"
+                f"{path}: refused to load this checkpoint: it references {found.group(1)}, which fairseq checkpoints "
+                f"never contain, so unpickling it could run code. If you made this file yourself and trust it, "
+                f"re-save it as a plain state dict (tensors, numbers, strings, argparse.Namespace)"
             ) from error
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
     except Exception as error:  # torch's parsers fail on garbage with many exception types
