@@ -72,7 +72,12 @@ def test_state_dict_of_a_reordered_dictionary_is_a_dictionary_error(arch):
     model = build_model(arch, words=20, reverse=True)
     model.load_state_dict({k: v for k, v in trained.items() if k != FINGERPRINT})
     assert model.state_dict()[FINGERPRINT].equal(build_model(arch, words=20, reverse=True).state_dict()[FINGERPRINT])
-    averaged = dict(trained, **{FINGERPRINT: (trained[FINGERPRINT] * 8) // 8})
+    # fairseq's scripts/average_checkpoints.py sums the models' tensors, then floor-divides integer ones
+    models = [build_model(arch, words=20).state_dict() for _ in range(8)]
+    summed = models[0][FINGERPRINT].clone()
+    for state in models[1:]:
+        summed += state[FINGERPRINT]
+    averaged = dict(trained, **{FINGERPRINT: summed // len(models)})
     assert averaged[FINGERPRINT].equal(trained[FINGERPRINT]) and trained[FINGERPRINT].unique().numel() == 25
     build_model(arch, words=20).load_state_dict(averaged)
 
@@ -260,3 +265,42 @@ def test_commands_on_unusable_data_end_with_one_clear_line(two_dictionaries, tmp
     assert "the input 'zebra quokka' has no symbol of the dictionary" in warnings[1]
     assert sorted(line.split("\t")[0] for line in result.stdout.splitlines() if line.startswith("H-")) == \
         ["H-0", "H-1", "H-2"]
+
+
+@pytest.mark.parametrize("fp32", [False, True])
+def test_ema_copies_the_dictionary_record_and_decays_the_weights(fp32):
+    """--store-ema decayed every state entry in place, and torch refuses that for an integer tensor (the dictionary
+    record): training stopped at the first EMA step. The record is copied; the weights still decay."""
+    import palm_plugin  # noqa: F401  (installs the fixes)
+    import torch
+    from fairseq.dataclass.configs import EMAConfig
+    from fairseq.models.ema import EMA
+
+    from palm_plugin.modules.dictionary_check import FINGERPRINT
+
+    model = build_model("unilm_tiny", words=20)
+    ema = EMA(model, EMAConfig(store_ema=True, ema_decay=0.9, ema_fp32=fp32))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    ema.step(model)
+    averaged = ema.get_model().state_dict()
+    assert averaged[FINGERPRINT].dtype == torch.long and averaged[FINGERPRINT].equal(before[FINGERPRINT])
+    key = "encoder.stack.layers.0.fc1.bias"
+    assert torch.allclose(averaged[key], before[key] + 0.1, atol=1e-6)
+
+
+def test_inference_inputs_that_are_all_too_long_are_skipped_not_fatal(two_dictionaries):
+    """The all-too-long check stops a command on a loaded split only: fairseq-interactive's lines and the API's
+    sentences built for inference are skipped with --skip-invalid-size-inputs-valid-test, as fairseq does."""
+    import palm_plugin  # noqa: F401
+    import torch
+    from fairseq.data import Dictionary
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    dictionary = Dictionary.load(str(two_dictionaries / "small" / "bin" / "dict.src.txt"))
+    task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+    tokens = [torch.tensor([4, 5, 6, 7, 2])]
+    dataset = task.build_dataset_for_inference(tokens, [5])
+    assert len(task.filter_indices_by_size(torch.arange(1).numpy(), dataset, (2, 2), True)) == 0

@@ -69,10 +69,12 @@ def _positions(max_positions):
 def _name_the_split(filter_indices_by_size):
     def filter_keeping_one(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
         kept = filter_indices_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
-        if len(kept) == 0 and len(indices) > 0:
-            split = next((name for name, d in getattr(self, "datasets", {}).items() if d is dataset), None)
+        # only a loaded split: inputs built for inference (fairseq-interactive's lines, the API's sentences) that
+        # are all too long are skipped, as fairseq does with --skip-invalid-size-inputs-valid-test
+        split = next((name for name, d in getattr(self, "datasets", {}).items() if d is dataset), None)
+        if len(kept) == 0 and len(indices) > 0 and split is not None:
             raise BinarizedDataError(
-                f"{'split ' + repr(split) if split else 'the data'}: none of its {len(indices):,} examples fits the "
+                f"split {split!r}: none of its {len(indices):,} examples fits the "
                 f"model's positions (at most {_positions(max_positions)}); raise --max-source-positions / --max-target-positions (or "
                 "the task's length options), or split the examples into shorter ones"
             )

@@ -17,7 +17,7 @@ in PALM and is refused.
 import logging
 
 from palm_plugin.fixes import safe_loading
-from palm_plugin.modules.dictionary_check import DictionaryMismatchError
+from palm_plugin.modules.dictionary_check import FINGERPRINT, DictionaryMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def _palm_names_from_unilm(state, path, model):
     table = positions.new_zeros(positions.size(0) + offset, positions.size(1))
     table[offset:] = positions + segments[segment]
     renamed["encoder.embed_positions.weight"] = table
+    if FINGERPRINT in weights:  # the checkpoint's dictionary, checked against PALM's
+        renamed[FINGERPRINT] = weights[FINGERPRINT]
     return renamed
 
 

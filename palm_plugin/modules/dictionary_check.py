@@ -13,8 +13,8 @@ fairseq's loader, :mod:`palm_plugin.models.palm_roberta_init` for ``--roberta-pa
 A dictionary of the same size but other symbols (another corpus's dictionary, or the same one re-sorted) fits the
 embedding and would train and decode in the wrong words without a word. So both models keep a record of their
 dictionary, :data:`FINGERPRINT`: one hash per symbol, saved with the weights; :func:`check_symbols` compares it with
-the dictionary of the model being loaded. A checkpoint without a record (converted, or written before the record
-existed) gets the loading model's own.
+the dictionary of the model being loaded. A checkpoint without a record (fairseq's own RoBERTa, or one written
+before the record existed) gets the loading model's own; ``palm-convert`` writes one.
 """
 import hashlib
 import logging
@@ -66,7 +66,7 @@ def symbol_fingerprint(dictionary) -> torch.Tensor:
 def differing_rows(record, dictionary):
     """The rows, of those both have, where the record ``record`` of a dictionary names another symbol than
     ``dictionary``."""
-    own = symbol_fingerprint(dictionary)
+    own, record = symbol_fingerprint(dictionary), record.cpu()
     common = min(len(record), len(own))
     return (record[:common] != own[:common]).nonzero().flatten().tolist()
 

@@ -76,10 +76,14 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     commands = {"bert": convert_bert, "roberta": convert_roberta, "hf-roberta": convert_hf_roberta, "export": export}
-    source, output = Path(args.input).resolve(), Path(args.output).resolve()
-    if output in (source, source.parent if source.is_file() else source):
-        sys.exit(f"error: --output {args.output} is the folder of --input {args.input}: the files written there "
-                 "(vocab.txt, tokenizer_config.json, ...) would replace the input's; choose another folder")
+    output = Path(args.output).resolve()
+    for option in ("input", "dict", "vocab"):
+        given = getattr(args, option, None)
+        source = Path(given).resolve() if given else None
+        if source is not None and output in (source, source.parent):
+            sys.exit(f"error: --output {args.output} is the folder of --{option} {given}: the files written there "
+                     "(model.pt, dict.txt, vocab.txt, tokenizer_config.json, ...) would replace the input's; choose "
+                     "another folder")
     try:
         commands[args.command](args)
     except (ConversionError, safe_loading.UnsafeCheckpointError, safe_loading.CorruptCheckpointError) as error:

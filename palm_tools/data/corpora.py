@@ -216,7 +216,8 @@ class Stage:
             shutil.rmtree(self.tmp, ignore_errors=True) if not self.file else self.tmp.unlink(missing_ok=True)
             return
         recipe = json.dumps(self.recipe, indent=1, sort_keys=True) + "\n"
-        if self.file:  # the record after the file: a kill in between leaves a stage without one, never a wrong one
+        if self.file:  # the old record goes first, the new one after the file: a kill leaves no record, never a wrong one
+            self.record.unlink(missing_ok=True)
             os.replace(self.tmp, self.final)
             _write_atomically(self.record, recipe)
             return
@@ -397,7 +398,8 @@ def stage_binarize(args, out, stage_named):
 def file_identity(path):
     """A file's content, as a stage's record holds it."""
     try:
-        return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with open(path, "rb") as handle:
+            return "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
     except OSError as error:
         raise DataError(f"{path}: cannot read: {error.strerror}") from error
 
