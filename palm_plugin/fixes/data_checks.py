@@ -74,9 +74,9 @@ def _name_the_split(filter_indices_by_size):
         split = next((name for name, d in getattr(self, "datasets", {}).items() if d is dataset), None)
         if len(kept) == 0 and len(indices) > 0 and split is not None:
             raise BinarizedDataError(
-                f"split {split!r}: none of its {len(indices):,} examples fits the "
-                f"model's positions (at most {_positions(max_positions)}); raise --max-source-positions / --max-target-positions (or "
-                "the task's length options), or split the examples into shorter ones"
+                f"split {split!r}: none of its {len(indices):,} examples fits the model's positions (at most "
+                f"{_positions(max_positions)}); raise --max-source-positions / --max-target-positions (or the task's "
+                "length options), or split the examples into shorter ones"
             )
         return kept
 
