@@ -123,3 +123,24 @@ def test_one_mask_for_the_whole_batch_equals_it_given_per_row(buckets):
         shared, per_row = stack(tokens, mask), stack(tokens, mask.expand(3, 5, 5))
     shared, per_row = (s[0] if isinstance(s, tuple) else s for s in (shared, per_row))
     torch.testing.assert_close(shared, per_row, atol=1e-6, rtol=0)
+
+
+def test_the_mask_reaches_attention_with_its_last_dimension_contiguous():
+    """CUDA's fused attention kernels (memory-efficient, cuDNN) take an additive mask only with its last dimension at
+    stride 1; the bias as bucketed is a view with the heads innermost. Every form of the UniLMv2 mask (no mask, one
+    for the batch, one per row, read from the decoding table) reaches ``scaled_dot_product_attention`` laid out so."""
+    from palm_plugin.modules.attention_masks import left_to_right_mask
+    from palm_plugin.modules.unilm_transformer import UniLMTransformer
+
+    stack = UniLMTransformer(vocab_size=20, padding_idx=1, dim=12, ffn_dim=16, layers=1, num_heads=3,
+                             max_positions=16, num_segments=2, relative_position_buckets=8,
+                             relative_position_max_distance=16)
+    positions = torch.arange(5).expand(2, 5)
+    rows = positions[:, 3:]
+    assert stack.relative_position(positions, positions).stride(-1) == 3  # the view this test is about
+    masks = [(positions, None, None), (positions, left_to_right_mask(5), None),
+             (positions, left_to_right_mask(5).expand(2, 5, 5), None),
+             (rows, left_to_right_mask(5)[3:].expand(2, 2, 5), stack.bias_table())]
+    for queries, mask, table in masks:
+        additive = stack.attention_bias(queries, positions, mask, torch.float32, table)
+        assert additive.shape == (2, 3, queries.size(1), 5) and additive.stride(-1) == 1

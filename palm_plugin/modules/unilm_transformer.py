@@ -199,6 +199,10 @@ class UniLMTransformer(nn.Module):
             bias = self.relative_position(query_positions, key_positions).to(dtype)
         else:
             bias = RelativePositionBias.rows(bias_table, query_positions, key_positions).to(dtype)
+        # The bias comes as a permuted view (heads innermost); CUDA's fused attention kernels take a mask only with
+        # its last dimension contiguous, and on a permuted one fall back to the math path, which computes bf16 / fp16
+        # attention in fp32 (docs/benchmarks-gpu.md, section 5).
+        bias = bias.contiguous()
         if mask is None:
             return bias
         mask = mask.unsqueeze(0) if mask.dim() == 2 else mask
