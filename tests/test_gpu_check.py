@@ -82,7 +82,7 @@ def test_every_configuration_builds_the_experiments_command_at_each_size(precisi
 
 
 def test_precision_variants_override_the_command_last_and_are_judged_as_their_precision():
-    """Issue 24's variants: fp32 with a second seed (its distance to fp32 reported, not judged) and fp16 from a loss
+    """Issue 24's variants: fp32 with a second seed (its distance to fp32 not judged itself, but widening the half precisions' tolerance) and fp16 from a loss
     scale of 16 (fp16's tolerance and loss-scale rules); the flags come after the command's own --seed 1."""
     scale, updates, lr = SIZES["base"]
     seed2, scale16 = (train_command("palm_ft", scale, updates, lr, "data", p, "cuda", 4, "work")
@@ -97,6 +97,16 @@ def test_precision_variants_override_the_command_last_and_are_judged_as_their_pr
     reasons = judge(fp16, FP32)["reasons"]
     assert any("mean loss 5.0% from fp32 (tolerance 2%)" in r for r in reasons)
     assert any("loss scale fell from 16 (update 50) to 4" in r for r in reasons)
+    # A second fp32 seed 6% away: a half-precision curve 5% away is within what fp32 varies by itself; a drift below
+    # the tolerance changes nothing; a curve beyond both names both.
+    bf16 = run_of([inner(u, (10 - u / 20) * 1.05) for u in range(10, 101, 10)], "bf16")
+    assert judge(bf16, FP32)["status"] == "FAIL"
+    held = judge(bf16, FP32, drift=0.06)
+    assert held["status"] == "PASS" and held["tolerance"] == 0.06 and held["fp32_seed_drift"] == 0.06
+    assert judge(bf16, FP32, drift=0.01)["tolerance"] == BF16_TOLERANCE
+    beyond = run_of([inner(u, (10 - u / 20) * 1.10) for u in range(10, 101, 10)], "bf16")
+    assert judge(beyond, FP32, drift=0.06)["reasons"] == ["mean loss 10.0% from fp32 (tolerance 3%; a second fp32 "
+                                                          "seed: 6.0%)"]
 
 
 def test_card_run_selection_of_sizes_and_precisions(tmp_path):
@@ -120,14 +130,17 @@ def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_dat
     data = small_palm_data
     out = tmp_path / "check"
     result = run_cli(sys.executable, "-m", "palm_tools.experiments.gpu_check", "--out", out, "--data", data, "--device", "cpu",
-                     "--quick", "--configs", "unilm_s2s", cwd=REPO)
+                     "--quick", "--configs", "unilm_s2s", "--precisions", "fp32,fp32-seed2,bf16", cwd=REPO)
     report = json.loads((out / "gpu_check.json").read_text())
     rows = {(r["config"], r["precision"]): r for r in report["training"]}
-    assert set(rows) == {("unilm_s2s", "fp32"), ("unilm_s2s", "bf16")}
+    assert set(rows) == {("unilm_s2s", "fp32"), ("unilm_s2s", "fp32-seed2"), ("unilm_s2s", "bf16")}
+    # bf16 is judged with the second seed's distance from fp32 beside its own tolerance
+    assert rows["unilm_s2s", "bf16"]["fp32_seed_drift"] == rows["unilm_s2s", "fp32-seed2"]["mean_rel_diff"] > 0
+    assert rows["unilm_s2s", "fp32-seed2"]["fp32_seed_drift"] is None
     assert all(r["status"] == "PASS" and r["exit"] == 0 for r in rows.values()), rows
     assert rows["unilm_s2s", "bf16"]["max_rel_diff"] < BF16_TOLERANCE
     assert len(rows["unilm_s2s", "fp32"]["points"]) == 5  # 20 updates logged every 4
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32", "bf16"):  # the variant runs at fp32's speed: not profiled again
         profile = (out / f"profile_{precision}.txt").read_text()
         assert "aten::mm" in profile and "top 25 by self CPU time" in profile
     assert report["profile"][0]["ms_per_update"] > 0

@@ -19,8 +19,9 @@ BF16_TOLERANCE = 0.03
 TOLERANCE = {"fp16": FP16_TOLERANCE, "bf16": BF16_TOLERANCE}
 PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 # issue 24 (PALM base in fp16 ended 3.05% above fp32): a precision run again with other flags, judged against the
-# fp32 run: fp32 with a second seed (how far two fp32 runs drift apart: reported, not judged) and fp16 from a loss
-# scale of 16 (without the early overflow skips); the flags go last, so they override the command's own
+# fp32 run: fp32 with a second seed (how far two fp32 runs drift apart: not judged itself, it widens the half
+# precisions' tolerance when larger) and fp16 from a loss scale of 16 (without the early overflow skips); the flags
+# go last, so they override the command's own
 VARIANTS = {"fp32-seed2": ("fp32", ["--seed", "2"]), "fp16-scale16": ("fp16", ["--fp16-init-scale", "16"])}
 STABLE_FROM = 50  # fp16: no overflow skip after this update, loss scale at the end >= half its value here
 LOG_INTERVAL = 10
@@ -104,8 +105,12 @@ def read_log(text):
     return points, overflows
 
 
-def judge(run, reference):
-    """PASS/FAIL of one run, with the measured values; ``reference`` is the fp32 run of the same configuration."""
+def judge(run, reference, drift=None):
+    """PASS/FAIL of one run, with the measured values; ``reference`` is the fp32 run of the same configuration.
+
+    ``drift``: how far a second fp32 seed's curve is from ``reference`` (its mean relative difference), when one ran.
+    A half-precision curve is held to the larger of its tolerance and that: it cannot be asked to follow fp32 more
+    closely than fp32 follows itself (PALM base: 3.3% between two seeds in 150 updates, docs/benchmarks-gpu.md)."""
     points = run["points"]
     reasons = []
     if run["status"] != 0:
@@ -117,7 +122,11 @@ def judge(run, reference):
     if any(not math.isfinite(p["loss"]) for p in points):
         reasons.append("non-finite loss")
     precision = VARIANTS.get(run["precision"], (run["precision"],))[0]
-    result = {"max_rel_diff": None, "mean_rel_diff": None, "tolerance": TOLERANCE.get(precision), "overflows": len(run["overflows"])}
+    tolerance = TOLERANCE.get(precision)
+    if tolerance is not None and drift is not None and drift > tolerance:
+        tolerance = drift
+    result = {"max_rel_diff": None, "mean_rel_diff": None, "tolerance": tolerance, "fp32_seed_drift": drift,
+              "overflows": len(run["overflows"])}
     if run["precision"] != "fp32":
         ours = {p["update"]: p["loss"] for p in points}
         theirs = {p["update"]: p["loss"] for p in (reference or {}).get("points", [])}
@@ -132,7 +141,8 @@ def judge(run, reference):
             mean_ours, mean_theirs = (sum(c[u] for u in compared) / len(compared) for c in (ours, theirs))
             diff = result["mean_rel_diff"] = abs(mean_ours - mean_theirs) / abs(mean_theirs)
             if result["tolerance"] is not None and not diff <= result["tolerance"]:  # NaN fails too
-                reasons.append(f"mean loss {diff:.1%} from fp32 (tolerance {result['tolerance']:.0%})")
+                held = f"; a second fp32 seed: {drift:.1%}" if drift is not None else ""
+                reasons.append(f"mean loss {diff:.1%} from fp32 (tolerance {TOLERANCE[precision]:.0%}{held})")
     if precision == "fp16":
         late = [o for o in run["overflows"] if o["after_update"] >= STABLE_FROM]
         result["overflows_after_50"] = len(late)
@@ -178,15 +188,21 @@ def training(args, work, log):
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for run in pool.map(execute, order):
             log(f"{run['name']}: exit {run['status']}, {run['seconds']:.0f} s, {len(run['points'])} points")
+    def same(run, precision):
+        return next((r for r in runs if (r["config"], r["size"], r["precision"]) == (run["config"], run["size"],
+                                                                                       precision)), None)
+
     rows = []
     for run in runs:
-        reference = next(r for r in runs if r["config"] == run["config"] and r["size"] == run["size"]
-                         and r["precision"] == "fp32") if "fp32" in args.precisions else None
+        reference, second = same(run, "fp32"), same(run, "fp32-seed2")
+        drift = None
+        if run["precision"] not in ("fp32", "fp32-seed2") and reference and second:
+            drift = judge(second, reference)["mean_rel_diff"]
         row = {k: run[k] for k in ("name", "config", "size", "precision", "updates", "status", "seconds", "points",
                                    "overflows")}
         row["exit"] = row.pop("status")
         row["log"] = str(run["log"].relative_to(work.parent))
         row["final_loss"] = run["points"][-1]["loss"] if run["points"] else None
-        row.update(judge(run, reference))
+        row.update(judge(run, reference, drift))
         rows.append(row)
     return rows
