@@ -268,3 +268,17 @@ def test_pretraining_curves_read_each_stage_of_a_finished_run(tmp_path):
                                     {"updates": 20, "loss": 2.0, "ae_loss": 2.0, "ae_ppl": 4.0}]]}
     text = curves_markdown(curves)
     assert "**pre-a-s1**, stage 2" in text and "| 20 | 2 | 2 | 4 |" in text
+
+
+def test_a_scored_runs_log_keeps_the_scoring_summary_not_every_pair(tmp_path):
+    """The log committed with a run's result keeps what came before the scoring (lines like a pair's included) and
+    the scoring's other lines; its five lines per test pair go (test.generate.txt holds them). Offsets are bytes."""
+    from palm_tools.experiments.execute import _drop_pair_lines
+
+    head = "epoch 1 | loss 3.2 | café ✓\nS-1\tkept: before the scoring\n".encode()
+    scoring = ("INFO | loading\nS-0\tbonjour\nT-0\tsalut\nH-0\t-1.0\tsalut\nD-0\t-1.0\tsalut\nP-0\t-0.5 -0.5\n"
+               "S-1\tnaïve\nINFO | Translated 2 sentences\n").encode()
+    log = tmp_path / "log.txt"
+    log.write_bytes(head + scoring)
+    _drop_pair_lines(log, len(head))
+    assert log.read_bytes() == head + b"INFO | loading\nINFO | Translated 2 sentences\n"

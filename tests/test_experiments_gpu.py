@@ -2,6 +2,7 @@
 text, the card's flags), the unigram baseline, and (slow) the same command's --quick path end to end on the CPU."""
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,12 @@ def test_quick_path_of_the_card_command(tmp_path, small_palm_data):
     unigram = report["unigram"]
     assert {(r["tokens"], r["sentences"]) for r in generated} == {(unigram["tokens"], unigram["sentences"])}
     assert unigram["sentences"] == PRESETS["quick"].eval_pairs and 1 < unigram["ppl"] < 1e4
+    pair = re.compile(r"[SHTDP]-\d+\t")
+    for folder in (work / "runs").glob("gen-*"):  # the log keeps the scoring's summary, test.generate.txt every pair
+        log, generated = ((folder / name).read_text().splitlines() for name in ("log.txt", "test.generate.txt"))
+        summary = [line for line in generated if not pair.match(line)]
+        assert summary and log[-len(summary):] == summary and not any(pair.match(line) for line in log)
+        assert sum(line.startswith("H-") for line in generated) == unigram["sentences"]
     cells = [row["tasks"][GEN] for table in report["experiments"] for row in table["rows"]]
     assert len(cells) == len(rows) and all(c["n"] == 1 and math.isfinite(c["mean"]) and c["mean"] > 1 for c in cells)
     assert all(table["unigram_ppl"] == unigram["ppl"] for table in report["experiments"])

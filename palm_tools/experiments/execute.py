@@ -7,8 +7,9 @@ import math
 import re
 import shutil
 import time
+from pathlib import Path
 
-from palm_tools.atomic_files import atomic_open
+from palm_tools.atomic_files import atomic_open, atomic_path
 from palm_tools.experiments.logged_run import run_checked
 from palm_tools.experiments.plan import UNIGRAM
 from palm_tools.experiments.rows import GEN
@@ -55,7 +56,7 @@ def execute(plan, run):
     for tool, args in run.commands:
         before = log.stat().st_size if log.exists() else 0
         cpu += run_checked(tool, args, log)
-        outputs.append(log.read_text()[before:])
+        outputs.append(log.read_bytes()[before:].decode(errors="replace"))  # bytes: the text may not be ASCII
     result = {"run": run.name, "seconds": round(time.time() - started, 1), "cpu_seconds": round(cpu, 2),
               "params": _logged_params(outputs[0])}
     if run.kind == "pretrain":
@@ -65,6 +66,7 @@ def execute(plan, run):
         generated = folder / "test.generate.txt"
         generated.write_text(outputs[-1])
         result.update(perplexity_from_generate(generated))
+        _drop_pair_lines(log, before)
     else:
         result["accuracy"] = _test_accuracy(outputs[-1])
         if result["accuracy"] is None:
@@ -72,6 +74,18 @@ def execute(plan, run):
     with atomic_open(folder / "result.json") as handle:
         json.dump(result, handle, indent=1)
     return result
+
+
+PAIR_LINE = re.compile(rb"^[SHTDP]-\d+\t")
+
+
+def _drop_pair_lines(log, start):
+    """Keep in ``log`` (committed with the results) the scoring's summary but not its five lines per test pair, which
+    test.generate.txt beside it holds (not committed): 1,000 pairs are 5,000 lines, most of a run's log."""
+    text = log.read_bytes()
+    kept = [line for line in text[start:].splitlines(keepends=True) if not PAIR_LINE.match(line)]
+    with atomic_path(log) as temporary:
+        Path(temporary).write_bytes(text[:start] + b"".join(kept))
 
 
 def result_of(plan, name):
