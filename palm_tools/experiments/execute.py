@@ -64,7 +64,7 @@ def execute(plan, run):
         result["last_train_loss"] = float(losses[-1]) if losses else None
     elif run.kind == GEN:
         generated = folder / "test.generate.txt"
-        generated.write_text(outputs[-1])
+        generated.write_text(outputs[-1], encoding="utf-8")
         result.update(perplexity_from_generate(generated))
         _drop_pair_lines(log, before)
     else:
