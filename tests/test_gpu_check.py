@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from palm_tools.experiments.gpu_training import BF16_TOLERANCE, CONFIGS, SIZES, judge, read_log, train_command
+from palm_tools.experiments.gpu_training import (BF16_TOLERANCE, CONFIGS, SIZES, fp32_seed_drift, judge, read_log,
+                                                 train_command)
 from tests.conftest import REPO, run_cli
 
 
@@ -107,6 +108,11 @@ def test_precision_variants_override_the_command_last_and_are_judged_as_their_pr
     beyond = run_of([inner(u, (10 - u / 20) * 1.10) for u in range(10, 101, 10)], "bf16")
     assert judge(beyond, FP32, drift=0.06)["reasons"] == ["mean loss 10.0% from fp32 (tolerance 3%; a second fp32 "
                                                           "seed: 6.0%)"]
+    # the drift comes from a second seed that ran whole; one that diverged or stopped widens nothing
+    assert fp32_seed_drift(drifted, FP32) == pytest.approx(0.05)
+    diverged = run_of([inner(u, float("nan") if u > 50 else 10 - u / 20) for u in range(10, 101, 10)], "fp32-seed2")
+    stopped = run_of([inner(u, 10 - u / 20) for u in range(10, 51, 10)], "fp32-seed2")
+    assert fp32_seed_drift(diverged, FP32) is None and fp32_seed_drift(stopped, FP32) is None
 
 
 def test_card_run_selection_of_sizes_and_precisions(tmp_path):

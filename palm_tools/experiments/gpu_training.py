@@ -160,6 +160,13 @@ def judge(run, reference, drift=None):
     return result
 
 
+def fp32_seed_drift(second, reference):
+    """How far the second fp32 seed's curve is from the first (mean relative difference over the last half), or None
+    when that run failed, stopped early or diverged: such a run measures nothing."""
+    verdict = judge(second, reference)
+    return verdict["mean_rel_diff"] if verdict["status"] == "PASS" else None
+
+
 # ------------------------------------------------------------------------------------------------ training
 def training(args, work, log):
     sizes = {"tiny": QUICK_SIZE} if args.quick else {size: SIZES[size] for size in args.sizes}
@@ -198,9 +205,7 @@ def training(args, work, log):
         reference, second = same(run, "fp32"), same(run, "fp32-seed2")
         drift = None
         if run["precision"] not in ("fp32", "fp32-seed2") and reference and second:
-            seeds_compared = judge(second, reference)
-            if seeds_compared["status"] == "PASS":  # a second seed that failed or diverged measures nothing
-                drift = seeds_compared["mean_rel_diff"]
+            drift = fp32_seed_drift(second, reference)
         row = {k: run[k] for k in ("name", "config", "size", "precision", "updates", "status", "seconds", "points",
                                    "overflows")}
         row["exit"] = row.pop("status")
