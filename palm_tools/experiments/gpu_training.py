@@ -200,12 +200,13 @@ def training(args, work, log):
         return next((r for r in runs if (r["config"], r["size"], r["precision"]) == (run["config"], run["size"],
                                                                                        precision)), None)
 
+    # one drift per configuration and size, for its half-precision runs
+    drifts = {(run["config"], run["size"]): fp32_seed_drift(run, same(run, "fp32"))
+              for run in runs if run["precision"] == "fp32-seed2" and same(run, "fp32")}
     rows = []
     for run in runs:
-        reference, second = same(run, "fp32"), same(run, "fp32-seed2")
-        drift = None
-        if run["precision"] not in ("fp32", "fp32-seed2") and reference and second:
-            drift = fp32_seed_drift(second, reference)
+        reference = same(run, "fp32")
+        drift = None if run["precision"] in ("fp32", "fp32-seed2") else drifts.get((run["config"], run["size"]))
         row = {k: run[k] for k in ("name", "config", "size", "precision", "updates", "status", "seconds", "points",
                                    "overflows")}
         row["exit"] = row.pop("status")
