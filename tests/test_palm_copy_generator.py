@@ -1,10 +1,12 @@
 """PALM's pointer-generator (equations (2)-(8)) against a direct, loop-by-loop computation in float64."""
 import math
+import re
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 
-from palm_plugin.modules import copy_generator
+from palm_plugin.modules import compiled_layers, copy_generator
 from palm_plugin.modules.copy_generator import PointerGenerator
 
 DIM, VOCAB, MARKERS, PAD = 8, 12, 3, 1
@@ -19,7 +21,7 @@ def make_generator(copy=True, seed=0):
     return generator
 
 
-def make_inputs(seed=1):
+def make_inputs(seed=1, steps=4):
     """Two sentences: the first right-padded, holding a repeated token and a position marker (index VOCAB + 1)."""
     torch.manual_seed(seed)
     src_tokens = torch.tensor([[5, 7, 5, VOCAB + 1, 2, PAD], [4, 9, 10, 6, 8, 2]])
@@ -30,7 +32,7 @@ def make_inputs(seed=1):
         "encoder_padding_mask": [padding],
         "src_tokens": [src_tokens],
     }
-    states = torch.randn(2, 4, DIM)
+    states = torch.randn(2, steps, DIM)
     return states, encoder_out
 
 
@@ -163,16 +165,33 @@ def dense_probs(generator, states, encoder_out):
 @pytest.mark.parametrize("row_by_row", [True, False], ids=["row-by-row", "per-block"])
 @pytest.mark.parametrize("block_elements", [2**18, 1, 90, 150])
 def test_gradients_equal_dense_reference(monkeypatch, block_elements, row_by_row):
-    """Token 5 is held twice by sentence 0: its copy mass, and its gradient, must be counted once per type."""
     monkeypatch.setitem(copy_generator.BLOCK_ELEMENTS, "cpu", block_elements)
     monkeypatch.setattr(copy_generator, "ROW_BY_ROW", {"cpu"} if row_by_row else set())
-    states, encoder_out = make_inputs()
+    assert_gradients_equal_dense_reference(fused_scores=False)
+
+
+def test_compiled_fused_scores_equal_dense_reference_and_never_write_the_activations(monkeypatch):
+    """--compile-copy-attention: equation (3) compiled by inductor (C++ here, Triton on a GPU: tests/test_gpu.py), for
+    two batch shapes (the second reuses the dynamic-shape kernels). The code inductor generates allocates no tensor
+    of four dimensions (B x T x S x A): the activations stay inside its kernels."""
+    monkeypatch.setattr(compiled_layers, "BACKEND", "inductor")
+    _, codes = run_and_get_code(assert_gradients_equal_dense_reference, fused_scores=True)
+    allocations = [shape for code in codes for shape in re.findall(r"empty_strided_\w+\(\(([^)]*)\)", code)]
+    assert len(codes) == 4 and len(allocations) >= 4, codes  # the forward pass and the backward's three sums
+    assert all(len(shape.strip(", ").split(",")) <= 3 for shape in allocations), allocations
+    assert_gradients_equal_dense_reference(fused_scores=True, inputs=make_inputs(seed=2, steps=3))
+
+
+def assert_gradients_equal_dense_reference(fused_scores, inputs=None):
+    """Token 5 is held twice by sentence 0: its copy mass, and its gradient, must be counted once per type."""
+    states, encoder_out = inputs or make_inputs()
     states.requires_grad_(True)
-    targets = torch.tensor([[5, 7, VOCAB + 1, 0], [9, 3, 8, 2]])
+    targets = torch.tensor([[5, 7, VOCAB + 1, 0], [9, 3, 8, 2]])[:, : states.size(1)]
     losses = []
     for implementation in ("module", "dense"):
         generator = make_generator()
         if implementation == "module":
+            generator.fused_scores = fused_scores
             target_log_probs = generator(states, encoder_out).double().gather(-1, targets.unsqueeze(-1))
         else:
             target_log_probs = dense_probs(generator, states, encoder_out).gather(-1, targets.unsqueeze(-1)).log()

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
 from palm_plugin.fixes import saved_model_build
 from palm_plugin.modules import compiled_layers, unilm_transformer
+from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.relative_position import RelativePositionBias
 from palm_plugin.optim.torch_adamw import TorchAdamW
 from palm_tools.bench.models import TRAIN_SPECS, build, load_batch
@@ -136,21 +137,28 @@ def assert_trains_as(built, reference, batch, rtol, atol):
 
 @pytest.mark.parametrize("key", ["unilm_seq2seq", "palm"])
 def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
-    """--compile-layers: every layer compiled in place (same state dict names), one update's loss and gradients equal
-    the plain model's; nothing is compiled when a model is built from a checkpoint for use. The suite compiles with
-    the aot_eager backend (the graphs inductor receives, without its code generation)."""
+    """--compile-layers (and PALM's --compile-copy-attention): every layer compiled in place (same state dict names),
+    the copy layer's scores on their compiled path, one update's loss and gradients equal the plain model's; nothing
+    is compiled when a model is built from a checkpoint for use. The suite compiles with the aot_eager backend (the
+    graphs inductor receives, without its code generation; tests/test_palm_copy_generator.py runs inductor)."""
     monkeypatch.setattr(compiled_layers, "BACKEND", "aot_eager")
     plain, batch = built_with(corpus, key)
-    compiled, _ = built_with(corpus, key, ["--compile-layers"])
+    options = ["--compile-layers"] + (["--compile-copy-attention"] if key == "palm" else [])
+    compiled, _ = built_with(corpus, key, options)
     layers = [m for m in compiled.model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
     assert len(layers) == (2 if key == "unilm_seq2seq" else 4)
+    fused = [m.fused_scores for m in compiled.model.modules() if isinstance(m, PointerGenerator)]
+    assert fused == ([True] if key == "palm" else [])
     assert list(compiled.model.state_dict()) == list(plain.model.state_dict())
     assert_trains_as(compiled, plain, batch, rtol=1e-5, atol=1e-6)
     token = saved_model_build._SAVED.set(True)
     try:
-        assert compiled_layers.compile_layers([torch.nn.Linear(2, 2)]) == 0
+        assert compiled_layers.compile_layers([torch.nn.Linear(2, 2)]) == 0 and not compiled_layers.compiling()
     finally:
         saved_model_build._SAVED.reset(token)
+    if key == "palm":
+        with pytest.raises(ValueError, match="--no-copy removes"):
+            built_with(corpus, key, ["--compile-copy-attention", "--no-copy"])
 
 
 def _updated_by(built, batch, make_optimizer, initial, updates=3):

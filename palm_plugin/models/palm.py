@@ -105,6 +105,15 @@ class PalmConfig(FairseqDataclass):
         },
     )
     compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
+    compile_copy_attention: bool = field(
+        default=False,
+        metadata={"help": "evaluate the copy layer's attention scores, equation (3), forward and backward, in kernels "
+                          "that torch.compile fuses (inductor: Triton on a GPU) and that never write its batch x "
+                          "target x source x attention-size activations, instead of in cache-sized blocks "
+                          "(palm_plugin/modules/copy_generator.py); the same values; for training only (a model built "
+                          "from a checkpoint to decode is not compiled); off by default, measured in "
+                          "docs/benchmarks-gpu.md"},
+    )
     syncs_at_start: bool = field(
         default=False,
         metadata={"help": "the encoder asks once per forward whether a batch has padding, where fairseq's encoder "
@@ -179,6 +188,8 @@ class PalmModel(FairseqEncoderDecoderModel):
         check_sizes(cfg, ("encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
                           "encoder_max_positions", "decoder_max_positions"),
                     "encoder_embed_dim", ("encoder_attention_heads", "decoder_attention_heads"))
+        if safe_getattr(cfg, "compile_copy_attention", False) and cfg.no_copy:
+            raise ValueError("--compile-copy-attention compiles the copy layer, which --no-copy removes: leave out one")
         if cfg.reinit_encoder and cfg.roberta_path:
             raise ValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
         markers = safe_getattr(cfg, "source_position_markers", 0)
@@ -223,6 +234,8 @@ class PalmModel(FairseqEncoderDecoderModel):
         encoder.one_padding_check = safe_getattr(cfg, "syncs_at_start", False)
         if safe_getattr(cfg, "compile_layers", False):
             compiled_layers.compile_layers(list(encoder.layers) + list(decoder.layers))
+        if safe_getattr(cfg, "compile_copy_attention", False):
+            decoder.pointer_generator.fused_scores = compiled_layers.compiling()
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens=None, masked_tokens=None, **kwargs):

@@ -1,4 +1,5 @@
-"""``--compile-layers``: ``torch.compile`` each Transformer layer of a model built for training (off by default).
+"""The ``torch.compile`` levers, off by default: ``--compile-layers`` (each Transformer layer of a model built for
+training) and the functions other modules hand to :func:`compiled` (PALM's ``--compile-copy-attention``).
 
 A compiled layer (inductor) runs its elementwise work (bias adds, GELU, dropout, residual adds, layer norms) in a
 few fused kernels: fewer launches, fewer reads and writes of the activations, which is what bounds a GPU at the
@@ -7,8 +8,9 @@ the state dict do not change); the first call of each new input shape compiles, 
 from a checkpoint's configuration for use (fairseq-generate, hub loading) is not compiled: decoding takes other
 paths (incremental states), which compiling would only slow down.
 """
-from typing import Iterable
+from typing import Callable, Dict, Iterable, Tuple
 
+import torch
 import torch.nn as nn
 
 from palm_plugin.fixes.saved_model_build import building_from_checkpoint
@@ -16,15 +18,30 @@ from palm_plugin.fixes.saved_model_build import building_from_checkpoint
 HELP = ("torch.compile each Transformer layer for training (palm_plugin/modules/compiled_layers.py; off by default, "
         "measured in docs/benchmarks-gpu.md)")
 BACKEND = "inductor"  # tests/test_speed_options.py swaps in "aot_eager" (same graphs, no code generation)
+_COMPILED: Dict[Tuple[Callable, str], Callable] = {}
+
+
+def compiling() -> bool:
+    """Whether a model built now compiles what its options ask: not when it is built from a checkpoint for use."""
+    return not building_from_checkpoint()
 
 
 def compile_layers(layers: Iterable[nn.Module]) -> int:
     """Compile each of ``layers`` in place, unless the model is being built from a checkpoint for use; returns how
     many were compiled."""
-    if building_from_checkpoint():
+    if not compiling():
         return 0
     count = 0
     for layer in layers:
         layer.compile(backend=BACKEND)
         count += 1
     return count
+
+
+def compiled(function: Callable) -> Callable:
+    """``function`` through ``torch.compile`` with :data:`BACKEND`, compiled once per backend. Shapes are dynamic
+    from the first call: fairseq's batches change their size every update."""
+    key = function, BACKEND
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(function, backend=BACKEND, dynamic=True)
+    return _COMPILED[key]

@@ -18,7 +18,8 @@ the (at most ``S``) types in the source it is ``logaddexp(log lambda + log P_v, 
 
 The additive attention (3) is elementwise work over ``B x T x S x A`` values (batch, target, source, attention
 size): :class:`AdditiveAttentionScores` computes it in cache-sized blocks and recomputes them in the backward pass
-rather than storing that tensor.
+rather than storing that tensor; with ``--compile-copy-attention`` (``fused_scores``) torch.compile fuses each pass
+into reduction kernels that never write it.
 
 Position markers of the extended vocabulary have no ``P_v`` entry; :data:`LOG_ZERO` (the log of float32's smallest
 normal number) stands in for ``log 0`` there, so that fairseq's label smoothing, which sums log-probabilities over
@@ -31,6 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
+
+from palm_plugin.modules.compiled_layers import compiled
 
 TINY = torch.finfo(torch.float32).tiny
 LOG_ZERO = float(torch.log(torch.tensor(TINY)))
@@ -58,6 +61,9 @@ class PointerGenerator(nn.Module):
         num_types: size of the extended vocabulary (``V`` plus the source position markers, if any).
         copy: False for the "- pointer-generator" ablation (PALM Table 6): only equation (2).
         attention_dim: output size of ``W_m`` and ``W_s`` (the additive attention's hidden size).
+
+    ``fused_scores`` (an attribute, False unless PALM's ``--compile-copy-attention`` sets it) selects the compiled
+    evaluation of equation (3) (:class:`AdditiveAttentionScores`).
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class PointerGenerator(nn.Module):
             raise ValueError(f"num_types ({num_types}) is smaller than the embedding ({output_embedding.size(0)} rows)")
         self.num_types = num_types
         self.copy = copy
+        self.fused_scores = False
         self.vocab_projection = nn.Linear(decoder_dim, output_embedding.size(1))  # W_v, b_v
         self.output_embedding = output_embedding  # W_e
         if copy:
@@ -104,7 +111,8 @@ class PointerGenerator(nn.Module):
         """
         memory = self._projected_memory(encoder_states, incremental_state)  # (B, S, A)
         query = self.query_projection(states)  # (B, T, A)
-        scores = AdditiveAttentionScores.apply(memory, query, self.attention_vector.weight)  # (3): (B, T, S) float32
+        # (3): (B, T, S) float32
+        scores = AdditiveAttentionScores.apply(memory, query, self.attention_vector.weight, self.fused_scores)
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         alpha = F.softmax(scores, dim=-1)
@@ -180,62 +188,104 @@ class PointerGenerator(nn.Module):
 class AdditiveAttentionScores(torch.autograd.Function):
     """Equation (3), ``e[b, t, l] = w_c^T tanh(m[b, l] + q[b, t])``, without storing the ``(B, T, S, A)`` activations.
 
-    ``apply(memory, query, weight)``: ``memory`` ``(B, S, A)`` (``W_m h_l``), ``query`` ``(B, T, A)``
+    ``apply(memory, query, weight, fused=False)``: ``memory`` ``(B, S, A)`` (``W_m h_l``), ``query`` ``(B, T, A)``
     (``W_s s_t + b_c``), ``weight`` ``(1, A)`` (``w_c``); returns the scores ``(B, T, S)`` in float32, whatever the
     inputs' dtype (the activations are computed in float32 too).
 
-    The activations of a block of rows ``(b, t)`` (:data:`BLOCK_ELEMENTS`) are computed, reduced and dropped while they
-    are in cache; the backward pass recomputes them block by block. Storing them, as autograd would, costs more than
-    computing them twice: writing and reading back a tensor of B x T x S x A floats (151 MB per copy for palm_base at
-    length 512), several such copies in the backward pass, and page faults on each fresh allocation.
+    Storing the activations, as autograd would, costs more than computing them twice: writing and reading back a
+    tensor of B x T x S x A floats (151 MB per copy for palm_base at length 512), several such copies in the backward
+    pass, and page faults on each fresh allocation. Two evaluations of the same sums:
+
+    - blocked (the default): the activations of a block of rows ``(b, t)`` (:data:`BLOCK_ELEMENTS`) are computed,
+      reduced and dropped while they are in cache, with torch's kernels; the backward pass recomputes them block by
+      block. The matrix products are those of autograd's linear layer ``A -> 1``: ``y w`` in the forward pass,
+      ``g^T y`` (for ``w_c``) and, per row, ``g y'`` over the source (for the query) in the backward pass, so FLOP
+      counts agree.
+    - fused (``fused=True``): the sums written over the whole ``(B, T, S, A)`` and compiled
+      (:func:`~palm_plugin.modules.compiled_layers.compiled`); inductor makes each a reduction kernel (Triton on a
+      GPU) that computes the activations in registers, so the memory traffic is that of the inputs and outputs.
 
     ``tanh(x) = 2 sigmoid(2x) - 1`` (exactly; in float32 within 2e-7 of tanh), so with ``y = sigmoid(2m + 2q)``:
     ``e = 2 w_c^T y - sum(w_c)`` and ``tanh'(x) = 1 - tanh(x)^2 = 4 y (1 - y)``. torch's CPU ``sigmoid`` is about ten
     times faster than its ``tanh``.
-
-    The matrix products are those of autograd's linear layer ``A -> 1``: ``y w`` in the forward pass, ``g^T y`` (for
-    ``w_c``) and, per row, ``g y'`` over the source (for the query) in the backward pass, so FLOP counts agree.
     """
 
     @staticmethod
-    def forward(ctx, memory: Tensor, query: Tensor, weight: Tensor) -> Tensor:
+    def forward(ctx, memory: Tensor, query: Tensor, weight: Tensor, fused: bool = False) -> Tensor:
         memory2, query2, w = memory.float() * 2, query.float() * 2, weight.float().view(-1)
-        (batch, sources, dim), steps = memory.shape, query.size(1)
-        scores = memory2.new_empty(batch, steps, sources)
-        blocks, workspace = _blocks(memory2, steps)
-        for b, t in blocks:
-            y = _activations(memory2, query2, b, t, workspace)
-            torch.mm(y.view(-1, dim), w.view(dim, 1), out=scores[b, t].view(-1, 1))
         ctx.save_for_backward(memory2, query2, w)
-        ctx.dtypes = memory.dtype, query.dtype, weight.dtype
-        return scores.mul_(2).sub_(w.sum())
+        ctx.dtypes, ctx.fused = (memory.dtype, query.dtype, weight.dtype), fused
+        weighted = compiled(_weighted_sums)(memory2, query2, w) if fused else _blocked_weighted_sums(memory2, query2, w)
+        return weighted.mul_(2).sub_(w.sum())
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         memory2, query2, w = ctx.saved_tensors
         grad = grad.float()
-        (batch, sources, dim), steps = memory2.shape, query2.size(1)
-        grad_memory = torch.zeros_like(memory2)  # sum over t of g * y (1 - y), then times 4 w_c
-        grad_query = torch.empty_like(query2)  # sum over l of g * y (1 - y), then times 4 w_c
-        grad_weight = w.new_zeros(1, dim)  # sum of g * y, then 2 * that - sum(g)
-        blocks, workspace = _blocks(memory2, steps)
-        for b, t in blocks:
-            y = _activations(memory2, query2, b, t, workspace)
-            g = grad[b, t]  # (rows of b, rows of t, S)
-            grad_weight += torch.mm(g.reshape(1, -1), y.view(-1, dim))  # not addmm_: FLOP counters skip it
-            y.addcmul_(y, y, value=-1)  # y (1 - y), in place
-            torch.bmm(g.reshape(-1, 1, sources), y.view(-1, sources, dim), out=grad_query[b, t].view(-1, 1, dim))
-            if y.device.type in ROW_BY_ROW:
-                for row in range(y.size(1)):
-                    grad_memory[b].addcmul_(y[:, row], g[:, row].unsqueeze(-1))
-            else:
-                grad_memory[b] += y.mul_(g.unsqueeze(-1)).sum(1)
+        sums = _gradient_sums if ctx.fused else _blocked_gradient_sums
+        grad_memory, grad_query, grad_weight = sums(memory2, query2, grad)
         memory_dtype, query_dtype, weight_dtype = ctx.dtypes
         return (
             grad_memory.mul_(4 * w).to(memory_dtype),
             grad_query.mul_(4 * w).to(query_dtype),
             grad_weight.mul_(2).sub_(grad.sum()).to(weight_dtype),
+            None,
         )
+
+
+def _weighted_sums(memory2: Tensor, query2: Tensor, w: Tensor) -> Tensor:
+    """``sum_a w_a y[b, t, l, a]`` ``(B, T, S)``, written whole (the fused evaluation)."""
+    return (torch.sigmoid(memory2.unsqueeze(1) + query2.unsqueeze(2)) * w).sum(-1)
+
+
+def _gradient_sums(memory2: Tensor, query2: Tensor, grad: Tensor):
+    """With ``g = grad`` ``(B, T, S)``: ``sum_t g y (1 - y)`` ``(B, S, A)``, ``sum_l g y (1 - y)`` ``(B, T, A)`` and
+    ``sum_{b,t,l} g y`` ``(1, A)`` (the fused evaluation). Each sum is compiled on its own, and ``y (1 - y)`` is
+    written ``sigmoid(x) sigmoid(-x)``: where an expensive value is used twice, inductor writes the activations to
+    memory, which is what fusing avoids."""
+    return (compiled(_slope_sums)(memory2, query2, grad, 1), compiled(_slope_sums)(memory2, query2, grad, 2),
+            compiled(_output_gradient_sums)(memory2, query2, grad))
+
+
+def _slope_sums(memory2: Tensor, query2: Tensor, grad: Tensor, dim: int) -> Tensor:
+    x = memory2.unsqueeze(1) + query2.unsqueeze(2)
+    return (grad.unsqueeze(-1) * torch.sigmoid(x) * torch.sigmoid(-x)).sum(dim)
+
+
+def _output_gradient_sums(memory2: Tensor, query2: Tensor, grad: Tensor) -> Tensor:
+    return (grad.unsqueeze(-1) * torch.sigmoid(memory2.unsqueeze(1) + query2.unsqueeze(2))).sum((0, 1, 2)).unsqueeze(0)
+
+
+def _blocked_weighted_sums(memory2: Tensor, query2: Tensor, w: Tensor) -> Tensor:
+    """:func:`_weighted_sums`, block by block (the default evaluation)."""
+    (batch, sources, dim), steps = memory2.shape, query2.size(1)
+    sums = memory2.new_empty(batch, steps, sources)
+    blocks, workspace = _blocks(memory2, steps)
+    for b, t in blocks:
+        y = _activations(memory2, query2, b, t, workspace)
+        torch.mm(y.view(-1, dim), w.view(dim, 1), out=sums[b, t].view(-1, 1))
+    return sums
+
+
+def _blocked_gradient_sums(memory2: Tensor, query2: Tensor, grad: Tensor):
+    """:func:`_gradient_sums`, block by block (the default evaluation)."""
+    (batch, sources, dim), steps = memory2.shape, query2.size(1)
+    grad_memory = torch.zeros_like(memory2)
+    grad_query = torch.empty_like(query2)
+    grad_weight = memory2.new_zeros(1, dim)
+    blocks, workspace = _blocks(memory2, steps)
+    for b, t in blocks:
+        y = _activations(memory2, query2, b, t, workspace)
+        g = grad[b, t]  # (rows of b, rows of t, S)
+        grad_weight += torch.mm(g.reshape(1, -1), y.view(-1, dim))  # not addmm_: FLOP counters skip it
+        y.addcmul_(y, y, value=-1)  # y (1 - y), in place
+        torch.bmm(g.reshape(-1, 1, sources), y.view(-1, sources, dim), out=grad_query[b, t].view(-1, 1, dim))
+        if y.device.type in ROW_BY_ROW:
+            for row in range(y.size(1)):
+                grad_memory[b].addcmul_(y[:, row], g[:, row].unsqueeze(-1))
+        else:
+            grad_memory[b] += y.mul_(g.unsqueeze(-1)).sum(1)
+    return grad_memory, grad_query, grad_weight
 
 
 def _blocks(memory: Tensor, steps: int):

@@ -73,6 +73,10 @@ def _compile_baseline(built):
         compile_layers(_fairseq_layers(built))
 
 
+def _compile_copy_args(spec):
+    return ["--compile-copy-attention"] if spec.key == "palm" else []
+
+
 def _syncs_args(spec):
     """--syncs-at-start: an option of the UniLM criteria and of the palm model; fairseq's baselines have none."""
     return ["--syncs-at-start"] if spec.plugin and (_criterion(spec) in ("unilm_cloze", "pmlm_ae_par")
@@ -89,11 +93,14 @@ LEVERS = {
     "drop_full_masks": Lever("drop_full_masks", "--drop-full-masks (no attention mask when it hides nothing: flash)",
                              applies=lambda spec: spec.key == "unilm_bidirectional",
                              args=lambda spec: ["--drop-full-masks"]),
+    "compile_copy": Lever("compile_copy", "--compile-copy-attention (PALM's equation (3) in fused compiled kernels)",
+                          applies=lambda spec: bool(_compile_copy_args(spec)), args=_compile_copy_args),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
                             loader=True),
-    "all": Lever("all", "torch_adamw + compile + syncs_at_start together",
-                 args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec),
+    "all": Lever("all", "torch_adamw + compile + compile_copy + syncs_at_start together",
+                 args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _compile_copy_args(spec)
+                 + _syncs_args(spec),
                  after_build=_compile_baseline),
 }  # fmt: skip
 
