@@ -12,6 +12,7 @@ import torch
 
 from palm_tools.bench import cli as benchmark
 from palm_tools.bench import sweep as bench_sweep
+from palm_tools.bench import sweep_report
 from palm_tools.bench.data import SyntheticCorpus
 from palm_tools.bench.models import build
 from palm_tools.bench.sweep import SPECS, AccumulatedStep, Fit, OutOfMemory, Sweep, load_batches
@@ -112,6 +113,25 @@ def test_quick_sweep_measures_each_lever_beside_its_plain_row_and_decodes_at_bat
     palm, nocopy = (next(r for r in record["sweep"] if r["key"] == k and r["sequences"] == 4 and r["stage"] == "sweep")
                     for k in ("palm", "palm_nocopy"))  # fmt: skip
     assert copy["value"] == pytest.approx(nocopy["tokens_per_s"] / palm["tokens_per_s"])
+
+
+def test_copy_target_with_the_compiled_copy_lever_multiplies_two_ratios_of_one_stage_each():
+    """--compile-copy-attention against --no-copy at the lever point: the sweep's palm / --no-copy ratio times the
+    lever stage's compile_copy / plain palm ratio (times, so tokens/s inverted); absent rows leave it unmeasured."""
+    def row(stage, key, tokens_per_s, variant="plain"):
+        return dict(stage=stage, key=key, variant=variant, tokens_per_s=tokens_per_s, length=512, sequences=256,
+                    how="requested", mfu=0.1, micro_batch=256, update_freq=1)
+
+    rows = [row("sweep", "palm", 100.0), row("sweep", "palm_nocopy", 145.0), row("lever", "palm", 110.0),
+            row("lever", "palm", 150.0, "compile_copy")]
+    settings = dict(lengths=[512], lever_length=512, lever_sequences=256, levers=["compile_copy"])
+    found = {t["target"]: t for t in sweep_report.targets(rows, [], settings)}
+    target = found["palm --compile-copy-attention step cost <= 1.05x --no-copy, length 512"]
+    assert target["value"] == pytest.approx(1.45 * 110 / 150) and target["status"] == "MISS"  # 1.063x
+    assert found["palm step cost <= 1.05x --no-copy, length 512"]["value"] == pytest.approx(1.45)
+    found = {t["target"]: t for t in sweep_report.targets(rows[:3], [], settings)}
+    assert found["palm --compile-copy-attention step cost <= 1.05x --no-copy, length 512"]["status"] == "NOT MEASURED"
+    assert not any("compile-copy" in t["target"] for t in sweep_report.targets(rows, [], dict(settings, levers=[])))
 
 
 def test_accumulated_micro_batches_give_the_gradients_of_one_batch(tmp_path):

@@ -2,7 +2,8 @@
 CPU; `palm-gpu-check` runs them on the card).
 
 (a) the copy layer's custom autograd function at the accelerator block size and at a forced small one, compiled
-(``--compile-copy-attention``), and in half precision; (b) the UniLM stack's attention with every boolean mask kind (padding included) in fp32 / bf16 / fp16;
+(``--compile-copy-attention``), and in half precision; (b) the UniLM stack's attention with every boolean mask kind
+(padding included) in fp32 / bf16 / fp16;
 (c) cached decoding equals full recomputation on CUDA for unilm, unilm2 and palm, and so does --decoding-graph's
 fixed-shape decoding replayed as CUDA graphs; (d) GPU and CPU generate the same hypotheses; (e) issue 24's training
 levers on CUDA (inductor-compiled layers, fused AdamW) against the plain path. The models, inputs and references are
@@ -98,9 +99,10 @@ def test_copy_layer_fp32_on_cuda_equals_float64_reference(monkeypatch, block_ele
 
 @needs_cuda
 def test_compiled_copy_attention_on_cuda_equals_float64_reference_in_less_memory(monkeypatch):
-    """--compile-copy-attention with inductor's Triton kernels: the loss and gradients of the float64 reference, and
-    a backward pass at a size where the blocked path holds the whole (B, T, S, A) block (8 x 64 x 256 x 128 float32,
-    64 MiB) while the fused one holds only inputs, outputs and gradients."""
+    """--compile-copy-attention with inductor's Triton kernels: the loss and gradients of the float64 reference; a
+    backward pass at a size where the blocked path holds the whole (B, T, S, A) block (8 x 64 x 256 x 128 float32,
+    64 MiB) while the fused one holds only inputs, outputs and gradients; and the blocked path's values at a size
+    past 2**31 elements (64-bit indexing), as at 256 sequences of 512 tokens."""
     from palm_plugin.modules import compiled_layers
 
     monkeypatch.setattr(compiled_layers, "BACKEND", "inductor")
@@ -113,19 +115,29 @@ def test_compiled_copy_attention_on_cuda_equals_float64_reference_in_less_memory
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
 
-    shapes = (8, 256, 128), (8, 64, 128)  # memory (B, S, A), query (B, T, A)
+    def scores_and_gradients(batch, steps, sources, dim, fused):
+        torch.manual_seed(0)
+        memory = torch.randn(batch, sources, dim, device=CUDA, requires_grad=True)
+        query = torch.randn(batch, steps, dim, device=CUDA, requires_grad=True)
+        weight = (0.1 * torch.randn(1, dim, device=CUDA)).requires_grad_()
+        scores = copy_generator.AdditiveAttentionScores.apply(memory, query, weight, fused)
+        scores.backward(torch.randn_like(scores))
+        return [scores.detach(), memory.grad, query.grad, weight.grad]
+
     peaks = {}
-    for fused in (False, True, True):  # the second fused run is measured after compiling
-        memory, query = (torch.randn(shape, device=CUDA, requires_grad=True) for shape in shapes)
-        weight = torch.randn(1, 128, device=CUDA, requires_grad=True)
+    for fused in (True, False, True):  # the fused path measured after compiling
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
-        copy_generator.AdditiveAttentionScores.apply(memory, query, weight, fused).sum().backward()
+        scores_and_gradients(8, 64, 256, 128, fused)
         torch.cuda.synchronize()
         peaks[fused] = torch.cuda.max_memory_allocated() - start
     activations = 8 * 64 * 256 * 128 * 4
     assert peaks[False] >= activations and peaks[True] < activations / 8, peaks
+
+    fused, blocked = (scores_and_gradients(64, 256, 256, 768, fused) for fused in (True, False))
+    for name, got, expected in zip(("scores", "memory", "query", "weight"), fused, blocked):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()), msg=name)
 
 
 # Also on the CPU (its autocast has fp16 and bf16 too): fp16 autocast once gave NaN gradients on both devices.

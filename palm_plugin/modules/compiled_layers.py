@@ -40,8 +40,10 @@ def compile_layers(layers: Iterable[nn.Module]) -> int:
 
 def compiled(function: Callable) -> Callable:
     """``function`` through ``torch.compile`` with :data:`BACKEND`, compiled once per backend. Shapes are dynamic
-    from the first call: fairseq's batches change their size every update."""
+    from the first call: fairseq's batches change their size every update. ``fullgraph``: where torch would give up
+    compiling (a graph break, too many recompilations) it raises instead of running ``function`` eagerly, which for
+    the functions written to be fused would allocate what they were written to avoid."""
     key = function, BACKEND
     if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(function, backend=BACKEND, dynamic=True)
+        _COMPILED[key] = torch.compile(function, backend=BACKEND, dynamic=True, fullgraph=True)
     return _COMPILED[key]

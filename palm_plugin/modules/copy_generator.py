@@ -203,7 +203,8 @@ class AdditiveAttentionScores(torch.autograd.Function):
       counts agree.
     - fused (``fused=True``): the sums written over the whole ``(B, T, S, A)`` and compiled
       (:func:`~palm_plugin.modules.compiled_layers.compiled`); inductor makes each a reduction kernel (Triton on a
-      GPU) that computes the activations in registers, so the memory traffic is that of the inputs and outputs.
+      GPU) that computes the activations where it sums them (checked in the code it generates for the CPU), so the
+      memory traffic is that of the inputs and outputs. Batches with a dimension of size 1 take the blocked path.
 
     ``tanh(x) = 2 sigmoid(2x) - 1`` (exactly; in float32 within 2e-7 of tanh), so with ``y = sigmoid(2m + 2q)``:
     ``e = 2 w_c^T y - sum(w_c)`` and ``tanh'(x) = 1 - tanh(x)^2 = 4 y (1 - y)``. torch's CPU ``sigmoid`` is about ten
@@ -214,14 +215,16 @@ class AdditiveAttentionScores(torch.autograd.Function):
     def forward(ctx, memory: Tensor, query: Tensor, weight: Tensor, fused: bool = False) -> Tensor:
         memory2, query2, w = memory.float() * 2, query.float() * 2, weight.float().view(-1)
         ctx.save_for_backward(memory2, query2, w)
-        ctx.dtypes, ctx.fused = (memory.dtype, query.dtype, weight.dtype), fused
+        ctx.dtypes = memory.dtype, query.dtype, weight.dtype
+        # torch specialises dimensions of size 1, so each would compile anew: the blocked path takes those batches
+        ctx.fused = fused = fused and min(memory2.size(0), memory2.size(1), query2.size(1)) > 1
         weighted = compiled(_weighted_sums)(memory2, query2, w) if fused else _blocked_weighted_sums(memory2, query2, w)
         return weighted.mul_(2).sub_(w.sum())
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         memory2, query2, w = ctx.saved_tensors
-        grad = grad.float()
+        grad = grad.float().contiguous()  # one layout for the compiled code (an expanded gradient is another)
         sums = _gradient_sums if ctx.fused else _blocked_gradient_sums
         grad_memory, grad_query, grad_weight = sums(memory2, query2, grad)
         memory_dtype, query_dtype, weight_dtype = ctx.dtypes
@@ -243,16 +246,24 @@ def _gradient_sums(memory2: Tensor, query2: Tensor, grad: Tensor):
     ``sum_{b,t,l} g y`` ``(1, A)`` (the fused evaluation). Each sum is compiled on its own, and ``y (1 - y)`` is
     written ``sigmoid(x) sigmoid(-x)``: where an expensive value is used twice, inductor writes the activations to
     memory, which is what fusing avoids."""
-    return (compiled(_slope_sums)(memory2, query2, grad, 1), compiled(_slope_sums)(memory2, query2, grad, 2),
+    return (compiled(_memory_slope_sums)(memory2, query2, grad), compiled(_query_slope_sums)(memory2, query2, grad),
             compiled(_output_gradient_sums)(memory2, query2, grad))
 
 
-def _slope_sums(memory2: Tensor, query2: Tensor, grad: Tensor, dim: int) -> Tensor:
+def _memory_slope_sums(memory2: Tensor, query2: Tensor, grad: Tensor) -> Tensor:
+    """``sum_t g tanh'(m + q) / 4`` ``(B, S, A)``: the memory's gradient, but for the factor ``4 w_c``."""
     x = memory2.unsqueeze(1) + query2.unsqueeze(2)
-    return (grad.unsqueeze(-1) * torch.sigmoid(x) * torch.sigmoid(-x)).sum(dim)
+    return (grad.unsqueeze(-1) * torch.sigmoid(x) * torch.sigmoid(-x)).sum(1)
+
+
+def _query_slope_sums(memory2: Tensor, query2: Tensor, grad: Tensor) -> Tensor:
+    """``sum_l g tanh'(m + q) / 4`` ``(B, T, A)``: the query's gradient, but for the factor ``4 w_c``."""
+    x = memory2.unsqueeze(1) + query2.unsqueeze(2)
+    return (grad.unsqueeze(-1) * torch.sigmoid(x) * torch.sigmoid(-x)).sum(2)
 
 
 def _output_gradient_sums(memory2: Tensor, query2: Tensor, grad: Tensor) -> Tensor:
+    """``sum_{b,t,l} g y`` ``(1, A)``: ``w_c``'s gradient is twice this, less ``sum(g)``."""
     return (grad.unsqueeze(-1) * torch.sigmoid(memory2.unsqueeze(1) + query2.unsqueeze(2))).sum((0, 1, 2)).unsqueeze(0)
 
 

@@ -288,7 +288,7 @@ class Sweep:
                 built = self._build(spec, length, lever.args(spec))
                 if lever.after_build:
                     lever.after_build(built)
-                built.compiled = lever.name in ("compile", "all")
+                built.compiled = lever.name in ("compile", "compile_copy", "all")
             except Exception as error:
                 record_failure(self.missing, f"{spec.key} {lever.name}", f"length {length}, build", error)
                 continue

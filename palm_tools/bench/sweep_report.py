@@ -74,6 +74,8 @@ def targets(rows: List[dict], decoding: List[dict], settings: Dict) -> List[dict
                              value is not None and value <= COPY_TARGET,
                              f"the most sequences per update both ran ({copy['sequences'] if copy else '-'}): "
                              "palm_nocopy tokens/s / palm tokens/s"))  # fmt: skip
+    if "compile_copy" in settings.get("levers", []):
+        found.append(_copy_cost_with_lever(rows, settings))
     for version in ("unilm", "unilm2"):
         mine = [row for row in decoding if row["key"].startswith(version) and row["sentences"] == 1
                 and "recompute" not in row["key"] and row.get("time_vs_transformer")]  # fmt: skip
@@ -85,6 +87,23 @@ def targets(rows: List[dict], decoding: List[dict], settings: Dict) -> List[dict
                              f"best of {', '.join(row['key'] for row in mine) or '-'}: time / transformer's time, "
                              f"beam {settings.get('beam')}"))  # fmt: skip
     return found
+
+
+def _copy_cost_with_lever(rows: List[dict], settings: Dict) -> dict:
+    """palm with --compile-copy-attention against --no-copy, at the lever point: palm's cost over --no-copy in the
+    sweep (both plain) times the lever's cost over plain palm in the lever stage. Each factor compares two rows of
+    one stage; rows of different stages of one run may differ more than that (8% on the CPU)."""
+    point = dict(length=settings.get("lever_length"), sequences=settings.get("lever_sequences"))
+    palm, nocopy = (_find(rows, stage="sweep", key=key, how="requested", **point) for key in ("palm", "palm_nocopy"))
+    plain, lever = (_find(rows, stage="lever", key="palm", variant=variant, **point)
+                    for variant in ("plain", "compile_copy"))  # fmt: skip
+    value = None
+    if palm and nocopy and plain and lever:
+        value = nocopy["tokens_per_s"] / palm["tokens_per_s"] * plain["tokens_per_s"] / lever["tokens_per_s"]
+    return _target(f"palm --compile-copy-attention step cost <= {COPY_TARGET}x --no-copy, length {point['length']}",
+                   value, COPY_TARGET, value is not None and value <= COPY_TARGET,
+                   f"{point['sequences']} sequences per update: (palm_nocopy / palm tokens/s, sweep) x (palm plain / "
+                   "palm compile_copy tokens/s, levers)")
 
 
 METHOD = """### How the sweep is measured
