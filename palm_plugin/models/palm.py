@@ -111,8 +111,8 @@ class PalmConfig(FairseqDataclass):
                           "that torch.compile fuses (inductor: Triton on a GPU) and that never write its batch x "
                           "target x source x attention-size activations, instead of in cache-sized blocks "
                           "(palm_plugin/modules/copy_generator.py); the same values up to float32 rounding; for "
-                          "training only (a model built from a checkpoint to decode is not compiled); off by default, "
-                          "see docs/benchmarks-gpu.md"},
+                          "training on a GPU (on a CPU the blocked default is faster; a model built from a checkpoint "
+                          "to decode is not compiled); off by default, see docs/benchmarks-gpu.md"},
     )
     syncs_at_start: bool = field(
         default=False,
