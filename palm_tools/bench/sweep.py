@@ -62,6 +62,7 @@ class Lever:
     args: Callable = lambda spec: []
     after_build: Optional[Callable] = None  # what the benchmark does itself (fairseq's baselines)
     loader: bool = False  # batches drawn per update from fairseq's iterator (loader_workers: ``--loader-workers``)
+    compiles: bool = False  # torch.compile runs in its first updates: warmed up before the peak memory is taken
 
 
 def _compile_args(spec):
@@ -87,21 +88,22 @@ LEVERS = {
     "torch_adamw": Lever("torch_adamw", "--optimizer torch_adamw (fused AdamW)",
                          args=lambda spec: ["--optimizer", "torch_adamw"]),
     "compile": Lever("compile", "--compile-layers (torch.compile of each layer; baselines: the same, by the benchmark)",
-                     args=_compile_args, after_build=_compile_baseline),
+                     args=_compile_args, after_build=_compile_baseline, compiles=True),
     "syncs_at_start": Lever("syncs_at_start", "--syncs-at-start (UniLM criteria, palm encoder: host syncs first)",
                             applies=lambda spec: bool(_syncs_args(spec)), args=_syncs_args),
     "drop_full_masks": Lever("drop_full_masks", "--drop-full-masks (no attention mask when it hides nothing: flash)",
                              applies=lambda spec: spec.key == "unilm_bidirectional",
                              args=lambda spec: ["--drop-full-masks"]),
     "compile_copy": Lever("compile_copy", "--compile-copy-attention (PALM's equation (3) in fused compiled kernels)",
-                          applies=lambda spec: bool(_compile_copy_args(spec)), args=_compile_copy_args),
+                          applies=lambda spec: bool(_compile_copy_args(spec)), args=_compile_copy_args,
+                          compiles=True),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
                             loader=True),
     "all": Lever("all", "torch_adamw + compile + compile_copy + syncs_at_start together",
                  args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _compile_copy_args(spec)
                  + _syncs_args(spec),
-                 after_build=_compile_baseline),
+                 after_build=_compile_baseline, compiles=True),
 }  # fmt: skip
 
 
@@ -288,7 +290,7 @@ class Sweep:
                 built = self._build(spec, length, lever.args(spec))
                 if lever.after_build:
                     lever.after_build(built)
-                built.compiled = lever.name in ("compile", "compile_copy", "all")
+                built.compiled = lever.compiles
             except Exception as error:
                 record_failure(self.missing, f"{spec.key} {lever.name}", f"length {length}, build", error)
                 continue
