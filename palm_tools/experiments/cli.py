@@ -54,24 +54,20 @@ import time
 from pathlib import Path
 
 from palm_tools.atomic_files import atomic_open
-from palm_tools.experiments.execute import result_of, run_all
+from palm_tools.experiments.execute import device_name, result_of, run_all
 from palm_tools.experiments import logged_run
 from palm_tools.experiments.logged_run import REPO
 from palm_tools.experiments.plan import UNIGRAM, Plan, unigram_name
 from palm_tools.experiments.prepare import prepare
-from palm_tools.experiments.report import (chart, collect, curves_markdown, markdown, pretraining_curves,
-                                          run_times)
+from palm_tools.experiments.report import (chart, collect, curves_markdown, devices, markdown,
+                                          pretraining_curves, run_times)
 from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRESET_SELECTION, SEL
 from palm_tools.experiments.scale import PRESETS, Scale
 
 
 def accelerator(scale):
     """The header's words on the GPU of a run on one, empty on the CPU (torch is imported only then)."""
-    if scale.device != "gpu":
-        return ""
-    import torch
-
-    return f" and {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else " and no GPU torch can see"
+    return f" and {device_name(scale)}" if scale.device == "gpu" else ""
 
 
 def check_work_folder(work, scale):
@@ -197,11 +193,13 @@ def main(argv=None):
                f"seeds.")
     preset = name + (", with --scale" if args.scale else "") + (
         "; not the default configuration" if name != "default" else "")
+    ran = ("the tables of the runs finished so far, nothing run by this invocation" if args.report_only else
+           f"on {platform.machine()} with {os.cpu_count()} cores{accelerator(scale)}, {args.jobs} processes at once: "
+           f"{seconds / 60:.1f} minutes of this invocation (finished runs are reused; each run's own time is in the "
+           f"JSON)")
     header = (f"# The papers' comparisons, reproduced small (preset {preset})"
-              f"\n\n`{command}` on {platform.machine()} with {os.cpu_count()} cores{accelerator(scale)}, "
-              f"{args.jobs} processes at once: "
-              f"{seconds / 60:.1f} minutes of this invocation (finished runs are reused; each run's own time is in "
-              f"the JSON); {finished} of {len(plan.runs)} runs finished.\n\n{budget}")
+              f"\n\n`{command}`: {ran}; {finished} of {len(plan.runs)} runs finished.\n\n"
+              f"Where the runs ran (each run's result.json): {devices(plan) or 'no run finished'}.\n\n{budget}")
     report = {"preset": name, "scale": dataclasses.asdict(scale), "command": command, "budget": budget,
               "jobs": args.jobs, "unigram": result_of(plan, UNIGRAM),
               "unigram_wordpiece": result_of(plan, unigram_name("wordpiece")),

@@ -37,6 +37,16 @@ def unigram_perplexity(train, test, vocabulary):
     return {"ppl": 2 ** (bits / len(pieces)), "tokens": len(pieces), "sentences": len(test)}
 
 
+def device_name(scale):
+    """What a run ran on, recorded in its result.json: the report of a folder whose seeds ran on different cards says
+    which card ran each (the same process's GPU as fairseq's, its device 0; torch is imported only on a GPU)."""
+    if scale.device != "gpu":
+        return "CPU"
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU torch can see"
+
+
 def execute(plan, run):
     """Run ``run``'s commands in a fresh folder, then write its result.json (the mark of a finished run)."""
     folder = plan.run_dir(run.name)
@@ -58,7 +68,7 @@ def execute(plan, run):
         cpu += run_checked(tool, args, log)
         outputs.append(log.read_bytes()[before:].decode(errors="replace"))  # bytes: the text may not be ASCII
     result = {"run": run.name, "seconds": round(time.time() - started, 1), "cpu_seconds": round(cpu, 2),
-              "params": _logged_params(outputs[0])}
+              "params": _logged_params(outputs[0]), "device": device_name(plan.scale)}
     if run.kind == "pretrain":
         losses = re.findall(r"\| train_inner \|.*? loss=([-0-9.]+)", outputs[-1])
         result["last_train_loss"] = float(losses[-1]) if losses else None

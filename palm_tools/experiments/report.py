@@ -127,6 +127,18 @@ def _cell(cell, task):
     return text + (f" ({cell['why_missing']})" if cell.get("why_missing") else "")
 
 
+def devices(plan):
+    """Which machine ran each seed's finished runs, from their result.json ("device"; runs recorded before it was
+    kept have none): a folder can hold seeds run on different cards, and their times differ."""
+    by_seed = {}
+    for name in plan.runs:
+        result = result_of(plan, name)
+        seed = re.search(r"-s(\d+)$", name)
+        if result and seed:
+            by_seed.setdefault(int(seed.group(1)), set()).add(result.get("device", "not recorded"))
+    return "; ".join(f"seed {seed}: {', '.join(sorted(names))}" for seed, names in sorted(by_seed.items()))
+
+
 def run_times(plan):
     """Measured seconds of the finished runs, by kind (what a rerun at this scale costs, on this machine)."""
     kinds = {}
@@ -134,6 +146,8 @@ def run_times(plan):
         result = result_of(plan, name)
         if result:
             kind = f"{run.kind} ({'real weights' if '-minilm' in name else 'small models'})"
+            if result.get("device"):
+                kind += f", {result['device']}"
             kinds.setdefault(kind, []).append((result["seconds"], result.get("cpu_seconds")))
     lines = ["## Run times", "", "Wall time depends on what else the machine runs; CPU time (user + system of the "
              "run's processes, one thread each) does not: on an otherwise idle machine with at least --jobs cores, "
