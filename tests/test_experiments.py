@@ -1,6 +1,7 @@
 """palm-experiments (palm_tools/experiments/): every row of a table gets the same budget and seeds (read back from
 the fairseq command lines the plan builds), the statistics and directions, the resumable scheduler, and (slow) every
 row of every experiment end to end on tiny settings with real fairseq processes."""
+import dataclasses
 import json
 import statistics
 import sys
@@ -236,6 +237,20 @@ def test_work_folder_keeps_its_scale(tmp_path):
     check_work_folder(tmp_path, small.with_overrides(["seeds=1,2,3,4"]))
     with pytest.raises(SystemExit, match=r"dim: 64 -> 96"):
         check_work_folder(tmp_path, small.with_overrides(["dim=96"]))
+
+
+def test_work_folder_record_names_data_inside_the_repository_relatively(tmp_path, monkeypatch):
+    """A committed folder (results/gpu) is reused from a checkout elsewhere (a card's): its record names the data
+    folder relative to the repository, and the same folder of another checkout matches it."""
+    from palm_tools.experiments import cli
+
+    inside = dataclasses.replace(PRESETS["small"], data=str(cli.REPO / "card_data"))
+    check_work_folder(tmp_path, inside)
+    assert json.loads((tmp_path / "scale.json").read_text())["data"] == "card_data"
+    monkeypatch.setattr(cli, "REPO", tmp_path / "elsewhere")
+    check_work_folder(tmp_path, dataclasses.replace(inside, data=str(tmp_path / "elsewhere" / "card_data")))
+    with pytest.raises(SystemExit, match=r"data: 'card_data' -> '/"):
+        check_work_folder(tmp_path, dataclasses.replace(inside, data="/somewhere/card_data"))
 
 
 def test_folders_are_relative_to_the_working_directory(tmp_path, monkeypatch):

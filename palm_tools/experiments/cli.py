@@ -70,15 +70,24 @@ def accelerator(scale):
     return f" and {device_name(scale)}" if scale.device == "gpu" else ""
 
 
+def _in_repository(path):
+    """A data folder as a work folder's record keeps it: relative to the repository when inside it, so that committed
+    runs (results/gpu) are reused from a checkout in another folder, such as a card's."""
+    path = Path(path)
+    return str(path.relative_to(REPO)) if path.is_absolute() and path.is_relative_to(REPO) else str(path)
+
+
 def check_work_folder(work, scale):
     """A work folder keeps the scale it was made with: runs are reused by name, so a folder made at another scale
     (anything but the seeds: more seeds reuse the finished ones) would mix results of two settings."""
     record = Path(work) / "scale.json"
     wanted = {k: v for k, v in dataclasses.asdict(scale).items() if k != "seeds"}
+    wanted["data"] = _in_repository(wanted["data"])
     if record.exists():
         made = json.loads(record.read_text())
         # a key the folder's record lacks was added since, and the folder was made with its default
         made = {f.name: made.get(f.name, f.default) for f in dataclasses.fields(Scale)}
+        made["data"] = _in_repository(made["data"])
         changed = [f"{k}: {made.get(k)!r} -> {v!r}" for k, v in wanted.items() if made.get(k) != v]
         if changed:
             sys.exit(f"palm-experiments: {work} holds runs made with other settings ({'; '.join(changed)}); give "
