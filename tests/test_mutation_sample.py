@@ -57,3 +57,44 @@ def test_a_draw_from_some_packages_only():
     assert list(sample) == ["palm_tools.convert"] and len(set(sample["palm_tools.convert"])) == 10
     assert set(sample["palm_tools.convert"]) <= set(names[50:])
     assert choose(names, 10, seed=3, packages=["palm_plugin.modules"]) == {}
+
+
+HAND_SOURCE = '''from dataclasses import dataclass, field
+
+
+@dataclass
+class Config:
+    mask_prob: float = field(default=0.15, metadata={"help": "x"})
+    layers: int = field(default=0)
+    shared: bool = field(default=True)
+    name: str = field(default="bert")
+
+
+@register_model_architecture("m", "m_tiny")
+def tiny(args):
+    args.dim = getattr(args, "dim", 128)
+    _base(args, heads=4)
+
+
+def spans(tokens, limit):
+    if len(tokens) < limit:
+        return tokens[:limit]
+    return [t for t in range(len(tokens)) if t >= 2]
+'''
+
+
+def test_hand_mutants_change_defaults_and_move_expression_bounds(tmp_path):
+    from palm_tools.mutation_hand import apply, bound_mutants, default_mutants
+    import ast
+
+    tree, lines = ast.parse(HAND_SOURCE), HAND_SOURCE.splitlines()
+    defaults = {(m.line, m.old, m.new) for m in default_mutants("m.py", tree, lines)}
+    # floats halved, 0 becomes 1, bools negated, an arch's getattr default and call keyword doubled; strings left
+    assert defaults == {(6, "0.15", "0.075"), (7, "0", "1"), (8, "True", "False"), (14, "128", "256"),
+                        (15, "4", "8")}
+    bounds = {(m.line, m.old, m.new) for m in bound_mutants("m.py", tree, lines)}
+    # the expression bounds move the other way from mutmut's < -> <=; the literal 2 is left to mutmut
+    assert bounds == {(19, "limit", "(limit) - 1"), (20, "limit", "(limit) - 1"),
+                      (21, "len(tokens)", "(len(tokens)) - 1")}
+    mutant = next(m for m in bound_mutants("m.py", tree, lines) if m.line == 21)
+    assert apply(HAND_SOURCE, mutant).splitlines()[20] == "    return [t for t in range((len(tokens)) - 1) if t >= 2]"
