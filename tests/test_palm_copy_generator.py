@@ -4,7 +4,6 @@ import re
 
 import pytest
 import torch
-from torch._inductor.utils import run_and_get_code
 
 from palm_plugin.modules import compiled_layers, copy_generator
 from palm_plugin.modules.copy_generator import PointerGenerator
@@ -167,16 +166,20 @@ def dense_probs(generator, states, encoder_out):
 def test_gradients_equal_dense_reference(monkeypatch, block_elements, row_by_row):
     monkeypatch.setitem(copy_generator.BLOCK_ELEMENTS, "cpu", block_elements)
     monkeypatch.setattr(copy_generator, "ROW_BY_ROW", {"cpu"} if row_by_row else set())
-    assert_gradients_equal_dense_reference(fused_scores=False)
+    assert_gradients_equal_dense_reference("blocked")
 
 
-def test_compiled_fused_scores_equal_dense_reference_and_never_write_the_activations(monkeypatch):
-    """--compile-copy-attention: equation (3) compiled by inductor (C++ here, Triton on a GPU: tests/test_gpu.py). The
+def test_compiled_scores_equal_dense_reference_and_never_write_the_activations(monkeypatch):
+    """--copy-attention-impl compiled: equation (3) compiled by inductor (C++ here, Triton on a GPU: tests/test_gpu.py). The
     code it generates allocates nothing that spans B, T, S and A (the activations stay inside its kernels; sizes are
     symbols there, distinct because the sizes differ). Other batch shapes reuse the dynamic-shape code, and a batch of
     one sentence takes the blocked path rather than compiling again."""
+    # imported here, not at the top: inductor takes seconds to import, and the interpreter's process of
+    # tests/test_copy_triton.py imports this module
+    from torch._inductor.utils import run_and_get_code
+
     monkeypatch.setattr(compiled_layers, "BACKEND", "inductor")
-    _, codes = run_and_get_code(assert_gradients_equal_dense_reference, fused_scores=True)
+    _, codes = run_and_get_code(assert_gradients_equal_dense_reference, "compiled")
     assert len(codes) == 4, codes  # the forward pass and the backward's three sums
     allocations = [_first_argument(code[match.end():]) for code in codes
                    for match in re.finditer(r"empty_strided_\w+\(", code)]
@@ -184,10 +187,10 @@ def test_compiled_fused_scores_equal_dense_reference_and_never_write_the_activat
     assert len(allocations) >= 4 and all(sizes), allocations
     assert all(len(symbols) <= 3 for symbols in sizes), allocations
     with torch.compiler.set_stance("fail_on_recompile"):
-        assert_gradients_equal_dense_reference(fused_scores=True, inputs=make_inputs(seed=2, steps=3))
+        assert_gradients_equal_dense_reference("compiled", inputs=make_inputs(seed=2, steps=3))
         states, encoder_out = make_inputs(seed=3)
         one = {key: [value[0][:, :1] if key == "encoder_out" else value[0][:1]] for key, value in encoder_out.items()}
-        assert_gradients_equal_dense_reference(fused_scores=True, inputs=(states[:1], one))
+        assert_gradients_equal_dense_reference("compiled", inputs=(states[:1], one))
 
 
 def _first_argument(call: str) -> str:
@@ -200,8 +203,9 @@ def _first_argument(call: str) -> str:
     return call
 
 
-def assert_gradients_equal_dense_reference(fused_scores, inputs=None):
-    """Token 5 is held twice by sentence 0: its copy mass, and its gradient, must be counted once per type."""
+def assert_gradients_equal_dense_reference(impl, inputs=None):
+    """The loss and gradients of the module with equation (3) evaluated by ``impl`` (--copy-attention-impl) equal the
+    dense float64 reference's. Token 5 is held twice by sentence 0: its copy mass, and its gradient, must be counted once per type."""
     states, encoder_out = inputs or make_inputs()
     states.requires_grad_(True)
     targets = torch.tensor([[5, 7, VOCAB + 1, 0], [9, 3, 8, 2]])[: states.size(0), : states.size(1)]
@@ -209,7 +213,7 @@ def assert_gradients_equal_dense_reference(fused_scores, inputs=None):
     for implementation in ("module", "dense"):
         generator = make_generator()
         if implementation == "module":
-            generator.fused_scores = fused_scores
+            generator.scores_impl = impl
             target_log_probs = generator(states, encoder_out).double().gather(-1, targets.unsqueeze(-1))
         else:
             target_log_probs = dense_probs(generator, states, encoder_out).gather(-1, targets.unsqueeze(-1)).log()

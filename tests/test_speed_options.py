@@ -147,8 +147,8 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
     compiled, _ = built_with(corpus, key, options)
     layers = [m for m in compiled.model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
     assert len(layers) == (2 if key == "unilm_seq2seq" else 4)
-    fused = [m.fused_scores for m in compiled.model.modules() if isinstance(m, PointerGenerator)]
-    assert fused == ([True] if key == "palm" else [])
+    impls = [m.scores_impl for m in compiled.model.modules() if isinstance(m, PointerGenerator)]
+    assert impls == (["compiled"] if key == "palm" else [])
     assert list(compiled.model.state_dict()) == list(plain.model.state_dict())
     assert_trains_as(compiled, plain, batch, rtol=1e-5, atol=1e-6)
     token = saved_model_build._SAVED.set(True)
@@ -158,7 +158,7 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
         saved_model_build._SAVED.reset(token)
     if key == "palm":  # as fairseq-generate builds it from the checkpoint's configuration
         for_use = compiled.task.build_model(compiled.cfg.model, from_checkpoint=True)
-        assert [m.fused_scores for m in for_use.modules() if isinstance(m, PointerGenerator)] == [False]
+        assert [m.scores_impl for m in for_use.modules() if isinstance(m, PointerGenerator)] == ["blocked"]
         with pytest.raises(ValueError, match="--no-copy removes"):
             built_with(corpus, key, ["--compile-copy-attention", "--no-copy"])
 

@@ -33,14 +33,14 @@ from fairseq.models.roberta.model import RobertaLMHead
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
-from palm_plugin.fixes.saved_model_build import building_saved_model
+from palm_plugin.fixes.saved_model_build import building_from_checkpoint, building_saved_model
 from palm_plugin.modules.dictionary_check import (
     FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
 )
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncoder, transformer_config
 from palm_plugin.modules import compiled_layers
-from palm_plugin.modules.copy_generator import PointerGenerator
+from palm_plugin.modules.copy_generator import COPY_ATTENTION_IMPLS, PointerGenerator, check_copy_attention_impl
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
 from palm_plugin.modules.size_check import check_sizes
 
@@ -105,14 +105,20 @@ class PalmConfig(FairseqDataclass):
         },
     )
     compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
+    copy_attention_impl: ChoiceEnum(COPY_ATTENTION_IMPLS) = field(
+        default="blocked",
+        metadata={"help": "how the copy layer's attention scores, equation (3), are computed, forward and backward; "
+                          "none writes their batch x target x source x attention-size activations to memory, all give "
+                          "the same values up to float32 rounding (palm_plugin/modules/copy_generator.py). blocked: "
+                          "in cache-sized blocks with torch's kernels, the fastest on a CPU; compiled: kernels that "
+                          "torch.compile fuses (inductor: Triton on a GPU), for training on a GPU; triton: "
+                          "hand-written Triton kernels (palm_plugin/modules/copy_attention_triton.py), for training "
+                          "on CUDA (needs the triton package). A model built from a checkpoint to decode takes "
+                          "blocked; timings in docs/benchmarks-gpu.md"},
+    )
     compile_copy_attention: bool = field(
         default=False,
-        metadata={"help": "evaluate the copy layer's attention scores, equation (3), forward and backward, in kernels "
-                          "that torch.compile fuses (inductor: Triton on a GPU) and that never write its batch x "
-                          "target x source x attention-size activations, instead of in cache-sized blocks "
-                          "(palm_plugin/modules/copy_generator.py); the same values up to float32 rounding; for "
-                          "training on a GPU (on a CPU the blocked default is faster; a model built from a checkpoint "
-                          "to decode is not compiled); off by default, see docs/benchmarks-gpu.md"},
+        metadata={"help": "deprecated: --copy-attention-impl compiled (checkpoints saved with it load as before)"},
     )
     syncs_at_start: bool = field(
         default=False,
@@ -148,6 +154,20 @@ class PalmConfig(FairseqDataclass):
             "fine-tuning; '- pre-training' = fine-tuning palm with no --finetune-from-model and no --roberta-path"
         },
     )
+
+
+def _copy_attention_impl(cfg) -> str:
+    """--copy-attention-impl, or ``compiled`` where the configuration has the deprecated --compile-copy-attention (a
+    command line, or a checkpoint saved before the choice existed)."""
+    impl = str(safe_getattr(cfg, "copy_attention_impl", "blocked"))
+    if not safe_getattr(cfg, "compile_copy_attention", False):
+        return impl
+    if impl not in ("blocked", "compiled"):
+        raise ValueError(f"--compile-copy-attention (deprecated) means --copy-attention-impl compiled, which "
+                         f"contradicts --copy-attention-impl {impl}: leave out --compile-copy-attention")
+    if not building_from_checkpoint():
+        logger.warning("--compile-copy-attention is deprecated: use --copy-attention-impl compiled")
+    return "compiled"
 
 
 # State-dict entry that marks a checkpoint whose part was already re-initialised (--reinit-encoder/-decoder): a
@@ -188,8 +208,13 @@ class PalmModel(FairseqEncoderDecoderModel):
         check_sizes(cfg, ("encoder_layers", "decoder_layers", "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
                           "encoder_max_positions", "decoder_max_positions"),
                     "encoder_embed_dim", ("encoder_attention_heads", "decoder_attention_heads"))
-        if safe_getattr(cfg, "compile_copy_attention", False) and cfg.no_copy:
-            raise ValueError("--compile-copy-attention compiles the copy layer, which --no-copy removes: leave out one")
+        copy_attention_impl = _copy_attention_impl(cfg)
+        if copy_attention_impl != "blocked" and cfg.no_copy:
+            raise ValueError(f"--copy-attention-impl {copy_attention_impl} computes the copy layer, which --no-copy "
+                             "removes: leave out one")
+        if not compiled_layers.compiling():  # decoding: T = 1 at a time, no backward pass; the model may be on a CPU
+            copy_attention_impl = "blocked"
+        check_copy_attention_impl(copy_attention_impl)
         if cfg.reinit_encoder and cfg.roberta_path:
             raise ValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
         markers = safe_getattr(cfg, "source_position_markers", 0)
@@ -234,8 +259,7 @@ class PalmModel(FairseqEncoderDecoderModel):
         encoder.one_padding_check = safe_getattr(cfg, "syncs_at_start", False)
         if safe_getattr(cfg, "compile_layers", False):
             compiled_layers.compile_layers(list(encoder.layers) + list(decoder.layers))
-        if safe_getattr(cfg, "compile_copy_attention", False):
-            decoder.pointer_generator.fused_scores = compiled_layers.compiling()
+        decoder.pointer_generator.scores_impl = copy_attention_impl
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens=None, masked_tokens=None, **kwargs):

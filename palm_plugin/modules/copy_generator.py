@@ -17,14 +17,17 @@ the (at most ``S``) types in the source it is ``logaddexp(log lambda + log P_v, 
 ``log(1 - lambda) = logsigmoid(-g)``. A saturated gate or a sharp softmax therefore stays finite.
 
 The additive attention (3) is elementwise work over ``B x T x S x A`` values (batch, target, source, attention
-size): :class:`AdditiveAttentionScores` computes it in cache-sized blocks and recomputes them in the backward pass
-rather than storing that tensor; with ``--compile-copy-attention`` (``fused_scores``) torch.compile fuses each pass
-into reduction kernels that never write it.
+size): :class:`AdditiveAttentionScores` never stores that tensor. It computes it in cache-sized blocks and recomputes
+them in the backward pass (``--copy-attention-impl blocked``), or has torch.compile fuse each pass into reduction
+kernels that never write it (``compiled``), or runs hand-written Triton kernels that hold it a tile at a time in
+registers (``triton``, :mod:`palm_plugin.modules.copy_attention_triton`).
 
 Position markers of the extended vocabulary have no ``P_v`` entry; :data:`LOG_ZERO` (the log of float32's smallest
 normal number) stands in for ``log 0`` there, so that fairseq's label smoothing, which sums log-probabilities over
 the whole vocabulary, stays finite.
 """
+import importlib.util
+from functools import partial
 from typing import Dict, Optional
 
 import torch
@@ -48,6 +51,23 @@ ACCELERATOR_BLOCK_ELEMENTS = 2**26
 # others one reduction per block, since a kernel launch per row made the loop launch-bound on a GPU
 # (docs/benchmarks-gpu.md).
 ROW_BY_ROW = {"cpu"}
+# How equation (3) is evaluated (:class:`AdditiveAttentionScores`): PALM's --copy-attention-impl.
+COPY_ATTENTION_IMPLS = ("blocked", "compiled", "triton")
+
+
+def check_copy_attention_impl(impl: str) -> None:
+    """Raise a ValueError naming the option to use instead when ``impl`` cannot run here: ``triton`` needs the triton
+    package and a CUDA device (or Triton's interpreter, ``TRITON_INTERPRET=1``, which tests use on a CPU)."""
+    if impl != "triton":
+        return
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError("--copy-attention-impl triton needs the triton package (pip install triton), which is not "
+                         "installed: use --copy-attention-impl compiled (or blocked)")
+    from palm_plugin.modules import copy_attention_triton
+
+    if not torch.cuda.is_available() and not copy_attention_triton.INTERPRETED:
+        raise ValueError("--copy-attention-impl triton runs its kernels on CUDA, and no CUDA device is available: "
+                         "use --copy-attention-impl blocked (the CPU's fastest)")
 
 
 @with_incremental_state
@@ -62,8 +82,8 @@ class PointerGenerator(nn.Module):
         copy: False for the "- pointer-generator" ablation (PALM Table 6): only equation (2).
         attention_dim: output size of ``W_m`` and ``W_s`` (the additive attention's hidden size).
 
-    ``fused_scores`` (an attribute, False unless PALM's ``--compile-copy-attention`` sets it) selects the compiled
-    evaluation of equation (3) (:class:`AdditiveAttentionScores`).
+    ``scores_impl`` (an attribute, "blocked" unless PALM's ``--copy-attention-impl`` sets it) selects the evaluation
+    of equation (3), one of :data:`COPY_ATTENTION_IMPLS` (:class:`AdditiveAttentionScores`).
     """
 
     def __init__(
@@ -80,7 +100,7 @@ class PointerGenerator(nn.Module):
             raise ValueError(f"num_types ({num_types}) is smaller than the embedding ({output_embedding.size(0)} rows)")
         self.num_types = num_types
         self.copy = copy
-        self.fused_scores = False
+        self.scores_impl = "blocked"
         self.vocab_projection = nn.Linear(decoder_dim, output_embedding.size(1))  # W_v, b_v
         self.output_embedding = output_embedding  # W_e
         if copy:
@@ -112,7 +132,7 @@ class PointerGenerator(nn.Module):
         memory = self._projected_memory(encoder_states, incremental_state)  # (B, S, A)
         query = self.query_projection(states)  # (B, T, A)
         # (3): (B, T, S) float32
-        scores = AdditiveAttentionScores.apply(memory, query, self.attention_vector.weight, self.fused_scores)
+        scores = AdditiveAttentionScores.apply(memory, query, self.attention_vector.weight, self.scores_impl)
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         alpha = F.softmax(scores, dim=-1)
@@ -188,62 +208,83 @@ class PointerGenerator(nn.Module):
 class AdditiveAttentionScores(torch.autograd.Function):
     """Equation (3), ``e[b, t, l] = w_c^T tanh(m[b, l] + q[b, t])``, without storing the ``(B, T, S, A)`` activations.
 
-    ``apply(memory, query, weight, fused=False)``: ``memory`` ``(B, S, A)`` (``W_m h_l``), ``query`` ``(B, T, A)``
-    (``W_s s_t + b_c``), ``weight`` ``(1, A)`` (``w_c``); returns the scores ``(B, T, S)`` in float32, whatever the
-    inputs' dtype (the activations are computed in float32 too).
+    ``apply(memory, query, weight, impl="blocked")``: ``memory`` ``(B, S, A)`` (``W_m h_l``), ``query`` ``(B, T, A)``
+    (``W_s s_t + b_c``), ``weight`` ``(1, A)`` (``w_c``), ``impl`` one of :data:`COPY_ATTENTION_IMPLS`; returns the
+    scores ``(B, T, S)`` in float32, whatever the inputs' dtype (the activations are computed in float32 too), and
+    gradients in the inputs' dtypes.
 
     Storing the activations, as autograd would, costs more than computing them twice: writing and reading back a
     tensor of B x T x S x A floats (151 MB per copy for palm_base at length 512), several such copies in the backward
-    pass, and page faults on each fresh allocation. Two evaluations of the same sums:
+    pass, and page faults on each fresh allocation. Three evaluations of the same sums, each recomputing the
+    activations in the backward pass from the saved inputs:
 
     - blocked (the default): the activations of a block of rows ``(b, t)`` (:data:`BLOCK_ELEMENTS`) are computed,
       reduced and dropped while they are in cache, with torch's kernels; the backward pass recomputes them block by
       block. The matrix products are those of autograd's linear layer ``A -> 1``: ``y w`` in the forward pass,
       ``g^T y`` (for ``w_c``) and, per row, ``g y'`` over the source (for the query) in the backward pass, so FLOP
       counts agree.
-    - fused (``fused=True``): the sums written over the whole ``(B, T, S, A)`` and compiled
+    - compiled: the sums written over the whole ``(B, T, S, A)`` and compiled
       (:func:`~palm_plugin.modules.compiled_layers.compiled`); inductor makes each a reduction kernel (Triton on a
       GPU) that computes the activations where it sums them (checked in the code it generates for the CPU), so the
       memory traffic is that of the inputs and outputs. Batches with a dimension of size 1 take the blocked path.
+    - triton: hand-written kernels over tiles of target rows x source positions
+      (:mod:`~palm_plugin.modules.copy_attention_triton`); one pass forward, two deterministic passes backward.
 
-    ``tanh(x) = 2 sigmoid(2x) - 1`` (exactly; in float32 within 2e-7 of tanh), so with ``y = sigmoid(2m + 2q)``:
-    ``e = 2 w_c^T y - sum(w_c)`` and ``tanh'(x) = 1 - tanh(x)^2 = 4 y (1 - y)``. torch's CPU ``sigmoid`` is about ten
-    times faster than its ``tanh``.
+    The first two use ``tanh(x) = 2 sigmoid(2x) - 1`` (exactly; in float32 within 2e-7 of tanh), so with
+    ``y = sigmoid(2m + 2q)``: ``e = 2 w_c^T y - sum(w_c)`` and ``tanh'(x) = 1 - tanh(x)^2 = 4 y (1 - y)``. torch's
+    CPU ``sigmoid`` is about ten times faster than its ``tanh``.
     """
 
     @staticmethod
-    def forward(ctx, memory: Tensor, query: Tensor, weight: Tensor, fused: bool = False) -> Tensor:
-        memory2, query2, w = memory.float() * 2, query.float() * 2, weight.float().view(-1)
-        ctx.save_for_backward(memory2, query2, w)
-        ctx.dtypes = memory.dtype, query.dtype, weight.dtype
-        # torch specialises dimensions of size 1, so each would compile anew: the blocked path takes those batches
-        ctx.fused = fused = fused and min(memory2.size(0), memory2.size(1), query2.size(1)) > 1
-        weighted = compiled(_weighted_sums)(memory2, query2, w) if fused else _blocked_weighted_sums(memory2, query2, w)
-        return weighted.mul_(2).sub_(w.sum())
+    def forward(ctx, memory: Tensor, query: Tensor, weight: Tensor, impl: str = "blocked") -> Tensor:
+        ctx.save_for_backward(memory, query, weight)
+        scores, ctx.gradients = _evaluation(impl, memory, query)
+        return scores(memory, query, weight.view(-1))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        memory2, query2, w = ctx.saved_tensors
-        grad = grad.float().contiguous()  # one layout for the compiled code (an expanded gradient is another)
-        sums = _gradient_sums if ctx.fused else _blocked_gradient_sums
-        grad_memory, grad_query, grad_weight = sums(memory2, query2, grad)
-        memory_dtype, query_dtype, weight_dtype = ctx.dtypes
-        return (
-            grad_memory.mul_(4 * w).to(memory_dtype),
-            grad_query.mul_(4 * w).to(query_dtype),
-            grad_weight.mul_(2).sub_(grad.sum()).to(weight_dtype),
-            None,
-        )
+        memory, query, weight = ctx.saved_tensors
+        # one layout for the compiled code and the kernels (an expanded gradient is another)
+        grad_memory, grad_query, grad_weight = ctx.gradients(memory, query, weight.view(-1), grad.float().contiguous())
+        return (grad_memory.to(memory.dtype), grad_query.to(query.dtype),
+                grad_weight.view_as(weight).to(weight.dtype), None)
+
+
+def _evaluation(impl: str, memory: Tensor, query: Tensor):
+    """The functions ``(memory, query, w) -> scores`` and ``(memory, query, w, grad) -> gradients`` of ``impl``."""
+    if impl == "triton":
+        from palm_plugin.modules import copy_attention_triton
+
+        return copy_attention_triton.additive_scores, copy_attention_triton.additive_score_gradients
+    if impl not in COPY_ATTENTION_IMPLS:
+        raise ValueError(f"copy attention impl {impl!r}: choose one of {', '.join(COPY_ATTENTION_IMPLS)}")
+    # torch specialises dimensions of size 1, so each would compile anew: the blocked path takes those batches
+    if impl == "compiled" and min(memory.size(0), memory.size(1), query.size(1)) > 1:
+        return partial(_sigmoid_scores, compiled(_weighted_sums)), partial(_sigmoid_gradients, _gradient_sums)
+    return partial(_sigmoid_scores, _blocked_weighted_sums), partial(_sigmoid_gradients, _blocked_gradient_sums)
+
+
+def _sigmoid_scores(weighted_sums, memory: Tensor, query: Tensor, w: Tensor) -> Tensor:
+    """Equation (3) as ``2 w_c^T sigmoid(2m + 2q) - sum(w_c)``, the sums from ``weighted_sums``."""
+    w = w.float()
+    return weighted_sums(memory.float() * 2, query.float() * 2, w).mul_(2).sub_(w.sum())
+
+
+def _sigmoid_gradients(gradient_sums, memory: Tensor, query: Tensor, w: Tensor, grad: Tensor):
+    """The gradients of :func:`_sigmoid_scores`' inputs (float32), the sums from ``gradient_sums``."""
+    w = w.float()
+    grad_memory, grad_query, grad_weight = gradient_sums(memory.float() * 2, query.float() * 2, grad)
+    return grad_memory.mul_(4 * w), grad_query.mul_(4 * w), grad_weight.mul_(2).sub_(grad.sum())
 
 
 def _weighted_sums(memory2: Tensor, query2: Tensor, w: Tensor) -> Tensor:
-    """``sum_a w_a y[b, t, l, a]`` ``(B, T, S)``, written whole (the fused evaluation)."""
+    """``sum_a w_a y[b, t, l, a]`` ``(B, T, S)``, written whole (the compiled evaluation)."""
     return (torch.sigmoid(memory2.unsqueeze(1) + query2.unsqueeze(2)) * w).sum(-1)
 
 
 def _gradient_sums(memory2: Tensor, query2: Tensor, grad: Tensor):
     """With ``g = grad`` ``(B, T, S)``: ``sum_t g y (1 - y)`` ``(B, S, A)``, ``sum_l g y (1 - y)`` ``(B, T, A)`` and
-    ``sum_{b,t,l} g y`` ``(1, A)`` (the fused evaluation). Each sum is compiled on its own, and ``y (1 - y)`` is
+    ``sum_{b,t,l} g y`` ``(1, A)`` (the compiled evaluation). Each sum is compiled on its own, and ``y (1 - y)`` is
     written ``sigmoid(x) sigmoid(-x)``: where an expensive value is used twice, inductor writes the activations to
     memory, which is what fusing avoids."""
     return (compiled(_memory_slope_sums)(memory2, query2, grad), compiled(_query_slope_sums)(memory2, query2, grad),

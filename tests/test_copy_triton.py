@@ -1,0 +1,162 @@
+"""--copy-attention-impl triton: PALM's equation (3) in Triton kernels (palm_plugin/modules/copy_attention_triton.py),
+run by Triton's interpreter, against torch autograd of the plain formula in float64; the option's checks at model
+build. The CUDA twins, at a realistic size, are in tests/test_gpu.py.
+
+Triton decides whether it interprets when it is imported (TRITON_INTERPRET=1 then), for its own library functions
+too, so the kernel tests (marked ``interpreted``) run in a process of their own: this file again, started by
+:func:`test_kernels_under_the_interpreter` with the variable set. The interpreter runs each program of the grid in
+numpy, so the shapes are small, but odd: tiles of 2 target rows x 4 source positions x 16 attention features leave a
+partial tile in every dimension (T = 5, S = 7, A = 24)."""
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from palm_plugin.fixes import saved_model_build
+from palm_plugin.modules.copy_generator import AdditiveAttentionScores, check_copy_attention_impl
+from tests.conftest import REPO, tool_env
+from tests.test_palm_copy_generator import assert_gradients_equal_dense_reference, make_generator, make_inputs
+from tests.test_palm_model import build
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernels_under_the_interpreter's process")
+BATCH, STEPS, SOURCES, DIM = 2, 5, 7, 24
+
+
+@needs_triton
+@pytest.mark.skipif(IN_INTERPRETER, reason="this is that process")
+def test_kernels_under_the_interpreter():
+    """The tests marked ``interpreted``, in a process that imports triton with TRITON_INTERPRET=1."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            cwd=REPO, env=tool_env(TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    # the interpreted tests: three dtypes of the kernels, the pointer-generator, the model build
+    assert result.stdout.splitlines()[-1].startswith("5 passed"), result.stdout[-3000:]
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """Tiles small enough to leave partial ones at these sizes."""
+    from palm_plugin.modules import copy_attention_triton
+
+    assert copy_attention_triton.INTERPRETED
+    monkeypatch.setattr(copy_attention_triton, "TILE", (2, 4, 16))
+    return copy_attention_triton
+
+
+def reference_scores(memory, query, weight):
+    """Equation (3) as written, (B, T, S, A) activations and all, in float64."""
+    return (torch.tanh(memory.unsqueeze(1) + query.unsqueeze(2)) * weight.view(-1)).sum(-1)
+
+
+def inputs(dtype, seed=0):
+    torch.manual_seed(seed)
+    memory = torch.randn(BATCH, SOURCES, DIM + 3)[..., 3:]  # in float32 a view with strides of its own
+    query = torch.randn(BATCH, STEPS, DIM)
+    weight = 0.5 * torch.randn(1, DIM)
+    return [x.to(dtype) for x in (memory, query, weight)]
+
+
+@interpreted
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-6), (torch.bfloat16, 8e-3), (torch.float16, 1e-3)])
+def test_scores_and_gradients_equal_float64_autograd(interpreter, dtype, tolerance):
+    """Scores in float32 whatever the inputs (sums in float32: within float32 rounding of the float64 values of the
+    same half-precision inputs); gradients in the inputs' dtype, so within its rounding. Padding's -inf scores give
+    those positions a gradient of 0, as softmax does."""
+    memory, query, weight = inputs(dtype)
+    grad = torch.randn(BATCH, STEPS, SOURCES)
+    grad[1, :, -2:] = 0  # sentence 1 ends in two padding positions
+    leaves = [x.double().requires_grad_() for x in (memory, query, weight)]
+    expected = reference_scores(*leaves)
+    expected.backward(grad.double())
+    expected = expected.detach()
+    own = [x.detach().requires_grad_() for x in (memory, query, weight)]
+    assert own[0].is_contiguous() == (dtype != torch.float32)
+    scores = AdditiveAttentionScores.apply(*own, "triton")
+    scores.backward(grad)
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores.double(), expected, rtol=0, atol=2e-6 * float(expected.abs().max()))
+    for name, got, leaf in zip(("memory", "query", "weight"), own, leaves):
+        assert got.grad.dtype == dtype and got.grad.shape == leaf.shape, name
+        scale = float(leaf.grad.abs().max())
+        torch.testing.assert_close(got.grad.double(), leaf.grad, rtol=tolerance, atol=tolerance * scale, msg=name)
+
+
+@interpreted
+def test_pointer_generator_with_triton_equals_blocked_and_dense_reference(interpreter):
+    """The whole copy layer (padding, a type held twice, a position marker): log-probabilities and every gradient (of a
+    loss that weighs every log-probability) as with the blocked evaluation, and the loss and gradients of the dense
+    float64 formulation."""
+    states, encoder_out = make_inputs()
+    weights = torch.randn(states.shape[:2] + (make_generator().num_types,), generator=torch.Generator().manual_seed(0))
+    results = {}
+    for impl in ("blocked", "triton"):
+        generator = make_generator()
+        generator.scores_impl = impl
+        leaf = states.clone().requires_grad_()
+        log_probs = generator(leaf, encoder_out)
+        (log_probs * weights).sum().backward()
+        grads = {name: p.grad for name, p in generator.named_parameters()}
+        results[impl] = log_probs.detach(), dict(grads, states=leaf.grad)
+    torch.testing.assert_close(results["triton"][0], results["blocked"][0], rtol=1e-5, atol=1e-5)
+    for name, grad in results["blocked"][1].items():
+        torch.testing.assert_close(results["triton"][1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert_gradients_equal_dense_reference("triton")
+
+
+@needs_triton
+@pytest.mark.skipif(IN_INTERPRETER, reason="the interpreter runs CPU tensors")
+def test_cpu_tensors_outside_the_interpreter_name_the_option_to_use():
+    with pytest.raises(ValueError, match="run on CUDA .*use --copy-attention-impl blocked"):
+        AdditiveAttentionScores.apply(*inputs(torch.float32), "triton")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER, reason="checks the build without CUDA")
+def test_model_build_refuses_triton_without_cuda_or_package(monkeypatch):
+    if importlib.util.find_spec("triton") is not None:
+        with pytest.raises(ValueError, match="no CUDA device is available: use --copy-attention-impl blocked"):
+            build(copy_attention_impl="triton")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "triton" else find_spec(name))
+    with pytest.raises(ValueError, match="needs the triton package .*use --copy-attention-impl compiled"):
+        check_copy_attention_impl("triton")
+    check_copy_attention_impl("blocked")
+    check_copy_attention_impl("compiled")
+
+
+@interpreted
+def test_model_build_sets_the_impl(interpreter):
+    """Built to train, here or on CUDA: the copy layer gets the chosen evaluation."""
+    assert build(copy_attention_impl="triton").decoder.pointer_generator.scores_impl == "triton"
+    assert build().decoder.pointer_generator.scores_impl == "blocked"
+    with pytest.raises(ValueError, match="--copy-attention-impl triton computes the copy layer, which --no-copy"):
+        build(copy_attention_impl="triton", no_copy=True)
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="checks a build outside the interpreter")
+def test_checkpoint_builds_take_blocked():
+    """Built from a checkpoint's configuration to decode (fairseq-generate), on whatever device, with or without
+    triton or CUDA: blocked, with no check (here a check would refuse triton: no CUDA, no interpreter)."""
+    token = saved_model_build._SAVED.set(True)
+    try:
+        for options in ({"copy_attention_impl": "triton"}, {"compile_copy_attention": True}):
+            assert build(**options).decoder.pointer_generator.scores_impl == "blocked", options
+    finally:
+        saved_model_build._SAVED.reset(token)
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="runs in the suite's process")
+def test_deprecated_compile_copy_attention_means_compiled(caplog):
+    """--compile-copy-attention, and configurations saved with it, still work: as --copy-attention-impl compiled,
+    with a warning that names the new option; together with another impl it is refused."""
+    with caplog.at_level(logging.WARNING):
+        model = build(compile_copy_attention=True)
+    assert model.decoder.pointer_generator.scores_impl == "compiled"
+    assert "use --copy-attention-impl compiled" in caplog.text
+    with pytest.raises(ValueError, match="contradicts --copy-attention-impl triton: leave out --compile-copy-att"):
+        build(compile_copy_attention=True, copy_attention_impl="triton")
