@@ -6,6 +6,10 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
+# --copy-attention-impl triton's kernels (palm_plugin/modules/copy_attention_triton.py); on a CPU the tests run them
+# under Triton's interpreter. Installed only where torch did not bring its own (a CUDA build pins the triton it needs).
+# 3.6.0: the version the card had beside torch 2.11, which the interpreter tests were written against.
+TRITON_SPEC ?= triton==3.6.0
 PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.palm_plugin_installed
@@ -22,6 +26,7 @@ $(STAMP): setup.py requirements.txt requirements-weights.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=23.2"
 	$(PIP) install $(TORCH_SPEC)
+	$(PY) -c 'import triton' 2>/dev/null || $(PIP) install $(TRITON_SPEC)
 	$(PIP) install -r requirements-build.txt
 	$(PIP) install --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
 	$(PIP) install --no-build-isolation fastbpe==0.1.0
