@@ -2,8 +2,8 @@
 CPU; `palm-gpu-check` runs them on the card).
 
 (a) the copy layer's custom autograd function at the accelerator block size and at a forced small one, compiled
-(``--compile-copy-attention``), and in half precision; (b) the UniLM stack's attention with every boolean mask kind
-(padding included) in fp32 / bf16 / fp16;
+(``--copy-attention-impl compiled``), and in half precision (``triton``: at the end of the file); (b) the UniLM
+stack's attention with every boolean mask kind (padding included) in fp32 / bf16 / fp16;
 (c) cached decoding equals full recomputation on CUDA for unilm, unilm2 and palm, and so does --decoding-graph's
 fixed-shape decoding replayed as CUDA graphs; (d) GPU and CPU generate the same hypotheses; (e) issue 24's training
 levers on CUDA (inductor-compiled layers, fused AdamW) against the plain path. The models, inputs and references are
@@ -99,7 +99,7 @@ def test_copy_layer_fp32_on_cuda_equals_float64_reference(monkeypatch, block_ele
 
 @needs_cuda
 def test_compiled_copy_attention_on_cuda_equals_float64_reference_in_less_memory(monkeypatch):
-    """--compile-copy-attention with inductor's Triton kernels: the loss and gradients of the float64 reference; a
+    """--copy-attention-impl compiled with inductor's Triton kernels: the loss and gradients of the float64 reference; a
     backward pass at a size where the blocked path holds the whole (B, T, S, A) block (8 x 64 x 256 x 128 float32,
     64 MiB) while the fused one holds only inputs, outputs and gradients; and the blocked path's values at a size
     past 2**31 elements (64-bit indexing), as at 256 sequences of 512 tokens."""
@@ -108,7 +108,7 @@ def test_compiled_copy_attention_on_cuda_equals_float64_reference_in_less_memory
     monkeypatch.setattr(compiled_layers, "BACKEND", "inductor")
     states, encoder_out = make_inputs()
     generator = make_generator().to(CUDA)
-    generator.fused_scores = True
+    generator.scores_impl = "compiled"
     loss, grads = copy_loss_and_grads(generator, states.to(CUDA), to_device(encoder_out, CUDA), module_log_probs)
     expected_loss, expected_grads = reference_copy()
     torch.testing.assert_close(loss, expected_loss, atol=1e-4, rtol=1e-5)
@@ -120,7 +120,7 @@ def test_compiled_copy_attention_on_cuda_equals_float64_reference_in_less_memory
         memory = torch.randn(batch, sources, dim, device=CUDA, requires_grad=True)
         query = torch.randn(batch, steps, dim, device=CUDA, requires_grad=True)
         weight = (0.1 * torch.randn(1, dim, device=CUDA)).requires_grad_()
-        scores = copy_generator.AdditiveAttentionScores.apply(memory, query, weight, fused)
+        scores = copy_generator.AdditiveAttentionScores.apply(memory, query, weight, "compiled" if fused else "blocked")
         scores.backward(torch.randn_like(scores))
         return [scores.detach(), memory.grad, query.grad, weight.grad]
 
@@ -306,3 +306,150 @@ def test_fused_adamw_on_cuda_equals_the_for_loop(tmp_path):
     loop = _updated_by(built, batch, lambda: _adamw(built, "for-loop"), initial)
     for name, value in loop.items():
         torch.testing.assert_close(fused[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ----------------------------------------------------------------------------------------------- (f) copy layer, Triton
+@needs_cuda
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory(dtype, tolerance):
+    """--copy-attention-impl triton compiled for the card (tests/test_copy_triton.py runs the same kernels in Triton's
+    interpreter): at palm_base's size (B=8, T=128, S=512, A=768) the scores and the three gradients of the float64
+    formula for the same (rounded) inputs, bitwise the same gradients on a second run (no atomics), a peak memory of
+    the inputs' and outputs' size, far below the blocked path's; the whole copy layer's loss and gradients; and the
+    blocked path's values at 64 x 256 x 256 x 768, past 2**31 activations."""
+    from palm_plugin.modules import copy_attention_triton
+
+    assert not copy_attention_triton.INTERPRETED
+
+    def run(impl, batch, steps, sources, dim):
+        torch.manual_seed(0)
+        memory = torch.randn(batch, sources, dim, device=CUDA, dtype=dtype, requires_grad=True)
+        query = torch.randn(batch, steps, dim, device=CUDA, dtype=dtype, requires_grad=True)
+        weight = (0.1 * torch.randn(1, dim, device=CUDA, dtype=dtype)).requires_grad_()
+        grad = torch.randn(batch, steps, sources, device=CUDA)
+        scores = copy_generator.AdditiveAttentionScores.apply(memory, query, weight, impl)
+        scores.backward(grad)
+        return [scores.detach(), memory.grad, query.grad, weight.grad], (memory, query, weight, grad)
+
+    size = 8, 128, 512, 768
+    got, (memory, query, weight, grad) = run("triton", *size)
+    leaves = [x.detach().double().requires_grad_() for x in (memory, query, weight)]
+    expected = (torch.tanh(leaves[0].unsqueeze(1) + leaves[1].unsqueeze(2)) * leaves[2].view(-1)).sum(-1)
+    expected.backward(grad.double())
+    for name, value, reference in zip(("scores", "memory", "query", "weight"), got,
+                                      [expected.detach()] + [leaf.grad for leaf in leaves]):
+        assert value.dtype == (torch.float32 if name == "scores" else dtype), name
+        torch.testing.assert_close(value.double(), reference, rtol=tolerance,
+                                   atol=tolerance * float(reference.abs().max()), msg=name)
+    del expected, leaves
+    again, _ = run("triton", *size)
+    assert all(torch.equal(a, b) for a, b in zip(got[1:], again[1:]))
+
+    peaks = {}
+    for impl in ("blocked", "triton"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        outputs, inputs = run(impl, *size)
+        torch.cuda.synchronize()
+        peaks[impl] = torch.cuda.max_memory_allocated() - start
+        del outputs, inputs
+    batch, steps, sources, dim = size
+    element = torch.finfo(dtype).bits // 8
+    # inputs and their gradients, scores and the incoming gradient (float32): what any evaluation must hold
+    io_bytes = 2 * element * batch * (sources + steps + 1) * dim + 2 * 4 * batch * steps * sources
+    assert peaks["triton"] < 2 * io_bytes and peaks["triton"] < peaks["blocked"] / 4, (peaks, io_bytes)
+
+    states, encoder_out = make_inputs()
+    generator = make_generator().to(CUDA)
+    generator.scores_impl = "triton"
+    loss, grads = copy_loss_and_grads(generator, states.to(CUDA), to_device(encoder_out, CUDA), module_log_probs)
+    expected_loss, expected_grads = reference_copy()
+    torch.testing.assert_close(loss, expected_loss, atol=1e-4, rtol=1e-5)
+    for name, value in expected_grads.items():
+        torch.testing.assert_close(grads[name], value, atol=1e-4, rtol=1e-4, msg=name)
+
+    if dtype == torch.float32:
+        triton_values, blocked_values = (run(impl, 64, 256, 256, 768)[0] for impl in ("triton", "blocked"))
+        for name, value, reference in zip(("scores", "memory", "query", "weight"), triton_values, blocked_values):
+            torch.testing.assert_close(value, reference, rtol=1e-3, atol=1e-3 * float(reference.abs().max()), msg=name)
+
+
+# ------------------------------------------------------------------------------------------------ (f) FlexAttention
+FLEX_CASES = ("unilm pre-training mix", "pmlm AE+PAR", "pseudo-mask seq2seq")
+
+
+def flex_loss_and_grads(case, impl, device, dtype):
+    """One attention call with UniLMv2's relative bias under ``case``'s mask (tests/test_flex_attention.py), through
+    FlexAttention (``flex``) or SDPA with the dense additive mask (``sdpa``): the loss and the gradients of q, k, v
+    and of the bucket weights."""
+    import torch.nn.functional as F
+
+    from palm_plugin.modules.flex_attention import MaskFields
+    from tests.test_flex_attention import BATCH, CASES, LENGTH, make_stack
+
+    stack = make_stack(32).to(device, dtype)
+    fields, positions = CASES[case]
+    fields, positions = to_device(fields, device), positions.to(device)
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (3 * torch.randn(BATCH, 4, LENGTH, 16, generator=generator) for _ in range(3))  # sharp softmax
+    q, k, v = (t.to(device, dtype).requires_grad_() for t in (q, k, v))
+    weights = torch.randn(BATCH, 4, LENGTH, 16, generator=generator).to(device, dtype)
+    if impl == "flex":
+        context = stack.flex_mask(positions, MaskFields(**fields), dtype).attend(q, k, v)
+    else:
+        additive = stack.attention_bias(positions, positions, MaskFields(**fields).dense(), dtype)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
+    loss = (context * weights).sum()
+    loss.backward()
+    grads = {"q": q.grad, "k": k.grad, "v": v.grad, "bucket weights": stack.relative_position.weight.grad}
+    return loss.detach().double().cpu(), {name: grad.double().cpu() for name, grad in grads.items()}
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", FLEX_CASES)
+def test_flex_attention_backward_on_cuda_equals_sdpa(case, dtype):
+    """--attention-impl flex's kernel, forward and backward (the bias as a score_mod, its table's gradient from the
+    kernel) against SDPA's dense path in float64 on the CPU."""
+    expected_loss, expected_grads = flex_loss_and_grads(case, "sdpa", "cpu", torch.float64)
+    loss, grads = flex_loss_and_grads(case, "flex", CUDA, dtype)
+    tolerance = {torch.float32: 1e-5, **HALF_TOLERANCE}[dtype]
+    assert relative_error(loss, expected_loss) < tolerance
+    for name, grad in expected_grads.items():
+        assert relative_error(grads[name], grad) < 10 * tolerance, name  # sums over many scores, one more rounding
+
+
+@needs_cuda
+def test_flex_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa():
+    """A UniLMv2 pmlm (AE+PAR) training step, bf16, base width, 8 texts of about 500 tokens: FlexAttention keeps no
+    (B, h, T, T) mask + bias nor its gradient, so its peak memory is below the SDPA path's; the losses agree."""
+    from palm_plugin.modules.flex_attention import MaskFields
+    from tests.test_flex_attention import pmlm_fields, tokens_of
+
+    fields, positions = pmlm_fields(text_lengths=(512, 500, 480, 505, 460, 490, 512, 470), length=680)
+    fields, positions = to_device(fields, CUDA), positions.to(CUDA)
+    tokens = tokens_of(fields["padding_mask"].cpu()).to(CUDA)
+    torch.manual_seed(0)
+    stack = UniLMTransformer(vocab_size=40, padding_idx=1, dim=768, ffn_dim=3072, layers=2, num_heads=12,
+                             max_positions=512, num_segments=2, dropout=0.0, attention_dropout=0.0,
+                             relative_position_buckets=32).to(CUDA, torch.bfloat16).train()
+
+    def step(impl):
+        stack.attention_impl = impl
+        stack.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        loss = stack(tokens, MaskFields(**fields), positions).float().pow(2).mean()
+        loss.backward()
+        torch.cuda.synchronize()
+        return float(loss), torch.cuda.max_memory_allocated() - before
+
+    step("flex")  # compiles
+    flex_loss, flex_peak = step("flex")
+    sdpa_loss, sdpa_peak = step("sdpa")
+    print(f"pmlm step, 8 x 680 tokens, 2 base layers, bf16: peak above the weights {flex_peak / 2**20:.0f} MiB with "
+          f"flex, {sdpa_peak / 2**20:.0f} MiB with sdpa")
+    assert abs(flex_loss - sdpa_loss) <= HALF_TOLERANCE[torch.bfloat16] * abs(sdpa_loss)
+    assert flex_peak < sdpa_peak

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model, register_model_architecture
 
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
+from palm_plugin.fixes.saved_model_build import building_from_checkpoint
 from palm_plugin.modules import table_extension
-from palm_plugin.modules import compiled_layers
+from palm_plugin.modules import compiled_layers, flex_attention
 from palm_plugin.modules.dictionary_check import (
     FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
 )
@@ -64,6 +65,9 @@ class UniLMConfig(FairseqDataclass):
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}
     )
     compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
+    attention_impl: ChoiceEnum(flex_attention.IMPLEMENTATIONS) = field(
+        default="sdpa", metadata={"help": flex_attention.HELP}
+    )
     drop_full_masks: bool = field(
         default=False,
         metadata={"help": "give attention no mask when a batch's mask hides nothing (bidirectional rows without "
@@ -135,6 +139,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
             activation_dropout=cfg.activation_dropout,
             relative_position_buckets=cfg.relative_position_buckets,
             relative_position_max_distance=cfg.relative_position_max_distance,
+            attention_impl=getattr(cfg, "attention_impl", "sdpa"),
         )
         lm_head = UniLMLMHead(
             cfg.encoder_embed_dim, len(dictionary), stack.embeddings.tokens.weight, cfg.layer_norm_eps
@@ -180,6 +185,9 @@ class UniLMModel(FairseqEncoderDecoderModel):
     def build_model(cls, cfg, task):
         check_sizes(cfg, ("encoder_layers", "encoder_ffn_embed_dim", "max_positions", "num_segments"),
                     "encoder_embed_dim", ("encoder_attention_heads",))
+        if getattr(cfg, "attention_impl", "sdpa") == "flex":
+            # a model built from a checkpoint for use (generate, hub) only infers; every other build is for training
+            flex_attention.check_usable(not building_from_checkpoint(), cfg.attention_dropout)
         return cls(cfg, task.source_dictionary)
 
     @property
@@ -225,11 +233,15 @@ class UniLMModel(FairseqEncoderDecoderModel):
             ``(B, T, C)``, or classification logits; ``extra["inner_states"]`` holds ``H^0 .. H^L`` when asked.
         """
         padding = src_tokens.eq(self.padding_idx)
-        if attention_mask is None:
+        if attention_mask is None and self.stack.attention_impl == "flex":  # its block mask comes from the fields
+            attention_mask = flex_attention.MaskFields(padding, objectives, source_lengths, target_lengths, steps,
+                                                       kinds)
+        elif attention_mask is None:
             attention_mask = mask_from_fields(padding, objectives, source_lengths, target_lengths, steps, kinds)
         else:
             attention_mask = hide_padding(attention_mask, padding)
-        if getattr(self.cfg, "drop_full_masks", False) and self.stack.relative_position is None:
+        if getattr(self.cfg, "drop_full_masks", False) and self.stack.attention_impl == "sdpa" and \
+                self.stack.relative_position is None:
             attention_mask = None if bool(attention_mask.all()) else attention_mask
         features, hiddens = self.stack(src_tokens, attention_mask, position_ids, segment_ids, return_all_hiddens=True)
         extra = {"inner_states": hiddens if return_all_hiddens else None}

@@ -9,18 +9,29 @@ One BERT-style stack serves every objective; only the self-attention mask change
 
 The mask ``M`` is boolean (True = may attend, :mod:`palm_plugin.modules.attention_masks`). Without a relative
 position bias it goes to ``scaled_dot_product_attention`` as is; with one (UniLMv2), mask and bias are combined
-once per forward into one additive float mask ``to_additive(M) + bias`` shared by every layer.
+once per forward into one additive float mask ``to_additive(M) + bias`` shared by every layer. With
+``attention_impl="flex"`` the full-sequence forward goes through FlexAttention instead
+(:mod:`palm_plugin.modules.flex_attention`: a block mask, and the bias as a score_mod); decoding keeps SDPA.
 
 Shapes: ``B`` batch, ``T`` query length, ``S`` key length, ``C`` model dimension, ``h`` heads, ``d = C / h``.
 """
+import functools
+import warnings
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from palm_plugin.modules import flex_attention
 from palm_plugin.modules.attention_masks import to_additive
 from palm_plugin.modules.relative_position import RelativePositionBias
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_explicit_mask():
+    warnings.warn("--attention-impl flex: a mask given as a tensor (not built from the batch's fields) goes through "
+                  "the sdpa path", stacklevel=3)
 
 
 class UniLMEmbeddings(nn.Module):
@@ -49,7 +60,8 @@ class UniLMEmbeddings(nn.Module):
 class UniLMLayer(nn.Module):
     """One post-LN Transformer block (BERT's), with two ways to attend:
 
-    * :meth:`forward`: the whole sequence at once through ``scaled_dot_product_attention`` (training, scoring);
+    * :meth:`forward`: the whole sequence at once through ``scaled_dot_product_attention``, or FlexAttention when
+      given a :class:`~palm_plugin.modules.flex_attention.FlexMask` (training, scoring);
     * :meth:`forward_cached`: a few new query rows against keys and values computed before (incremental decoding),
       with the source keys/values stored once per sentence and shared by the sentence's beams.
     """
@@ -91,13 +103,21 @@ class UniLMLayer(nn.Module):
         """
         Args:
             x: ``(B, T, C)``.
-            attn_mask: boolean ``(B, 1, T, T)`` (True = may attend) or additive float ``(B, h, T, T)``.
+            attn_mask: boolean ``(B, 1, T, T)`` (True = may attend), additive float ``(B, h, T, T)``, or a
+                :class:`~palm_plugin.modules.flex_attention.FlexMask`.
         Returns:
             ``(B, T, C)``, and the keys and values ``(B, h, T, d)`` of ``x`` (kept by the decoder's source cache).
         """
         q, k, v = self.project(x)
         dropout_p = self.attention_dropout if self.training else 0.0
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+        if isinstance(attn_mask, flex_attention.FlexMask):
+            if dropout_p > 0:  # the model refuses this when built; a stack built directly is stopped here
+                raise flex_attention.FlexAttentionError(
+                    f"FlexAttention has no attention dropout; set attention_dropout 0 (now {dropout_p}) or "
+                    f"{flex_attention.SDPA_INSTEAD}")
+            context = attn_mask.attend(q, k, v)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         return self._finish(x, context), (k, v)
 
     def forward_cached(self, x, source_kv, target_kv, additive_mask):
@@ -143,6 +163,9 @@ class UniLMTransformer(nn.Module):
     ``relative_position_buckets > 0`` adds UniLMv2's relative position bias
     (:class:`palm_plugin.modules.relative_position.RelativePositionBias`), computed once per forward from the
     position ids and added in every layer.
+
+    ``attention_impl``: ``"sdpa"`` or ``"flex"`` (:data:`palm_plugin.modules.flex_attention.HELP`), for
+    :meth:`forward`; :meth:`forward_source` and :meth:`forward_step` (decoding) always use SDPA.
     """
 
     def __init__(
@@ -161,8 +184,12 @@ class UniLMTransformer(nn.Module):
         activation_dropout: float = 0.0,
         relative_position_buckets: int = 0,
         relative_position_max_distance: int = 128,
+        attention_impl: str = "sdpa",
     ):
         super().__init__()
+        if attention_impl not in flex_attention.IMPLEMENTATIONS:
+            raise ValueError(f"attention_impl {attention_impl!r}: one of {', '.join(flex_attention.IMPLEMENTATIONS)}")
+        self.attention_impl = attention_impl
         self.num_heads = num_heads
         self.embeddings = UniLMEmbeddings(
             vocab_size, padding_idx, dim, max_positions, num_segments, layer_norm_eps, dropout
@@ -208,6 +235,21 @@ class UniLMTransformer(nn.Module):
         mask = mask.unsqueeze(0) if mask.dim() == 2 else mask
         return to_additive(mask, dtype).unsqueeze(1) + bias
 
+    def flex_mask(self, positions, mask, dtype) -> flex_attention.FlexMask:
+        """What :meth:`attention_bias` gives the SDPA path, for FlexAttention: the block mask of ``mask`` (a
+        :class:`~palm_plugin.modules.flex_attention.MaskFields`, or None: bidirectional without padding) and, with a
+        relative position bias, the score_mod reading the bias of every offset by ``positions``."""
+        batch, length = positions.shape
+        fields = mask if mask is not None else flex_attention.MaskFields(
+            positions.new_zeros(batch, length, dtype=torch.bool))
+        block_mask = flex_attention.block_mask(fields.mask_mod(), batch, length, positions.device)
+        if self.relative_position is None:
+            return flex_attention.FlexMask(block_mask)
+        table = self.relative_position.table(self.embeddings.positions.num_embeddings).to(dtype)
+        # contiguous: the default positions are an expanded view, and the kernel is specialised on strides
+        score_mod = flex_attention.relative_position_score_mod(table, positions.contiguous())
+        return flex_attention.FlexMask(block_mask, score_mod)
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -221,7 +263,9 @@ class UniLMTransformer(nn.Module):
             tokens: ``(B, T)`` token ids.
             attention_mask: boolean ``(B, T, T)`` or ``(T, T)``, True = row may attend to column; every row must see
                 at least one column (see :func:`palm_plugin.modules.attention_masks.hide_padding`). None: no mask
-                (``scaled_dot_product_attention`` may then use its flash kernel).
+                (``scaled_dot_product_attention`` may then use its flash kernel). Or the batch's compact fields,
+                :class:`~palm_plugin.modules.flex_attention.MaskFields`, from which ``flex`` builds its block mask
+                (and ``sdpa`` the dense mask).
             positions: ``(B, T)`` position ids (default ``0 .. T-1``); UniLMv2 gives appended tokens the position
                 of the token they stand for.
             segments: ``(B, T)`` segment ids (default 0).
@@ -232,7 +276,16 @@ class UniLMTransformer(nn.Module):
         positions = self.default_positions(tokens) if positions is None else positions
         segments = torch.zeros_like(tokens) if segments is None else segments
         x = self.embeddings(tokens, positions, segments)
-        attn_mask = self.attention_bias(positions, positions, attention_mask, x.dtype)
+        if self.attention_impl == "flex" and not torch.is_tensor(attention_mask):
+            attn_mask = self.flex_mask(positions, attention_mask, x.dtype)
+        else:
+            if isinstance(attention_mask, flex_attention.MaskFields):
+                attention_mask = attention_mask.dense()
+            elif self.attention_impl == "flex":
+                # an explicit mask (a caller's own; full recomputation while decoding) has no structure to build a
+                # block mask from: SDPA reads it as it is
+                _warn_explicit_mask()
+            attn_mask = self.attention_bias(positions, positions, attention_mask, x.dtype)
         hiddens: List[torch.Tensor] = [x]
         for layer in self.layers:
             x, _ = layer(x, attn_mask)
