@@ -95,7 +95,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m palm_tools.mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-package", type=int, default=40, help="mutants drawn from each package")
     parser.add_argument("--seed", type=int, default=1, help="seed of the draw")
-    parser.add_argument("--packages", nargs="+", metavar="PACKAGE",
+    parser.add_argument("--packages", nargs="+", action="extend", metavar="PACKAGE",
                         help="draw from these packages only (e.g. palm_tools.convert; default: every package)")
     parser.add_argument("--bootstrap", default="palm_plugin.modules.table_extension.*",
                         help="mutants run first, when none are generated yet (a small module's glob)")

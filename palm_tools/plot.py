@@ -148,7 +148,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="palm-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="fairseq-train logs (json or simple format) or tensorboard log dirs")
     parser.add_argument("-o", "--output", default="curves.png", help="image to write (format from the extension)")
-    parser.add_argument("--labels", nargs="+", help="one legend name per run (default: the file or directory name)")
+    parser.add_argument("--labels", nargs="+", action="extend",
+                        help="one legend name per run (default: the file or directory name)")
     parser.add_argument("--metric", default="loss",
                         help="the logged loss to draw, e.g. lm_loss or par_loss (default: loss)")
     parser.add_argument("--title", help="chart title")

@@ -2,6 +2,7 @@
 checkpoint decoded on data binarized with another dictionary (palm and unilm), a broken or unusable split; a source
 the model cannot read is warned about."""
 import argparse
+import os
 import random
 import re
 
@@ -234,8 +235,9 @@ def test_broken_split_names_the_file(kind, message, two_dictionaries, capfd):
 def test_commands_on_unusable_data_end_with_one_clear_line(two_dictionaries, tmp_path):
     """Real processes: fairseq-train on an empty split, and on data none of whose pairs fits --max-source-positions
     (fairseq dropped them all and failed on an empty batch list), stop with one line naming the file or split and
-    what to do; nothing is saved. fairseq-interactive warns about an empty line and a line of unknown words, and
-    still answers every line."""
+    what to do; nothing is saved. A second run into a save dir another run owns, and a run of another task and
+    model into a save dir (fairseq resumed it silently), stop and leave the checkpoint as it was. fairseq-interactive
+    warns about an empty line, a line of unknown words and a line it cuts, and still answers every line."""
     empty = broken_split(two_dictionaries, "empty").parent
     train = ["--optimizer", "adam", "--lr", "1e-3", "--max-update", 1, "--batch-size", 8, "--cpu",
              "--disable-validation", "--no-epoch-checkpoints"]
@@ -257,14 +259,38 @@ def test_commands_on_unusable_data_end_with_one_clear_line(two_dictionaries, tmp
     assert not list((tmp_path / "long").glob("*.pt"))
 
     run_cli("fairseq-train", small, "--user-dir", USER_DIR, *SEQ2SEQ["unilm"], *train, "--save-dir", tmp_path / "ok")
+    last = (tmp_path / "ok" / "checkpoint_last.pt").read_bytes()
+    # a second run into a save dir another live run owns (this process stands in for it): refused, nothing saved
+    from palm_plugin.fixes import save_dir_guard
+    from palm_tools.atomic_files import release_folder
+
+    save_dir_guard.lock(tmp_path / "ok")
+    result = run_cli("fairseq-train", small, "--user-dir", USER_DIR, *SEQ2SEQ["unilm"], *train, "--max-update", 3,
+                     "--save-dir", tmp_path / "ok", check=False)
+    release_folder(tmp_path / "ok")
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        f"error: --save-dir {tmp_path}/ok is in use by another fairseq-train (process {os.getpid()}); this run would "
+        f"overwrite its checkpoints: wait for it to end, or give this run another --save-dir"), result.stderr[-3000:]
+    # PALM into the UniLM run's save dir: fairseq alone resumed it silently
+    result = run_cli("fairseq-train", small, "--user-dir", USER_DIR, *SEQ2SEQ["palm"], *train, "--save-dir",
+                     tmp_path / "ok", check=False)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path}/ok/checkpoint_last.pt was saved by another run than this one: --arch palm_tiny (checkpoint: "
+        f"unilm_tiny); --task translation (checkpoint: unilm_seq2seq). Resuming would continue that run under these "
+        f"options; give this run another --save-dir; to start from these weights there, pass --finetune-from-model "
+        f"{tmp_path}/ok/checkpoint_last.pt"), result.stderr[-3000:]
+    assert (tmp_path / "ok" / "checkpoint_last.pt").read_bytes() == last
     result = run_cli("fairseq-interactive", small, "--user-dir", USER_DIR, *SEQ2SEQ["unilm"][:2], "--path",
                      tmp_path / "ok" / "checkpoint_last.pt", "--cpu", "--beam", 2, "--max-len-b", 3,
-                     input="w1 w2 w3\n\nzebra quokka\n")
+                     input="w1 w2 w3\n\nzebra quokka\n" + "w1 w2 " * 250 + "\n")
     warnings = [line for line in result.stderr.splitlines() if "the output will not depend on it" in line]
     assert len(warnings) == 2 and "an input is empty" in warnings[0], result.stderr[-3000:]
     assert "the input 'zebra quokka' has no symbol of the dictionary" in warnings[1]
+    # a line longer than --max-source-positions (384 by default): cut, and said
+    assert ("1 of 1 inputs longer than --max-source-positions 384 ([SOS] and [EOS] included; the longest has 501 "
+            "tokens): only their first tokens are read") in result.stderr, result.stderr[-3000:]
     assert sorted(line.split("\t")[0] for line in result.stdout.splitlines() if line.startswith("H-")) == \
-        ["H-0", "H-1", "H-2"]
+        ["H-0", "H-1", "H-2", "H-3"]
 
 
 @pytest.mark.parametrize("fp32", [False, True])

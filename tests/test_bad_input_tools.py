@@ -1,6 +1,7 @@
 """The tools' bad inputs that no other test tries, one table per tool: each case writes its files, runs the tool's
 ``main`` in this process, and checks the exit status, the last line of the error (what, where, what to do) and that
 the tool wrote nothing (every file it was given is unchanged, and no other file appeared)."""
+import gzip
 import json
 import re
 import sys
@@ -30,6 +31,8 @@ SCORE_CASES = [
     ("empty-hypotheses", {"h": "", "r": ""}, ["bleu", "--hyp", "{tmp}/h", "--ref", "{tmp}/r"], r"{tmp}/h is empty$"),
     ("positional-scores-not-numbers", {"g": lines("S-0\ta b", "T-0\ta b", "H-0\t-0.5\ta b", "P-0\t-0.1 x")},
      ["ppl", "--generate", "{tmp}/g"], r"{tmp}/g:4: a P- line must hold numbers: "),
+    ("out-a-folder", {"h": "a b\n", "r": "a b\n"}, ["bleu", "--hyp", "{tmp}/h", "--ref", "{tmp}/r", "--out", "{tmp}"],
+     r"--out {tmp} is a folder: give a file name \(e\.g\. {tmp}/out\.txt\)$"),
 ]
 
 
@@ -43,7 +46,13 @@ def test_palm_score_not_utf8(tmp_path, capsys):
     (tmp_path / "h").write_bytes("caf\xe9\n".encode("latin-1"))
     assert score.main(["bleu", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r")]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"palm-score: error: {tmp_path}/h is not UTF-8 text (invalid continuation byte at byte 3)")
+        f"palm-score: error: {tmp_path}/h is not valid UTF-8 (invalid continuation byte at byte 3); convert it from "
+        f"the encoding it was written in, e.g. `iconv -f latin1 -t utf-8 {tmp_path}/h > {tmp_path}/h.utf8.txt`")
+    (tmp_path / "h").write_bytes(gzip.compress(b"a b\n"))  # the advice leads to the right next step
+    assert score.main(["bleu", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"palm-score: error: {tmp_path}/h is gzip-compressed, not UTF-8 text (invalid start byte at byte 1); first "
+        f"run `gunzip -k {tmp_path}/h` and give the text")
 
 
 PREPARE_CASES = [

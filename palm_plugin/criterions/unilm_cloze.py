@@ -17,6 +17,7 @@ predicted token), and ``next_sentence_loss`` / ``next_sentence_accuracy`` per bi
 """
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch.nn.functional as F
 from fairseq import metrics, utils
@@ -24,6 +25,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.dataclass import FairseqDataclass
 
+from palm_plugin.fixes.option_ranges import problem
 from palm_plugin.modules.host_syncs import SYNCS_AT_START_HELP, count, flat_indices, select
 
 
@@ -39,6 +41,10 @@ class UniLMClozeConfig(FairseqDataclass):
 class UniLMClozeCriterion(FairseqCriterion):
     def __init__(self, task, label_smoothing, syncs_at_start=False):
         super().__init__(task)
+        # the command line checks it when parsing (palm_plugin.fixes.option_ranges); this is for Python callers
+        out_of_range = problem(SimpleNamespace(label_smoothing=label_smoothing))
+        if out_of_range:
+            raise ValueError(out_of_range)
         self.eps = label_smoothing
         self.syncs_at_start = syncs_at_start
 

@@ -20,8 +20,10 @@ from palm_plugin.fixes import (
     generation_options,
     ngram_repeat_block,
     option_help,
+    option_ranges,
     quiet_warnings,
     safe_loading,
+    save_dir_guard,
     saved_model_build,
 )
 
@@ -38,8 +40,12 @@ FIXES = (
     (quiet_warnings, "hydra deprecation and CPU pin_memory warnings on every command"),
     (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
     (saved_model_build, "models cannot tell a build for a saved checkpoint from a new one (--roberta-path re-read)"),
+    (option_ranges, "numeric options out of range (--label-smoothing 1.5, --mask-prob 0, --beam 0) train or fail "
+                    "deep inside"),
     (checkpoint_paths, "a directory, missing or HF file as a checkpoint trains from scratch or fails obscurely; "
                        "fine-tuning needs the checkpoint's sizes retyped"),
+    (save_dir_guard, "two runs into one --save-dir overwrite each other; a run of another task or model silently "
+                     "resumes the checkpoint of the folder"),
     (cudnn_attention, "--fp16/--bf16 on Hopper GPUs: cuDNN attention builds a graph per new batch shape, and "
                       "length-bucketed batches change shape every update"),
 )

@@ -22,6 +22,7 @@ plugin is imported), and after parsing:
   starts its bias at zero. PALM's ``--roberta-path`` of a converted BERT-family checkpoint gives its LayerNorm
   epsilon.
 """
+import functools
 import logging
 import os
 import re
@@ -40,6 +41,8 @@ GROWABLE = ("max_positions", "num_segments")
 TASK_FIELDS = ("source_segment", "target_segment", "pseudo_masks")
 # the segment ids of S1 / S2 in the tasks that pre-train with two segments: fine-tuning adopts them
 PRETRAINING_SEGMENTS = {"pmlm": {"source_segment": 0, "target_segment": 1}}
+# the task that decodes each family of the plugin's models (DESIGN.md section 1)
+DECODING_TASK = {"palm": "translation", "unilm": "unilm_seq2seq"}
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -184,8 +187,26 @@ def check(args, arguments):
     if paths and isinstance(paths, str):  # generate / interactive / validate: --path a.pt:b.pt
         for index, path in enumerate(paths.split(os.pathsep)):
             state = read_checkpoint(path, "--path")
+            check_decoding_task(args, state, path)
             if index == 0:
                 adopt(args, arguments, state, path, sizes=False)
+
+
+def check_decoding_task(args, state, path):
+    """Stop when ``--task`` cannot decode the family of the checkpoint's model (a UniLM checkpoint under
+    ``translation`` fails on a missing ``<mask>``, a PALM one under ``unilm_seq2seq`` on a missing config key)."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    model_cfg = _config(state, "model")
+    name = model_cfg.get("_name") or model_cfg.get("arch")
+    family = ARCH_MODEL_NAME_REGISTRY.get(name, name)
+    task = getattr(args, "task", None)
+    decoding = hasattr(args, "beam")  # generate, interactive; not validate, which scores any task
+    if decoding and family in DECODING_TASK and task != DECODING_TASK[family] and task in DECODING_TASK.values():
+        trained = _config(state, "task").get("_name")
+        raise CheckpointPathError(
+            f"--path {path} is a {family} model (trained with --task {trained}), which --task {task} cannot decode; "
+            f"decode it with --task {DECODING_TASK[family]}")
 
 
 def install():
@@ -196,6 +217,7 @@ def install():
     if getattr(parse, "__palm_checkpoint_paths__", False):
         return
 
+    @functools.wraps(parse)  # keeps the markers of the fixes that wrapped it before, so none wraps twice
     def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
         result = parse(parser, input_args, parse_known, suppress_defaults, modify_parser)
         if not suppress_defaults:

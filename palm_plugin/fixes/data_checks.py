@@ -10,7 +10,8 @@ fairseq reads a split's ``.idx`` / ``.bin`` pair without checking it, and fails 
 :func:`install` checks the pair when a dataset is opened, makes the destructors safe, and names the split and the
 options when every example is dropped. And a ``fairseq-interactive`` line that is empty or has no symbol of the
 dictionary, which every model answers without a word, is warned about
-(:func:`palm_plugin.modules.dictionary_check.warn_if_unknown`).
+(:func:`palm_plugin.modules.dictionary_check.warn_if_unknown`), and so is one the task cuts to its source length
+(:func:`warn_if_truncated`).
 """
 import os
 import struct
@@ -83,11 +84,27 @@ def _name_the_split(filter_indices_by_size):
     return filter_keeping_one
 
 
+def warn_if_truncated(task, tokens):
+    """Warn when the task's inference dataset cuts some of ``tokens`` (the sources of fairseq-interactive or the
+    API): a task that truncates counts it as ``truncated_sources`` (``unilm_seq2seq``: ``--max-source-positions``);
+    fairseq's own tasks refuse or skip an input that is too long, and say so."""
+    import logging
+
+    cut = getattr(task.build_dataset_for_inference(tokens, [len(t) for t in tokens]), "truncated_sources", 0)
+    if cut:
+        limit = getattr(task.cfg, "max_source_positions", None)
+        logging.getLogger("palm_plugin").warning(
+            f"{cut} of {len(tokens)} inputs longer than --max-source-positions {limit} ([SOS] and [EOS] included; the "
+            f"longest has {max(len(t) for t in tokens)} tokens): only their first tokens are read; raise "
+            f"--max-source-positions (within the model's positions) or split the input")
+
+
 def _warn_on_unknown_lines(get_interactive_tokens_and_lengths):
     def tokens_and_lengths(self, lines, encode_fn):
         tokens, lengths = get_interactive_tokens_and_lengths(self, lines, encode_fn)
         for line, encoded in zip(lines, tokens):
             warn_if_unknown(line, encoded, self.source_dictionary)
+        warn_if_truncated(self, tokens)
         return tokens, lengths
 
     return tokens_and_lengths

@@ -24,8 +24,10 @@ from typing import Dict, List, Union
 import torch
 from fairseq import hub_utils, utils
 from fairseq.data import BaseWrapperDataset, data_utils
+from fairseq.tasks import FairseqTask
 from omegaconf import open_dict
 
+from palm_plugin.fixes.data_checks import warn_if_truncated
 from palm_plugin.modules.dictionary_check import warn_if_unknown
 
 
@@ -47,6 +49,9 @@ def from_pretrained(
     """
     import palm_plugin
 
+    model_name_or_path, checkpoint_file = _path(model_name_or_path, "model_name_or_path"), _path(
+        checkpoint_file, "checkpoint_file")
+    data_name_or_path = _path(data_name_or_path, "data_name_or_path")
     # fairseq would look the name up in its hub archive list and fail deep inside with a TypeError
     for name in checkpoint_file.split(os.pathsep):
         path = os.path.join(model_name_or_path, name)
@@ -60,7 +65,42 @@ def from_pretrained(
                 + " (from_pretrained(DIR, checkpoint_file=NAME) takes fairseq-train's --save-dir and a file in it)")
     kwargs.setdefault("user_dir", os.path.dirname(palm_plugin.__file__))
     loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
-    return PluginHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    task = loaded["task"]
+    if type(task).build_dataset_for_inference is FairseqTask.build_dataset_for_inference:
+        raise ValueError(
+            f"{os.path.join(model_name_or_path, checkpoint_file)}: a checkpoint of the task {task.cfg._name} "
+            f"(pre-training), which neither generates nor scores text; fine-tune it first (fairseq-train --task "
+            f"unilm_seq2seq, or translation for PALM, with --finetune-from-model this checkpoint) and load that one")
+    return PluginHubInterface(loaded["args"], task, loaded["models"])
+
+
+def _path(value, name):
+    """``value`` as a str path (a ``pathlib.Path`` is one); anything else is refused with what to give."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise TypeError(f"from_pretrained: {name} is a {type(value).__name__}; give a path (a str or a pathlib.Path)")
+
+
+def _texts(values, name):
+    """``values`` as a list of strings and whether it was one string (HF's convention: a str is one item)."""
+    if isinstance(values, str):
+        return [values], True
+    if isinstance(values, (list, tuple)) and all(isinstance(v, str) for v in values):
+        return list(values), False
+    wrong = next((v for v in values if not isinstance(v, str)), values) if isinstance(values, (list, tuple)) else values
+    raise TypeError(f"{name}: expected a string or a list of strings, got {type(wrong).__name__} {wrong!r:.60}; "
+                    f"give text (the API tokenises it), e.g. {name}(\"a sentence\") or {name}([\"one\", \"two\"])")
+
+
+def _check_options(**options):
+    """The generation options' ranges, as on the command line (``beam=0`` is refused with what to give)."""
+    from types import SimpleNamespace
+
+    from palm_plugin.fixes.option_ranges import problem
+
+    message = problem(SimpleNamespace(**options), named=lambda name, value: f"{name}={value}")
+    if message:
+        raise ValueError(message)
 
 
 class _WithReferences(BaseWrapperDataset):
@@ -94,9 +134,13 @@ class PluginHubInterface(hub_utils.GeneratorHubInterface):
         hypothesis dicts out (``GeneratorHubInterface.generate``). Keywords are generation options (``beam``,
         ``lenpen``, ``lenpen_style``, ``no_repeat_ngram_size``, ``no_repeat_ngram_ignore``, ``min_len``,
         ``max_len_b``, ...)."""
-        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], str)):
-            return self.sample(inputs, beam=beam, verbose=verbose, **kwargs)
-        return super().generate(inputs, beam=beam, verbose=verbose, **kwargs)
+        _check_options(beam=beam, **kwargs)
+        if isinstance(inputs, (list, tuple)) and inputs and all(torch.is_tensor(t) for t in inputs):
+            return super().generate(inputs, beam=beam, verbose=verbose, **kwargs)
+        texts, one = _texts(inputs, "generate")
+        warn_if_truncated(self.task, [self.encode(text) for text in texts])
+        outputs = self.sample(texts, beam=beam, verbose=verbose, **kwargs)
+        return outputs[0] if one else outputs
 
     def encode(self, sentence: str) -> torch.LongTensor:
         """fairseq's encoding (tokenizer, BPE, dictionary), with a warning when the sentence has no known symbol."""
@@ -105,13 +149,19 @@ class PluginHubInterface(hub_utils.GeneratorHubInterface):
         return tokens
 
     @torch.inference_mode()
-    def score(self, sources: List[str], targets: List[str], **kwargs) -> List[Dict]:
-        """Score each target given its source, as ``fairseq-generate --score-reference`` does.
+    def score(self, sources: Union[str, List[str]], targets: Union[str, List[str]], **kwargs) -> List[Dict]:
+        """Score each target given its source, as ``fairseq-generate --score-reference`` does. Two strings are one
+        pair (one dict back), as ``generate`` of one string gives one string.
 
         Returns:
             per pair: ``tokens`` (the target with </s>), ``positional_scores`` (natural-log probability of each),
             ``log_prob`` (their sum), ``score`` (their mean) and ``perplexity`` (``exp(-score)``, per token).
         """
+        _check_options(**kwargs)
+        (sources, one), (targets, one_target) = _texts(sources, "score"), _texts(targets, "score")
+        if one != one_target:
+            raise TypeError("score: one source string but a list of targets, or the reverse; give two strings (one "
+                            "pair) or two lists of the same length")
         if len(sources) != len(targets):
             raise ValueError(f"score: {len(sources)} sources but {len(targets)} targets")
         source_tokens = [self.encode(s) for s in sources]
@@ -143,7 +193,7 @@ class PluginHubInterface(hub_utils.GeneratorHubInterface):
                     "score": mean,
                     "perplexity": math.exp(-mean),
                 }
-        return [results[i] for i in range(len(sources))]
+        return results[0] if one else [results[i] for i in range(len(sources))]
 
     def _generator(self, **options):
         """The task's generator (or scorer) for the loaded generation options updated with ``options``."""

@@ -34,6 +34,7 @@ import argparse
 import datetime
 import json
 import logging
+import math
 import os
 import platform
 import shlex
@@ -46,6 +47,7 @@ import fairseq
 import torch
 
 from palm_plugin.modules import compiled_layers
+from palm_tools.arguments import number_between, whole_number
 from palm_tools.bench import report as bench_report
 from palm_tools.bench import sweep_report
 from palm_tools.bench.data import SyntheticCorpus
@@ -54,7 +56,7 @@ from palm_tools.bench.flops import measure_matmul
 from palm_tools.bench.models import PRECISIONS, TRAIN_SPECS
 from palm_tools.bench.pipeline import DATA_SPECS, measure_data_pipeline
 from palm_tools.bench.runlog import log, wanted
-from palm_tools.bench.sweep import LEVERS, measure_sweep
+from palm_tools.bench.sweep import LEVERS, describe_plan, measure_sweep
 from palm_tools.bench.train import measure_training
 
 # quick: a smoke run of the tiny archs.
@@ -115,7 +117,7 @@ def parse_args(argv=None):
                         help="default settings (default: gpu on cuda, cpu otherwise); options given override them; "
                         "gpu-sweep: gpu with --sweep (the card run of docs/benchmarks-gpu.md)")
     parser.add_argument("--quick", action="store_true", help="--preset quick: tiny archs, short sequences (< 1 min)")
-    parser.add_argument("--peak-tflops", type=float,
+    parser.add_argument("--peak-tflops", type=number_between(0, math.inf, "a positive amount"),
                         help="a datasheet peak (TFLOP/s) for a second MFU column (default on cuda: "
                         f"{H100_SXM_BF16_DENSE_TFLOPS}, the H100 SXM dense bf16 figure; none on the CPU)")
     parser.add_argument("--profile-dir", metavar="DIR",
@@ -123,34 +125,46 @@ def parse_args(argv=None):
                         "each training configuration at the reference length, and its timeline in "
                         "DIR/traces/<configuration>.json.gz")
     parser.add_argument("--size", choices=["tiny", "base"], help="model size (default: base; --quick: tiny)")
-    parser.add_argument("--lengths", type=int, nargs="+", help="training sequence lengths (cpu: 128 256 512 768)")
-    parser.add_argument("--reference-length", type=int,
+    parser.add_argument("--lengths", type=whole_number(1), nargs="+", action="extend",
+                        help="training sequence lengths (cpu: 128 256 512 768)")
+    parser.add_argument("--reference-length", type=whole_number(1),
                         help="training length the targets are judged at (default: 512 if measured, else the longest)")
-    parser.add_argument("--batch-sequences", type=int, help="sequences per training batch (cpu: 1, gpu: 16)")
-    parser.add_argument("--repeats", type=int, help="timed training updates per configuration and length (median)")
-    parser.add_argument("--naive-repeats", type=int, help="timed updates of the naive per-step PAR baseline")
-    parser.add_argument("--naive-max-length", type=int,
+    parser.add_argument("--batch-sequences", type=whole_number(1),
+                        help="sequences per training batch (cpu: 1, gpu: 16)")
+    parser.add_argument("--repeats", type=whole_number(1),
+                        help="timed training updates per configuration and length (median)")
+    parser.add_argument("--naive-repeats", type=whole_number(1),
+                        help="timed updates of the naive per-step PAR baseline")
+    parser.add_argument("--naive-max-length", type=whole_number(1),
                         help="skip the naive PAR baseline above this length: it costs one pass per factorization "
                         "step, ~0.07 * length passes (cpu: 256)")
-    parser.add_argument("--target-tokens", type=int, nargs="+", help="decoded tokens per hypothesis (default 64 128)")
-    parser.add_argument("--recompute-target-tokens", type=int, nargs="+",
+    parser.add_argument("--target-tokens", type=whole_number(1), nargs="+", action="extend",
+                        help="decoded tokens per hypothesis (default 64 128)")
+    parser.add_argument("--recompute-target-tokens", type=whole_number(1), nargs="+", action="extend",
                         help="target lengths at which the recomputation baselines run (default 128)")
-    parser.add_argument("--source-tokens", type=int, help="source length for decoding (default 32)")
-    parser.add_argument("--sentences", type=int, nargs="+",
+    parser.add_argument("--source-tokens", type=whole_number(1), help="source length for decoding (default 32)")
+    parser.add_argument("--sentences", type=whole_number(1), nargs="+", action="extend",
                         help="sentences per decoding batch, one measurement each (cpu: 1, gpu: 1 32)")
-    parser.add_argument("--beam", type=int, default=5, help="beam size")
-    parser.add_argument("--decode-repeats", type=int, help="timed generations per decoder and length")
-    parser.add_argument("--recompute-repeats", type=int, help="timed generations of the recomputation baselines")
-    parser.add_argument("--vocab-size", type=int, help="dictionary size of the synthetic data (default 32000)")
-    parser.add_argument("--gemm-size", type=int, help="square GEMM size for the machine limit (cpu: 2048, gpu: 8192)")
-    parser.add_argument("--only", nargs="+", metavar="KEY",
+    parser.add_argument("--beam", type=whole_number(1), default=5, help="beam size")
+    parser.add_argument("--decode-repeats", type=whole_number(1), help="timed generations per decoder and length")
+    parser.add_argument("--recompute-repeats", type=whole_number(1),
+                        help="timed generations of the recomputation baselines")
+    parser.add_argument("--vocab-size", type=whole_number(1),
+                        help="dictionary size of the synthetic data (default 32000)")
+    parser.add_argument("--gemm-size", type=whole_number(1),
+                        help="square GEMM size for the machine limit (cpu: 2048, gpu: 8192)")
+    parser.add_argument("--only", nargs="+", action="extend", metavar="KEY",
                         help="measure only these configurations (keys: "
                         + ", ".join([s.key for s in TRAIN_SPECS] + [s.key for s in DECODE_SPECS[1:]]
                                     + [f"data_{s.key}" for s in DATA_SPECS]) + ")")
-    parser.add_argument("--data-length", type=int, help="tokens per example of the data-pipeline table (default 512)")
-    parser.add_argument("--data-examples", type=int, help="examples per timed data-pipeline pass (default 512)")
-    parser.add_argument("--data-batch", type=int, help="examples per collated batch in the data pipeline (default 16)")
-    parser.add_argument("--data-repeats", type=int, help="timed passes per data-pipeline row (median; default 3)")
+    parser.add_argument("--data-length", type=whole_number(1),
+                        help="tokens per example of the data-pipeline table (default 512)")
+    parser.add_argument("--data-examples", type=whole_number(1),
+                        help="examples per timed data-pipeline pass (default 512)")
+    parser.add_argument("--data-batch", type=whole_number(1),
+                        help="examples per collated batch in the data pipeline (default 16)")
+    parser.add_argument("--data-repeats", type=whole_number(1),
+                        help="timed passes per data-pipeline row (median; default 3)")
     parser.add_argument("--no-data", action="store_true", help="skip the data-pipeline measurements")
     parser.add_argument("--no-training", action="store_true", help="skip the training measurements")
     parser.add_argument("--no-decoding", action="store_true", help="skip the decoding measurements")
@@ -166,23 +180,26 @@ def parse_args(argv=None):
     sweep = parser.add_argument_group("sweep (--sweep): speed, memory and MFU against sequences per update, and the "
                                       "speed levers on and off (palm_tools/bench/sweep.py)")
     sweep.add_argument("--sweep", action="store_true", help="run the sweep (and decoding) instead of the tables above")
-    sweep.add_argument("--sequences", type=int, nargs="+", help="sequences per update (gpu-sweep: 16 64 256)")
+    sweep.add_argument("--sequences", type=whole_number(1), nargs="+", action="extend",
+                       help="sequences per update (gpu-sweep: 16 64 256)")
     sweep.add_argument("--find-max", action=argparse.BooleanOptionalAction,
                        help="also search the largest micro-batch that fits (gpu-sweep: on)")
-    sweep.add_argument("--memory-limit-mb", type=float,
+    sweep.add_argument("--memory-limit-mb", type=number_between(0, math.inf, "a positive amount"),
                        help="device memory to fit micro-batches in; a warm-up peak above it counts as out-of-memory "
                        "(default: the card's memory; none on the CPU)")
-    sweep.add_argument("--levers", nargs="*", choices=list(LEVERS), help="levers measured on and off")
-    sweep.add_argument("--lever-configs", nargs="+", metavar="KEY",
+    sweep.add_argument("--levers", nargs="*", action="extend", choices=list(LEVERS), help="levers measured on and off")
+    sweep.add_argument("--lever-configs", nargs="+", action="extend", metavar="KEY",
                        help="configurations the levers are measured on, in this order (default: all, and "
                        "unilm_bidirectional)")
-    sweep.add_argument("--lever-length", type=int, help="sequence length of the lever rows (gpu-sweep: 512)")
-    sweep.add_argument("--lever-sequences", type=int, help="sequences per update of the lever rows (gpu-sweep: 256)")
-    sweep.add_argument("--loader-workers", type=int, help="data-loader workers of the loader_workers lever")
-    sweep.add_argument("--profile-sequences", type=int,
+    sweep.add_argument("--lever-length", type=whole_number(1),
+                       help="sequence length of the lever rows (gpu-sweep: 512)")
+    sweep.add_argument("--lever-sequences", type=whole_number(1),
+                       help="sequences per update of the lever rows (gpu-sweep: 256)")
+    sweep.add_argument("--loader-workers", type=whole_number(0), help="data-loader workers of the loader_workers lever")
+    sweep.add_argument("--profile-sequences", type=whole_number(1),
                        help="with --profile-dir: profile the plain update at --lever-length and this many sequences")
     sweep.add_argument("--compile-backend", help="torch.compile backend of the compile lever (default inductor)")
-    sweep.add_argument("--time-budget-min", type=float,
+    sweep.add_argument("--time-budget-min", type=number_between(0, math.inf, "a positive amount"),
                        help="skip the sweep rows not started after this many minutes (gpu-sweep: 17)")
     args = parser.parse_args(argv)
     if args.preset == "gpu-sweep":
@@ -235,13 +252,11 @@ def run(argv=None) -> dict:
     os.makedirs(args.output_dir, exist_ok=True)
     stem = os.path.join(args.output_dir, args.name or ("sweep" if args.sweep else "benchmark"))
     if args.from_json:
-        with open(args.from_json) as f:
-            result = json.load(f)
+        result = read_record(args.from_json, "--from-json")
     else:
         record = None
         if args.merge_into:
-            with open(args.merge_into) as f:
-                record = json.load(f)
+            record = read_record(args.merge_into, "--merge-into")
             try:  # before measuring, not after
                 bench_report.check_comparable(record["settings"], settings(args))
             except ValueError as error:
@@ -266,6 +281,22 @@ def run(argv=None) -> dict:
     return result
 
 
+def read_record(path, option) -> dict:
+    """A record palm-bench wrote (its .json); anything else stops the command with what it is and what to give."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except OSError as error:
+        sys.exit(f"palm-bench: {option} {path}: cannot read: {error.strerror}; give the .json a palm-bench run wrote")
+    except (ValueError, UnicodeDecodeError) as error:
+        sys.exit(f"palm-bench: {option} {path}: not JSON ({error}); give the .json a palm-bench run wrote "
+                 f"(--output-dir/--name), not its .md or .png")
+    if not isinstance(record, dict) or not {"settings", "machine", "training", "decoding"} <= set(record):
+        sys.exit(f"palm-bench: {option} {path}: not a palm-bench record (it lacks settings, machine, training and "
+                 f"decoding); give the .json a palm-bench run wrote (--output-dir/--name)")
+    return record
+
+
 def settings(args) -> dict:
     """The run's settings, as its record keeps them."""
     keys = list(PRESETS["cpu"]) + ["beam", "reference_length", "device", "precision", "preset", "peak_tflops"]
@@ -274,12 +305,34 @@ def settings(args) -> dict:
     return {key: getattr(args, key, None) for key in dict.fromkeys(keys)}
 
 
+def plan(args) -> list:
+    """What this run will measure and its size, printed before anything is measured (--only bounds every part)."""
+    decoders = [spec.key for spec in DECODE_SPECS[1:] if wanted(args, spec.key)]
+    decoding = ("decoding: none (--no-decoding)" if args.no_decoding else
+                "decoding: none (--only names no decoder)" if not decoders else
+                f"decoding: {', '.join(['transformer'] + decoders)} at {' '.join(map(str, args.target_tokens))} "
+                f"target tokens and {' '.join(map(str, args.sentences))} sentences per batch, {args.decode_repeats} "
+                f"timed generations each")
+    if args.sweep:
+        return describe_plan(args) + [decoding]
+    training = [spec.key for spec in TRAIN_SPECS if wanted(args, spec.key)]
+    data = [spec.key for spec in DATA_SPECS if wanted(args, f"data_{spec.key}")]
+    return [("training: none (--no-training)" if args.no_training else
+             f"training: {', '.join(training) or 'none (--only names no configuration)'} at lengths "
+             f"{' '.join(map(str, args.lengths))}: {len(training) * len(args.lengths)} rows of {args.repeats} timed "
+             f"updates"),
+            decoding,
+            "data pipeline: none" if args.no_data or not data else f"data pipeline: {', '.join(data)}"]
+
+
 def measure(args, argv, json_path, record=None) -> dict:
     """All measurements; the record so far (merged into ``record`` if given) is saved to ``json_path`` after each
     step of the run (a run cut short leaves its measurements there, ``--from-json`` renders them). Returns this
     run's record."""
     started = datetime.datetime.now(datetime.timezone.utc)
     args.started = time.monotonic()
+    for line in plan(args):
+        log("plan: " + line)
     log(f"{args.device}, {args.precision}: matmul throughput ({args.gemm_size}^3 and feed-forward shapes)")
     feed_forward = (args.batch_sequences * args.reference_length, 768, 3072)  # a base-size layer on a whole batch
     gemm = measure_matmul(args.gemm_size, (feed_forward,), repeats=20 if args.device == "cuda" else 5,

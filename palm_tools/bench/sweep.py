@@ -75,7 +75,7 @@ def _compile_baseline(built):
 
 
 def _compile_copy_args(spec):
-    return ["--compile-copy-attention"] if spec.key == "palm" else []
+    return ["--copy-attention-impl", "compiled"] if spec.key == "palm" else []
 
 
 def _syncs_args(spec):
@@ -94,7 +94,7 @@ LEVERS = {
     "drop_full_masks": Lever("drop_full_masks", "--drop-full-masks (no attention mask when it hides nothing: flash)",
                              applies=lambda spec: spec.key == "unilm_bidirectional",
                              args=lambda spec: ["--drop-full-masks"]),
-    "compile_copy": Lever("compile_copy", "--compile-copy-attention (PALM's equation (3) in fused compiled kernels)",
+    "compile_copy": Lever("compile_copy", "--copy-attention-impl compiled (equation (3) in fused compiled kernels)",
                           applies=lambda spec: bool(_compile_copy_args(spec)), args=_compile_copy_args,
                           compiles=True),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
@@ -230,14 +230,43 @@ def measure_sweep(args, corpus, result, checkpoint):
     for spec in SWEPT:
         if wanted(args, spec.key):
             fits.update(sweep.configuration(spec))
+    for spec, levers in lever_plan(args):
+        same_memory = "unilm_pretraining" if spec is UNILM_BIDIRECTIONAL else spec.key
+        sweep.levers(spec, levers, fits.get((same_memory, args.lever_length), Fit()))
+
+
+def lever_plan(args):
+    """``[(configuration, its levers)]`` the sweep measures, in the order of ``--lever-configs`` (a budget cuts the
+    last); ``--only`` bounds them as it bounds the sweep (``unilm_bidirectional`` goes with ``unilm_pretraining``)."""
     every = {spec.key: spec for spec in SWEPT + [UNILM_BIDIRECTIONAL]}
-    for spec in [every[key] for key in args.lever_configs or every]:  # in the order given: a budget cuts the last
+    plan = []
+    for spec in [every[key] for key in args.lever_configs or every]:
+        if not wanted(args, "unilm_pretraining" if spec is UNILM_BIDIRECTIONAL else spec.key):
+            continue
         levers = [LEVERS[name] for name in args.levers if LEVERS[name].applies(spec)]
         if spec is UNILM_BIDIRECTIONAL:  # measured for the one lever that needs it
             levers = [lever for lever in levers if lever.name == "drop_full_masks"]
         if levers:
-            same_memory = "unilm_pretraining" if spec is UNILM_BIDIRECTIONAL else spec.key
-            sweep.levers(spec, levers, fits.get((same_memory, args.lever_length), Fit()))
+            plan.append((spec, levers))
+    return plan
+
+
+def describe_plan(args):
+    """What ``--sweep`` will measure, in words, with its size (the rows it times) and its bound in time: printed
+    before the first measurement, so a run that is not the one wanted can be stopped at once."""
+    swept = [spec.key for spec in SWEPT if wanted(args, spec.key)]
+    points = len(swept) * len(args.lengths) * len(args.sequences)
+    levers = lever_plan(args)
+    lever_rows = sum(len(chosen) + 1 for _, chosen in levers)  # each configuration's plain row, then one per lever
+    lines = [f"sweep: {', '.join(swept) or 'no configuration'} at lengths {' '.join(map(str, args.lengths))} and "
+             f"{' '.join(map(str, args.sequences))} sequences per update: {points} rows"
+             + (", and the largest micro-batch of each length" if args.find_max else ""),
+             "levers: " + ("; ".join(f"{spec.key}: {', '.join(lever.name for lever in chosen)}"
+                                     for spec, chosen in levers) + f": {lever_rows} rows" if levers else "none")]
+    budget = (f"rows not started after {args.time_budget_min:g} min are skipped" if args.time_budget_min else
+              "no time budget (--time-budget-min): every row runs")
+    lines.append(f"estimate: {points + lever_rows} timed rows of {args.repeats} updates each (plus a warm-up); {budget}")
+    return lines
 
 
 class Sweep:

@@ -97,6 +97,12 @@ def convert_bert(args):
     symbols, rows = bert_dictionary(vocab, paths["vocab"], with_pseudo=bool(relative or fused))
     (eps, eps_source), (source_segment, target_segment, segment_source) = defaults(config, state, args)
 
+    needed = max(config.get("type_vocab_size", 2), target_segment + 1)
+    if args.num_segments is not None and args.num_segments < needed:
+        raise ConversionError(
+            f"--num-segments {args.num_segments}: the converted model needs at least {needed} segment types (the "
+            f"checkpoint's {config.get('type_vocab_size', 2)} trained rows, and the fine-tuning target's segment "
+            f"{target_segment}); drop --num-segments or give {needed} or more")
     try:
         hidden, heads = config["hidden_size"], config["num_attention_heads"]
         model_cfg = dict(
@@ -105,7 +111,7 @@ def convert_bert(args):
             encoder_ffn_embed_dim=config["intermediate_size"],
             encoder_attention_heads=heads,
             max_positions=args.max_positions or config["max_position_embeddings"],
-            num_segments=max(config.get("type_vocab_size", 2), args.num_segments or 0, target_segment + 1),
+            num_segments=max(needed, args.num_segments or 0),
             layer_norm_eps=eps,
             relative_position_buckets=state[relative[0]].size(1) if relative else 0,
             relative_position_max_distance=config.get("max_rel_pos", 128),

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from palm_plugin.fixes import safe_loading
+from palm_tools.arguments import number_between, whole_number
 from palm_tools.convert import ConversionError
 from palm_tools.convert.bert import convert_bert
 from palm_tools.convert.export import export
@@ -42,7 +43,7 @@ def build_parser():
     bert = commands.add_parser("bert", help="HF BERT / UniLM v1 / MiniLM / UniLMv2 directory (or .zip) -> unilm")
     bert.add_argument("--input", required=True, help="HF directory (config.json, vocab.txt or tokenizer.json, and "
                       "model.safetensors, a sharded index, or pytorch_model.bin), or a .zip of one")
-    bert.add_argument("--layer-norm-eps", type=float, default=None,
+    bert.add_argument("--layer-norm-eps", type=number_between(0, 1, "a LayerNorm epsilon (BERT: 1e-12)"),
                       help="LayerNorm epsilon (default: config.json's; without it 1e-5 for UniLM v1, else 1e-12)")
     roberta = commands.add_parser("roberta", help="fairseq RoBERTa checkpoint -> unilm")
     roberta.add_argument("--input", required=True, help="fairseq checkpoint (model.pt)")
@@ -50,11 +51,11 @@ def build_parser():
     for command in (bert, roberta):
         command.add_argument("--output", required=True, help="output directory (model.pt, dict.txt)")
         command.add_argument(
-            "--num-segments", type=int, default=None,
+            "--num-segments", type=whole_number(1), default=None,
             help="segment types of the converted model (UniLM v1 objectives need 6; default: the checkpoint's, "
                  "6 for RoBERTa)",
         )
-        command.add_argument("--max-positions", type=int, default=None,
+        command.add_argument("--max-positions", type=whole_number(1), default=None,
                              help="position embeddings of the converted model (default: the checkpoint's); more are "
                                   "filled as the authors' s2s-ft does, by copying the pre-trained rows again")
         command.add_argument("--seed", type=int, default=1,

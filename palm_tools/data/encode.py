@@ -13,6 +13,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from palm_tools.atomic_files import atomic_open
+from palm_tools.text_files import not_utf8
 from palm_tools.data.readers.common import ReaderError
 
 _encoder = None
@@ -50,6 +51,8 @@ def bpe_config(kind, model, vocab_bpe=None, cased=None):
         return Namespace(bpe="gpt2", gpt2_encoder_json=model, gpt2_vocab_bpe=vocab_bpe)
     if kind == "wordpiece":
         if cased is None:
+            if os.path.isfile(model):
+                check_kind(model, "--model", EXPECTED["bpe_vocab_file"][1], kind)
             try:
                 vocab = Path(model).read_text(encoding="utf-8").split()
             except OSError as e:
@@ -62,15 +65,71 @@ def bpe_config(kind, model, vocab_bpe=None, cased=None):
                      sentencepiece_alpha=None)
 
 
+# the file each option of each scheme takes: (configuration field, option, kind of file)
+EXPECTED = {"gpt2_encoder_json": ("--model", "a GPT-2 encoder.json"), "gpt2_vocab_bpe": ("--vocab-bpe",
+                                                                                       "GPT-2 merges (vocab.bpe)"),
+            "bpe_vocab_file": ("--model", "a WordPiece vocab.txt"), "sentencepiece_model": ("--model",
+                                                                                          "a sentencepiece model")}
+SCHEME_OF = {"a GPT-2 encoder.json": "--bpe gpt2", "GPT-2 merges (vocab.bpe)": "--bpe gpt2 (as --vocab-bpe)",
+             "a WordPiece vocab.txt": "--bpe wordpiece", "a sentencepiece model": "--bpe sentencepiece",
+             "a sentencepiece .vocab": "--bpe sentencepiece with the .model file beside it",
+             "an HF tokenizer.json": "--bpe wordpiece with the vocab.txt beside it (palm-convert writes one)"}
+
+
+def tokenizer_file_kind(path):
+    """What kind of tokenizer file ``path`` is, read from its content (a file of another scheme given by mistake
+    would otherwise fail deep inside fairseq's encoders, or encode every word as [UNK])."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\x00" in text[:4096]:
+        import sentencepiece
+
+        try:
+            sentencepiece.SentencePieceProcessor(model_file=str(path))
+            return "a sentencepiece model"
+        except (RuntimeError, OSError):
+            return "a binary file"
+    head = text.lstrip()
+    if head.startswith("{"):
+        try:
+            content = json.loads(text)
+        except ValueError:
+            return "a file that is not valid JSON"
+        return "an HF tokenizer.json" if isinstance(content, dict) and "model" in content else "a GPT-2 encoder.json"
+    if head.startswith("#version"):
+        return "GPT-2 merges (vocab.bpe)"
+    lines = [line for line in text.split("\n")[:1000] if line]
+    if lines and all("\t" in line for line in lines):
+        return "a sentencepiece .vocab"
+    if lines and all(" " not in line.strip() for line in lines):
+        return "a WordPiece vocab.txt"
+    return "a text file"
+
+
 def build_encoder(config):
     from fairseq.data import encoders
 
-    for path in (getattr(config, name, None) for name in ("gpt2_encoder_json", "gpt2_vocab_bpe", "bpe_vocab_file",
-                                                          "sentencepiece_model")):
-        if path is not None and not os.path.isfile(path):
+    for field, (option, expected) in EXPECTED.items():
+        path = getattr(config, field, None)
+        if path is None:
+            continue
+        if not os.path.isfile(path):
             raise ReaderError(f"cannot read the {config.bpe} model file {path}; pass the model file the tokenizer was "
                               "trained into (--model)")
+        check_kind(path, option, expected, config.bpe)
     return encoders.build_bpe(config)
+
+
+def check_kind(path, option, expected, bpe):
+    """Stop unless the file ``path`` given as ``option`` is ``expected`` (a kind :func:`tokenizer_file_kind` names)."""
+    kind = tokenizer_file_kind(path)
+    if kind != expected:
+        scheme = SCHEME_OF.get(kind)
+        raise ReaderError(f"{option} {path} is {kind}, but --bpe {bpe} takes {expected} there; "
+                          + (f"for this file pass {scheme}" if scheme else f"pass {expected}"))
 
 
 def _init_worker(config):
@@ -102,7 +161,7 @@ def encode_files(config, inputs, outputs, workers=1):
     with multiprocessing.Pool(workers, _init_worker, (config,)) if workers > 1 else _Serial() as pool:
         for source, target in zip(inputs, outputs):
             try:
-                with open(source, encoding="utf-8") as f, atomic_open(target) as out:
+                with open(source, encoding="utf-8-sig") as f, atomic_open(target) as out:  # -sig: no BOM piece
                     lines = words = unknown = 0
                     for encoded, line_words, line_unknown in pool.imap(_encode_line, f, chunksize=256):
                         out.write(encoded + "\n")
@@ -112,7 +171,8 @@ def encode_files(config, inputs, outputs, workers=1):
             except OSError as e:
                 raise ReaderError(f"cannot encode {source}: {e.strerror}") from e
             except UnicodeDecodeError as e:
-                raise ReaderError(f"{source} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+                what, todo = not_utf8(source)
+                raise ReaderError(f"{source} is {what} ({e.reason} at byte {e.start}); {todo}") from e
             counts.append(lines)
             if unknown > UNK_WARNING * words:
                 print(_unknown_warning(config, source, unknown, words), file=sys.stderr)

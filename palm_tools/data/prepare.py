@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+from palm_tools.arguments import whole_number
 from palm_tools.data import encode
 from palm_tools.data.readers import cnndm, coqa, cornell, gigaword, msmarco, squad_qg, xsum
 from palm_tools.data.readers.common import Counts, ReaderError, write_pairs
@@ -67,7 +68,7 @@ def build_parser():
 
     p = commands.add_parser("coqa", help="CoQA JSON to generative QA pairs")
     p.add_argument("--json", required=True, help="coqa-train-v1.0.json or coqa-dev-v1.0.json")
-    p.add_argument("--max-history", type=int, help="earlier turns kept in the source (default: all)")
+    p.add_argument("--max-history", type=whole_number(0), help="earlier turns kept in the source (default: all)")
     p.add_argument("--separator", default=" [SEP] ", help=separator_help)
 
     for name in ("cnndm", "xsum", "gigaword", "squad-qg", "msmarco", "coqa"):
@@ -77,10 +78,10 @@ def build_parser():
     p.add_argument("--lines", required=True, help="movie_lines.txt")
     p.add_argument("--conversations", required=True, help="movie_conversations.txt")
     p.add_argument("--out-dir", required=True, help="writes {train,valid,test,train10k}.{src,tgt} here")
-    p.add_argument("--min-words", type=int, default=2, help="drop pairs with a shorter utterance")
-    p.add_argument("--max-words", type=int, default=25, help="drop pairs with a longer utterance")
-    p.add_argument("--valid-size", type=int, default=10_000, help="pairs held out for validation")
-    p.add_argument("--test-size", type=int, default=20_000, help="pairs held out for test")
+    p.add_argument("--min-words", type=whole_number(1), default=2, help="drop pairs with a shorter utterance")
+    p.add_argument("--max-words", type=whole_number(1), default=25, help="drop pairs with a longer utterance")
+    p.add_argument("--valid-size", type=whole_number(1), default=10_000, help="pairs held out for validation")
+    p.add_argument("--test-size", type=whole_number(1), default=20_000, help="pairs held out for test")
     p.add_argument("--seed", type=int, default=1, help="seed of the split")
 
     p = commands.add_parser("encode", help="subword-encode line files with fairseq's gpt2 / bert / sentencepiece BPE")
@@ -93,9 +94,9 @@ def build_parser():
                         help="lower-case before WordPiece (default: as the tokenizer_config.json beside the vocabulary "
                              "says, which palm-convert writes, else as the vocabulary implies)")
     casing.add_argument("--cased", dest="cased", action="store_true", default=None, help="keep the case (see --uncased)")
-    p.add_argument("--inputs", nargs="+", required=True, help="line files to encode")
-    p.add_argument("--outputs", nargs="+", required=True, help="one output file per input")
-    p.add_argument("--workers", type=int, default=1, help="encoding processes")
+    p.add_argument("--inputs", nargs="+", action="extend", required=True, help="line files to encode")
+    p.add_argument("--outputs", nargs="+", action="extend", required=True, help="one output file per input")
+    p.add_argument("--workers", type=whole_number(1), default=1, help="encoding processes")
     return parser
 
 

@@ -45,6 +45,7 @@ data path (see --list-scale), e.g. on a GPU machine with your own corpus:
         pretrain_updates=100000 blocks=256 tokens_per_sample=512 device=gpu --out docs/paper_tables_big
 """
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -53,6 +54,7 @@ import sys
 import time
 from pathlib import Path
 
+from palm_tools.arguments import whole_number
 from palm_tools.atomic_files import atomic_open
 from palm_tools.experiments.execute import device_name, result_of, run_all
 from palm_tools.experiments import logged_run
@@ -123,21 +125,54 @@ def parse_args(argv=None):
                              "rows, tasks and pre-training text (alone: = --preset quick): a preset's path end to end")
     parser.add_argument("--device", choices=["cpu", "cuda"],
                         help="where fairseq trains (cuda: its default device, --fp16), instead of the preset's")
-    parser.add_argument("--scale", nargs="+", default=[], metavar="KEY=VALUE", help="change the preset's values")
+    parser.add_argument("--scale", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="change the preset's values")
     parser.add_argument("--list-scale", action="store_true", help="print the scale keys, values and meanings; exit")
-    parser.add_argument("--only", nargs="+", choices=[e.key for e in EXPERIMENTS], help="run these experiments")
-    parser.add_argument("--rows", nargs="+", metavar="EXPERIMENT/ROW",
+    parser.add_argument("--only", nargs="+", action="extend", choices=[e.key for e in EXPERIMENTS],
+                        help="run these experiments")
+    parser.add_argument("--rows", nargs="+", action="extend", metavar="EXPERIMENT/ROW",
                         help="run only these rows (e.g. unilm2/ae unilm2/ae_par; every key: " +
                         " ".join(f"{e.key}/{r.key}" for e in EXPERIMENTS for r in e.rows) + ")")
-    parser.add_argument("--tasks", nargs="+", choices=[GEN, SEL], help="run only these downstream tasks")
+    parser.add_argument("--tasks", nargs="+", action="extend", choices=[GEN, SEL],
+                        help="run only these downstream tasks")
     parser.add_argument("--work", type=Path, help="run folder (default: work/experiments/PRESET[-quick]); reused")
     parser.add_argument("--out", type=Path, help="output prefix: .md, .json, .png (default: docs/paper_tables for "
                         "the default preset, else WORK/paper_tables)")
-    parser.add_argument("--jobs", type=int, default=2, help="processes at once (one thread each)")
+    parser.add_argument("--jobs", type=whole_number(1), default=2, help="processes at once (one thread each)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the tables from the runs finished so far (of a run still going, or stopped), "
                              "running nothing")
     return parser.parse_args(argv)
+
+
+def shown(path):
+    """``path`` as a committed report names it: relative to the repository, else to the working directory (where the
+    folders given on the command line are), never the machine's absolute path of a folder inside either."""
+    path = Path(path).resolve()
+    for root in (REPO, Path.cwd()):
+        if path.is_relative_to(root.resolve()):
+            return str(path.relative_to(root.resolve()))
+    return str(path)
+
+
+def announce(plan, out, jobs, log=print):
+    """Print what this invocation will run and how long it should take, before it prepares data or starts a run. The
+    estimate is the earlier report's time of each run still to run (OUT.json, the committed one for a preset), spread
+    over ``jobs`` processes."""
+    pending = [name for name in plan.runs if result_of(plan, name) is None]
+    kinds = collections.Counter(plan.runs[name].kind for name in pending)
+    try:
+        earlier = json.loads(out.with_suffix(".json").read_text()).get("run_seconds") or {}
+    except (OSError, ValueError, AttributeError):
+        earlier = {}
+    known = [earlier[name] for name in pending if earlier.get(name)]
+    estimate = (f"about {sum(known) / jobs / 60:.0f} min with {jobs} processes at once, from the times of {len(known)} "
+                f"of these runs in {shown(out.with_suffix('.json'))}" if known else
+                f"none: {shown(out.with_suffix('.json'))} has no time of these runs (the first finished runs' times "
+                f"are in WORK/runs/NAME/result.json)")
+    log(f"plan: {len(pending)} of {len(plan.runs)} runs to run ("
+        + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) + f"), in {shown(plan.work)}; "
+        f"estimate: {estimate}", flush=True)
 
 
 def main(argv=None):
@@ -170,6 +205,7 @@ def main(argv=None):
     if args.report_only:
         errors = {}
     else:
+        announce(plan, out, args.jobs)
         try:
             prepare(plan, work / "prepare.log")
         except RuntimeError as error:
@@ -189,11 +225,12 @@ def main(argv=None):
               f"updates in stage ae). Fine-tuning: {scale.finetune_updates} updates of {scale.finetune_pairs} pairs "
               f"(real-weights table: {scale.minilm_updates}; its response selection: {scale.minilm_select_updates} "
               f"updates at lr {scale.minilm_select_lr}), lr {scale.finetune_lr}; {scale.eval_pairs} random test "
-              f"pairs. Pre-training text: {plan.pretrain_text}. " if small else "")
+              f"pairs. Pre-training text: {shown(plan.pretrain_text)}. " if small else "")
     if any(e.key == "real" for e in experiments):
         budget += (f"Real-weights experiment: every continued pre-training (and PALM's from scratch) "
                    f"{scale.real_pretrain_updates} updates of {scale.blocks} blocks of {scale.tokens_per_sample} "
-                   f"WordPiece tokens of the same text ({plan.wordpiece_pretrain_text}; lr {scale.real_pretrain_lr} "
+                   f"WordPiece tokens of the same text ({shown(plan.wordpiece_pretrain_text)}; "
+                   f"lr {scale.real_pretrain_lr} "
                    f"from the checkpoint, {scale.pretrain_lr} from scratch; PALM "
                    f"{scale.stage_ae_updates(scale.real_pretrain_updates)} of them in stage ae); every fine-tuning "
                    f"{scale.minilm_updates} updates of {scale.finetune_pairs} pairs at lr {scale.minilm_lr}; "
@@ -209,8 +246,8 @@ def main(argv=None):
     header = (f"# The papers' comparisons, reproduced small (preset {preset})"
               f"\n\n`{command}`: {ran}; {finished} of {len(plan.runs)} runs finished.\n\n"
               f"Where the runs ran (each run's result.json): {devices(plan) or 'no run finished'}.\n\n{budget}")
-    report = {"preset": name, "scale": dataclasses.asdict(scale), "command": command, "budget": budget,
-              "jobs": args.jobs, "unigram": result_of(plan, UNIGRAM),
+    report = {"preset": name, "scale": dict(dataclasses.asdict(scale), data=shown(scale.data)), "command": command,
+              "budget": budget, "jobs": args.jobs, "unigram": result_of(plan, UNIGRAM),
               "unigram_wordpiece": result_of(plan, unigram_name("wordpiece")),
               "minutes": round(seconds / 60, 1), "run_seconds": {n: (result_of(plan, n) or {}).get("seconds")
                                                                   for n in plan.runs},

@@ -44,7 +44,10 @@ from pathlib import Path
 from palm_tools.experiments.gpu_profile import PROFILE_COUNTED, profile_worker, profiling
 from palm_tools.experiments.gpu_training import (BF16_TOLERANCE, CONFIGS, FP16_TOLERANCE, PRECISION_FLAGS, SIZES,
                                                  TOLERANCE, VARIANTS, training)
+from palm_tools.arguments import whole_number
 from palm_tools.experiments.logged_run import REPO
+
+PARTS = ["training", "tests", "profile"]
 
 
 def numerics(args, work, log):
@@ -147,28 +150,32 @@ def parse_args(argv=None):
     parser.add_argument("--data", type=Path, default=Path("data"),
                         help="palm-data output folder: bin/chitchat10k and bin/sotu are read")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--jobs", type=int, help="fairseq-train processes at once (default: 6 on cuda, 2 on cpu)")
+    parser.add_argument("--jobs", type=whole_number(1),
+                        help="fairseq-train processes at once (default: 6 on cuda, 2 on cpu)")
     parser.add_argument("--quick", action="store_true", help="tiny models, a few updates (the harness's own test)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
-    parser.add_argument("--parts", default="training,tests,profile", help="comma-separated, of: training, tests, "
-                                                                           "profile")
-    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, of: " + ", ".join(SIZES))
-    parser.add_argument("--precisions", help="comma-separated, of: " + ", ".join(list(PRECISION_FLAGS) + list(VARIANTS))
+    # comma-separated lists; a repeated option adds to the list
+    parser.add_argument("--configs", action="append", help="comma-separated, of: " + ", ".join(CONFIGS))
+    parser.add_argument("--parts", action="append", help="comma-separated, of: " + ", ".join(PARTS))
+    parser.add_argument("--sizes", action="append", help="comma-separated, of: " + ", ".join(SIZES))
+    parser.add_argument("--precisions", action="append",
+                        help="comma-separated, of: " + ", ".join(list(PRECISION_FLAGS) + list(VARIANTS))
                         + " (default: fp32, fp16 and bf16 on cuda; fp32 and bf16 on the CPU, where fairseq has no "
                         "fp16, whose runs are left out)")
-    parser.add_argument("--run-timeout", type=int, default=400, help="seconds before one process is stopped")
+    parser.add_argument("--run-timeout", type=whole_number(1), default=400,
+                        help="seconds before one process is stopped")
     args = parser.parse_args(argv)
-    args.configs, args.sizes = args.configs.split(","), args.sizes.split(",")
-    precisions = args.precisions.split(",") if args.precisions else []
+    for name, default in (("configs", list(CONFIGS)), ("parts", PARTS), ("sizes", list(SIZES)), ("precisions", [])):
+        given = getattr(args, name)
+        setattr(args, name, [entry for value in given for entry in value.split(",")] if given else list(default))
+    precisions = args.precisions
     unknown = [c for c in args.configs if c not in CONFIGS] + [s for s in args.sizes if s not in SIZES] + [
         p for p in precisions if p not in PRECISION_FLAGS and p not in VARIANTS] + [
-        p for p in args.parts.split(",") if p not in ("training", "tests", "profile")]
+        p for p in args.parts if p not in PARTS]
     if unknown:
         choices = {"--configs": CONFIGS, "--sizes": SIZES, "--precisions": list(PRECISION_FLAGS) + list(VARIANTS),
-                   "--parts": ["training", "tests", "profile"]}
+                   "--parts": PARTS}
         parser.error(f"unknown --configs/--sizes/--precisions/--parts entry {unknown[0]!r}; the choices: " +
                      "; ".join(f"{option} {', '.join(values)}" for option, values in choices.items()))
-    args.parts = args.parts.split(",")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here (use --device cpu)")
     args.jobs = args.jobs or (6 if args.device == "cuda" else 2)
@@ -195,6 +202,12 @@ def main(argv=None):
         print(f"[{time.time() - started:5.0f} s] {message}", flush=True)
 
     (work / "logs").mkdir(parents=True, exist_ok=True)
+    runs = len(args.configs) * (1 if args.quick else len(args.sizes)) * len(args.precisions) * (
+        "training" in args.parts)
+    log(f"plan: {', '.join(args.parts)}; training: {runs} fairseq-train runs ({', '.join(args.configs)} x "
+        f"{'tiny (--quick)' if args.quick else ', '.join(args.sizes)} x {', '.join(args.precisions)}), {args.jobs} at "
+        f"once; estimate: at most {-(-runs // args.jobs) * args.run_timeout / 60:.0f} min of training (--run-timeout "
+        f"{args.run_timeout} s a run), plus the tests and the profile")
     report = {"command": "palm-gpu-check " + " ".join(argv), "environment": environment(args.device),
               "tolerance": TOLERANCE, "training": [], "tests": [], "profile": []}
     if "training" in args.parts:

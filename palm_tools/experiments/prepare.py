@@ -5,7 +5,7 @@ import random
 import shutil
 
 from palm_tools.experiments.logged_run import run_checked
-from palm_tools.experiments.rows import REAL_MODELS
+from palm_tools.experiments.rows import REAL_MODELS, SEL
 
 
 def _stage(folder, build):
@@ -85,6 +85,9 @@ def prepare(plan, log):
             for name, column in (("input0", 0), ("input1", 1), ("label", 2)):
                 _write(folder / f"sel.{split}.{name}", [e[column] for e in examples])
 
+    # the selection data only when a table has the task, palm-data's pieces only when a row is not real-weights
+    selection = any(SEL in e.tasks for e in plan.experiments)
+
     def binarize(folder, text, dictionary, vocab):
         def gen(target):
             run_checked("fairseq-preprocess", ["--source-lang", "src", "--target-lang", "tgt", "--trainpref",
@@ -92,6 +95,8 @@ def prepare(plan, log):
                                                text / "test", "--srcdict", dictionary, "--tgtdict", dictionary,
                                                "--destdir", target, "--workers", 1], log)
         _stage(out / f"gen-{vocab}", gen)
+        if not selection:
+            return
 
         def sel(target):
             for name in ("input0", "input1", "label"):
@@ -115,8 +120,9 @@ def prepare(plan, log):
 
     def spm_text(folder):
         text_files(folder, lines)
-    _stage(out / "text-spm", spm_text)
-    binarize(out, out / "text-spm", data / "dict.txt", "spm")
+    if any(row.model not in REAL_MODELS for e in plan.experiments for row in e.rows):
+        _stage(out / "text-spm", spm_text)
+        binarize(out, out / "text-spm", data / "dict.txt", "spm")
 
     if any(row.model in REAL_MODELS for e in plan.experiments for row in e.rows) and not plan.minilm_missing:
         try:

@@ -8,8 +8,10 @@ Subcommands (each writes a small JSON file with ``--out`` and prints a one-line 
 """
 import argparse
 import json
+import math
 import sys
 
+from palm_tools.arguments import number_between
 from palm_tools.atomic_files import atomic_open
 from palm_tools.scoring import ScoreError
 from palm_tools.scoring.inputs import load_examples
@@ -19,9 +21,13 @@ from palm_tools.scoring.perplexity import perplexity_from_generate, perplexity_f
 
 def write_json(path, result):
     """Write ``result`` as JSON through a temporary file renamed into place."""
-    with atomic_open(path) as f:
-        json.dump(result, f, indent=2, sort_keys=True)
-        f.write("\n")
+    try:
+        with atomic_open(path) as f:
+            json.dump(result, f, indent=2, sort_keys=True)
+            f.write("\n")
+    except OSError as error:
+        raise ScoreError(f"--out {error}" if error.strerror is None else
+                         f"--out {path}: {error.strerror}; give a file in a folder you can write") from error
 
 
 def _add_text_inputs(parser):
@@ -51,7 +57,8 @@ def build_parser():
 
     p = commands.add_parser("rougel", help="ROUGE-L F_beta as coco-caption computes it (MS MARCO, QG)")
     _add_text_inputs(p)
-    p.add_argument("--beta", type=float, default=1.2, help="recall weight (coco-caption and MS MARCO use 1.2)")
+    p.add_argument("--beta", type=number_between(0, math.inf, "a recall weight"), default=1.2,
+                   help="recall weight (coco-caption and MS MARCO use 1.2)")
     p.add_argument("--lowercase", action="store_true", help="compare lower-cased text")
 
     p = commands.add_parser("f1", help="word-overlap F1 of normalised answers (CoQA, SQuAD)")
@@ -105,12 +112,12 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         result, summary = run(args)
+        result["metric"] = args.command
+        if args.out:
+            write_json(args.out, result)
     except ScoreError as e:
         print(f"palm-score: error: {e}", file=sys.stderr)
         return 1
-    result["metric"] = args.command
-    if args.out:
-        write_json(args.out, result)
     print(summary)
     return 0
 

@@ -7,18 +7,21 @@ gives the raw reference file).
 import re
 
 from palm_tools.scoring import ScoreError
+from palm_tools.text_files import not_utf8
 
 
 def read_lines(path):
     """The lines of a UTF-8 text file without their line ends. Only ``\n`` ends a line (as for ``wc -l`` and
-    fairseq), not the other separators ``str.splitlines`` knows, such as U+2028."""
+    fairseq), not the other separators ``str.splitlines`` knows, such as U+2028. A byte-order mark at the start
+    (Windows editors write one) is not text: it is dropped, or the first line would never match its reference."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             lines = f.read().split("\n")
     except OSError as e:
         raise ScoreError(f"cannot read {path}: {e.strerror}; check the path") from e
     except UnicodeDecodeError as e:
-        raise ScoreError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+        what, todo = not_utf8(path)
+        raise ScoreError(f"{path} is {what} ({e.reason} at byte {e.start}); {todo}") from e
     if lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]

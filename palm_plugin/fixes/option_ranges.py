@@ -1,0 +1,115 @@
+"""Numeric options out of their range, stopped at the command line instead of training on them.
+
+fairseq checks the type of an option, not its range: ``--label-smoothing 1.5`` trains (the data's nll rises while
+the logged loss falls), ``--mask-prob 0`` builds batches with nothing to predict, ``--max-tokens 0`` or ``--beam 0``
+end in a traceback deep inside batching or search. :func:`install` wraps ``fairseq.options.parse_args_and_arch``
+(every fairseq command parses there) and checks each option of :data:`RANGES` the command has, whichever task,
+criterion or model defines it (fairseq's ``label_smoothed_cross_entropy`` as the plugin's ``unilm_cloze``), and
+stops with the option, its range and why as the last line of output.
+"""
+import functools
+import math
+
+# option -> (low, low included, high, high included, what the range means)
+SHARE = (0.0, True, 1.0, False, "a probability")
+RATE = (0.0, False, 1.0, True, "a share of the tokens (0 would leave nothing to predict)")
+COUNT = (1, True, math.inf, False, "a size or a count")
+RANGES = {
+    "label_smoothing": (0.0, True, 1.0, False, "the share of probability moved off the true token (UniLM: 0.1); at "
+                                               "1 or more the loss rewards wrong tokens"),
+    "dropout": SHARE, "attention_dropout": SHARE, "activation_dropout": SHARE, "pooler_dropout": SHARE,
+    "mask_prob": RATE, "target_mask_prob": RATE,
+    "block_prob": (0.0, True, 1.0, True, "a probability"),
+    "leave_unmasked_prob": (0.0, True, 1.0, True, "a probability"),
+    "random_token_prob": (0.0, True, 1.0, True, "a probability"),
+    "mlm_weight": (0.0, True, math.inf, False, "a loss weight"), "lm_weight": (0.0, True, math.inf, False,
+                                                                              "a loss weight"),
+    **{name: COUNT for name in (
+        "tokens_per_sample", "max_source_tokens", "max_target_tokens", "max_source_positions", "max_target_positions",
+        "max_positions", "encoder_max_positions", "decoder_max_positions", "min_block_length", "max_block_length",
+        "encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim", "encoder_ffn_embed_dim",
+        "decoder_ffn_embed_dim", "encoder_attention_heads", "decoder_attention_heads", "num_segments",
+        "max_tokens", "batch_size", "max_tokens_valid", "batch_size_valid", "beam", "nbest")},
+    "relative_position_buckets": (0, True, math.inf, False, "a count (0: no relative position bias)"),
+    "relative_position_max_distance": (0, True, math.inf, False, "a distance"),
+    "max_epoch": (0, True, math.inf, False, "a count (0: no limit)"),
+    "max_update": (0, True, math.inf, False, "a count (0: no limit)"),
+    "num_workers": (0, True, math.inf, False, "a count of processes"),
+    "clip_norm": (0.0, True, math.inf, False, "a norm (0: no clipping)"),
+    "weight_decay": (0.0, True, math.inf, False, "a decay rate"),
+    "warmup_updates": (0, True, math.inf, False, "a count"),
+    "sampling_topp": (-1.0, True, 1.0, True, "a probability (-1: off)"),
+}
+
+
+class OptionRangeError(SystemExit):
+    """Stops the command with ``message`` as its last line (a SystemExit: no traceback)."""
+
+    def __init__(self, message):
+        super().__init__(f"error: {message}")
+
+
+def _inside(value, low, low_in, high, high_in):
+    return (value > low or (low_in and value == low)) and (value < high or (high_in and value == high))
+
+
+def _interval(low, low_in, high, high_in):
+    def end(x):
+        return "infinity" if x == math.inf else f"{x:g}"
+
+    return f"{'[' if low_in else '('}{end(low)}, {end(high)}{']' if high_in else ')'}"
+
+
+def _flag(name, value):
+    return f"--{name.replace('_', '-')} {value}"
+
+
+def problem(args, named=_flag):
+    """What is out of range in ``args`` (the first option found; lists such as ``--update-freq`` entry by entry),
+    or None. ``named(name, value)`` writes an option as the user gave it (``--beam 0``, or ``beam=0`` in Python)."""
+    for name, (low, low_in, high, high_in, meaning) in RANGES.items():
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and not _inside(item, low, low_in, high,
+                                                                                               high_in):
+                return (f"{named(name, item)}: outside {_interval(low, low_in, high, high_in)} ({meaning}); give a "
+                        f"value in that range")
+    for item in getattr(args, "update_freq", None) or []:
+        if isinstance(item, int) and item < 1:
+            return (f"{named('update_freq', item)}: outside [1, infinity) (batches per update); give a value in that "
+                    "range")
+    low, high = getattr(args, "min_block_length", None), getattr(args, "max_block_length", None)
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        return f"{named('min_block_length', low)} is above {named('max_block_length', high)}; give min <= max"
+    beam, nbest = getattr(args, "beam", None), getattr(args, "nbest", None)
+    if isinstance(beam, int) and isinstance(nbest, int) and nbest > beam:
+        return (f"{named('nbest', nbest)} is above {named('beam', beam)}: beam search keeps only {beam} hypotheses; "
+                f"give nbest <= beam")
+    return None
+
+
+def check(args):
+    """Stop the command on the first option of ``args`` outside its range."""
+    message = problem(args)
+    if message:
+        raise OptionRangeError(message)
+
+
+def install():
+    """Wrap ``fairseq.options.parse_args_and_arch`` (idempotent)."""
+    from fairseq import options
+
+    parse = options.parse_args_and_arch
+    if getattr(parse, "__palm_option_ranges__", False):
+        return
+
+    @functools.wraps(parse)  # keeps the markers of the fixes that wrapped it before, so none wraps twice
+    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+        result = parse(parser, input_args, parse_known, suppress_defaults, modify_parser)
+        if not suppress_defaults:
+            check(result[0] if parse_known else result)
+        return result
+
+    parse_args_and_arch.__palm_plugin__ = True
+    parse_args_and_arch.__palm_option_ranges__ = True
+    options.parse_args_and_arch = parse_args_and_arch

@@ -1,0 +1,514 @@
+"""The bad inputs of issue 39 that were silent, lost work or ended in a traceback, each tried in this process (no
+training): the clear last line (what, where, what to do) or the correct result. The real-process cases (two
+fairseq-train runs, a resume of another task, a long fairseq-interactive line) are in
+``test_bad_input.py::test_commands_on_unusable_data_end_with_one_clear_line``."""
+import argparse
+import gzip
+import json
+import multiprocessing
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REPO, USER_DIR
+
+
+def last_line(capsys):
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------- fairseq option ranges
+def parse_training(*arguments):
+    import palm_plugin  # noqa: F401
+    from fairseq import options
+
+    return options.parse_args_and_arch(options.get_training_parser(), ["data", "--user-dir", str(USER_DIR),
+                                                                        *map(str, arguments)])
+
+
+UNILM = ["--task", "unilm_seq2seq", "--arch", "unilm_tiny", "--criterion", "unilm_cloze"]
+PALM = ["--task", "translation", "--arch", "palm_tiny", "--criterion", "label_smoothed_cross_entropy"]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (UNILM + ["--label-smoothing", 1.5], r"--label-smoothing 1.5: outside \[0, 1\) \(the share of probability moved "
+                                         r"off the true token .*\); give a value in that range"),
+    (UNILM + ["--label-smoothing", 1.0], r"--label-smoothing 1.0: outside \[0, 1\)"),
+    (PALM + ["--label-smoothing", -0.1], r"--label-smoothing -0.1: outside \[0, 1\)"),  # fairseq's own criterion
+    (UNILM + ["--mask-prob", 0], r"--mask-prob 0.0: outside \(0, 1\] \(a share of the tokens \(0 would leave nothing "
+                                 r"to predict\)\)"),
+    (UNILM + ["--max-tokens", 0], r"--max-tokens 0: outside \[1, infinity\) \(a size or a count\)"),
+    (UNILM + ["--update-freq", "2,0"], r"--update-freq 0: outside \[1, infinity\)"),
+    (UNILM + ["--dropout", 1.2], r"--dropout 1.2: outside \[0, 1\)"),
+    (["--task", "pmlm", "--arch", "unilm2_tiny", "--criterion", "pmlm_ae_par", "--min-block-length", 4,
+      "--max-block-length", 3], r"--min-block-length 4 is above --max-block-length 3; give min <= max"),
+])
+def test_numeric_options_out_of_range_stop_at_the_command_line(arguments, message):
+    with pytest.raises(SystemExit) as stop:
+        parse_training(*arguments)
+    assert re.match("error: " + message, str(stop.value.code)), stop.value.code
+
+
+def test_numeric_options_in_range_and_at_their_bounds_are_taken():
+    args = parse_training(*UNILM, "--label-smoothing", 0, "--mask-prob", 1, "--dropout", 0)
+    assert (args.label_smoothing, args.mask_prob, args.dropout) == (0.0, 1.0, 0.0)
+    assert parse_training(*PALM, "--label-smoothing", 0.1).label_smoothing == 0.1
+
+
+def test_the_cloze_criterion_built_in_python_checks_its_smoothing():
+    from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
+
+    task = argparse.Namespace(target_dictionary=argparse.Namespace(pad=lambda: 1))
+    with pytest.raises(ValueError, match=r"^--label-smoothing 1.5: outside \[0, 1\)"):
+        UniLMClozeCriterion(task, 1.5)
+    assert UniLMClozeCriterion(task, 0.1).eps == 0.1
+
+
+def test_generation_options_out_of_range():
+    import palm_plugin  # noqa: F401
+    from fairseq import options
+
+    cases = ((["--beam", "0"], "error: --beam 0: outside [1, infinity) (a size or a count); give a value in that "
+                               "range"),
+             (["--beam", "2", "--nbest", "3"], "error: --nbest 3 is above --beam 2: beam search keeps only 2 "
+                                               "hypotheses; give nbest <= beam"))
+    for arguments, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            options.parse_args_and_arch(options.get_generation_parser(), ["data", "--user-dir", str(USER_DIR),
+                                                                          "--task", "unilm_seq2seq", *arguments])
+        assert stop.value.code == message
+
+
+# ------------------------------------------------------------------------------------------- --save-dir: one run
+def _own_and_wait(folder, ready, done):
+    from palm_plugin.fixes import save_dir_guard
+
+    save_dir_guard.lock(folder)
+    ready.set()
+    done.wait(30)
+
+
+def test_a_save_dir_is_owned_by_one_run_and_a_dead_owner_blocks_nothing(tmp_path):
+    from palm_plugin.fixes import save_dir_guard
+    from palm_tools.atomic_files import release_folder
+
+    context = multiprocessing.get_context("fork")
+    ready, done = context.Event(), context.Event()
+    owner = context.Process(target=_own_and_wait, args=(str(tmp_path), ready, done))
+    owner.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(SystemExit) as stop:
+            save_dir_guard.lock(tmp_path)
+        assert stop.value.code == (
+            f"error: --save-dir {tmp_path} is in use by another fairseq-train (process {owner.pid}); this run would "
+            f"overwrite its checkpoints: wait for it to end, or give this run another --save-dir")
+    finally:
+        done.set()
+        owner.join(30)
+    # the owner is gone (its id still in the file): the folder is free
+    assert (tmp_path / save_dir_guard.LOCK_NAME).read_text().strip() == str(owner.pid)
+    save_dir_guard.lock(tmp_path)
+    assert (tmp_path / save_dir_guard.LOCK_NAME).read_text().strip() == str(os.getpid())
+    release_folder(tmp_path)
+
+
+def _own_and_leave_a_worker(folder, ready):
+    """Own the folder, fork a worker (it inherits the lock, as a data loader's does) that outlives this process by
+    a second, and end."""
+    import time
+
+    from palm_plugin.fixes import save_dir_guard
+
+    save_dir_guard.lock(folder)
+    if os.fork() == 0:
+        time.sleep(1.0)
+        os._exit(0)
+    ready.set()
+
+
+def test_a_worker_left_by_a_dead_owner_is_waited_for(tmp_path):
+    import time
+
+    from palm_plugin.fixes import save_dir_guard
+    from palm_tools.atomic_files import release_folder
+
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    owner = context.Process(target=_own_and_leave_a_worker, args=(str(tmp_path), ready))
+    owner.start()
+    assert ready.wait(30)
+    owner.join(30)
+    started = time.monotonic()
+    save_dir_guard.lock(tmp_path)  # the owner is dead; its worker ends within a second, and the lock is ours
+    assert time.monotonic() - started < 10
+    release_folder(tmp_path)
+
+
+def checkpoint_state(task="unilm_seq2seq", arch="unilm_tiny", rows=40, **task_options):
+    """What check_resume reads of a checkpoint: its configuration and its parameters' shapes."""
+    task_cfg = {"_name": task, "data": "/somewhere", "mask_prob": 0.7, **task_options}
+    return {"cfg": {"model": {"_name": arch, "encoder_layers": 2}, "task": task_cfg},
+            "model": {"embed.weight": torch.zeros(rows, 8), "layer.weight": torch.zeros(8, 8)}}
+
+
+def resume(theirs, ours, resets=False):
+    from palm_plugin.fixes.save_dir_guard import check_resume
+
+    check_resume("SAVE/checkpoint_last.pt", theirs, ours["model"], ours["cfg"]["model"], ours["cfg"]["task"], resets)
+
+
+def test_a_resume_of_the_same_run_with_other_training_options_goes_on():
+    # lr, max-update, logging are not in the model or task configuration; the data's folder may move
+    resume(checkpoint_state(), checkpoint_state(data="/elsewhere"))
+    # another task over the same model, with every --reset-*: a new training from these weights
+    resume(checkpoint_state(task="unilm_pretraining"), checkpoint_state(), resets=True)
+
+
+@pytest.mark.parametrize("ours, resets, message", [
+    (checkpoint_state(task="translation", arch="palm_tiny", rows=41), False,
+     r"--arch palm_tiny \(checkpoint: unilm_tiny\); --task translation \(checkpoint: unilm_seq2seq\)\. Resuming would "
+     r"continue that run under these options; give this run another --save-dir; to start from these weights there, "
+     r"pass --finetune-from-model SAVE/checkpoint_last.pt$"),
+    (checkpoint_state(task="unilm_pretraining"), False,
+     r"--task unilm_pretraining \(checkpoint: unilm_seq2seq\)\. .*, or keep this --save-dir and pass "
+     r"--reset-optimizer --reset-lr-scheduler --reset-meters --reset-dataloader$"),
+    (checkpoint_state(mask_prob=0.5), False, r"--mask-prob 0.5 \(checkpoint: 0.7\)\. "),
+    # --pseudo-masks adds <pseudo> to the dictionary: the same arch with one more embedding row
+    (checkpoint_state(rows=41, pseudo_masks=True), True,
+     r"the model's parameters \(the task's dictionary\); --pseudo-masks True \(checkpoint: None\)\. .*"
+     r"--finetune-from-model SAVE/checkpoint_last.pt$"),
+])
+def test_a_resume_of_another_task_model_or_data_is_refused_with_what_differs(ours, resets, message):
+    with pytest.raises(SystemExit) as stop:
+        resume(checkpoint_state(), ours, resets)
+    assert re.match(r"error: SAVE/checkpoint_last.pt was saved by another run than this one: " + message,
+                    stop.value.code), stop.value.code
+
+
+def test_a_checkpoint_decoded_with_another_familys_task_is_refused():
+    from palm_plugin.fixes.checkpoint_paths import check_decoding_task
+
+    generate = argparse.Namespace(task="translation", beam=5)
+    with pytest.raises(SystemExit) as stop:
+        check_decoding_task(generate, checkpoint_state(), "u.pt")
+    assert stop.value.code == ("error: --path u.pt is a unilm model (trained with --task unilm_seq2seq), which --task "
+                               "translation cannot decode; decode it with --task unilm_seq2seq")
+    with pytest.raises(SystemExit, match="decode it with --task translation"):
+        check_decoding_task(argparse.Namespace(task="unilm_seq2seq", beam=5),
+                            checkpoint_state("translation", "palm_tiny"), "p.pt")
+    check_decoding_task(argparse.Namespace(task="unilm_seq2seq", beam=5), checkpoint_state(), "u.pt")
+    # fairseq-validate scores a checkpoint under any task (no --beam): left alone
+    check_decoding_task(argparse.Namespace(task="translation"), checkpoint_state(), "u.pt")
+
+
+# ------------------------------------------------------------------------------------------- the Python API
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """A tiny unilm_seq2seq model (random weights) saved as fairseq saves a checkpoint, and a pre-training one."""
+    import palm_plugin  # noqa: F401
+    from fairseq import checkpoint_utils, options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    root = tmp_path_factory.mktemp("hub")
+    words = "".join(f"w{i} {100 - i}\n" for i in range(30))
+    for name in ("dict.src.txt", "dict.tgt.txt", "dict.txt"):
+        (root / name).write_text(words)
+    for name, arguments in (("seq2seq", UNILM), ("pretrain", ["--task", "unilm_pretraining", "--arch", "unilm_tiny",
+                                                              "--criterion", "unilm_cloze"])):
+        args = options.parse_args_and_arch(options.get_training_parser(), [str(root), "--user-dir", str(USER_DIR),
+                                                                            "--cpu", *arguments])
+        cfg = convert_namespace_to_omegaconf(args)
+        torch.manual_seed(0)
+        model = tasks.setup_task(cfg.task).build_model(cfg.model)
+        checkpoint_utils.torch_persistent_save({"cfg": OmegaConf.to_container(cfg), "model": model.state_dict(),
+                                                "args": None, "extra_state": {}, "optimizer_history": [
+                                                    {"criterion_name": "UniLMClozeCriterion", "best_loss": None}]},
+                                               str(root / f"{name}.pt"))
+    return from_pretrained(root, checkpoint_file="seq2seq.pt", data_name_or_path=str(root)), root
+
+
+def test_one_string_is_one_item_for_score_and_generate(hub):
+    model, _ = hub
+    one = model.score("w1 w2", "w2 w1")
+    listed = model.score(["w1 w2", "w3 w4 w5"], ["w2 w1", "w5"])
+    assert isinstance(one, dict) and len(listed) == 2  # not one result per character
+    assert torch.equal(one["tokens"], listed[0]["tokens"]) and one["tokens"].numel() == 3  # two words and </s>
+    assert one["log_prob"] == pytest.approx(listed[0]["log_prob"], abs=1e-5)
+    generated = model.generate("w1 w2 w3", beam=2, max_len_b=3)
+    assert isinstance(generated, str) and generated == model.generate(["w1 w2 w3"], beam=2, max_len_b=3)[0]
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m: m.generate([["w1", "w2"]]), TypeError, r"generate: expected a string or a list of strings, got list "
+                                                      r"\['w1', 'w2'\]; give text"),
+    (lambda m: m.generate([None]), TypeError, r"generate: expected a string or a list of strings, got NoneType None"),
+    (lambda m: m.generate(Path("w1")), TypeError, r"got PosixPath"),
+    (lambda m: m.generate("w1", beam=0), ValueError, r"^beam=0: outside \[1, infinity\) \(a size or a count\); give a "
+                                                     r"value in that range$"),
+    (lambda m: m.score("w1", ["w2"]), TypeError, r"score: one source string but a list of targets"),
+    (lambda m: m.score(["w1", None], ["w2", "w3"]), TypeError, r"score: expected a string or a list of strings, got "
+                                                               r"NoneType"),
+])
+def test_wrong_types_for_the_api_name_what_to_give(hub, call, error, message):
+    with pytest.raises(error, match=message):
+        call(hub[0])
+
+
+def test_from_pretrained_paths_and_a_pretraining_checkpoint(hub):
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    _, root = hub
+    with pytest.raises(TypeError, match=r"from_pretrained: model_name_or_path is a int; give a path"):
+        from_pretrained(3)
+    with pytest.raises(ValueError, match=rf"{root}/pretrain.pt: a checkpoint of the task unilm_pretraining "
+                                         r"\(pre-training\), which neither generates nor scores text; fine-tune it "
+                                         r"first"):
+        from_pretrained(root, checkpoint_file=Path("pretrain.pt"), data_name_or_path=root)
+
+
+# ------------------------------------------------------------------------------------------- palm-data
+def small_dialogs(path):
+    conversations = {f"c{i}": {"messages": [[{"text": f"hello number {i} {j}"}] for j in range(3)]} for i in range(6)}
+    path.write_text(json.dumps(conversations))
+    return path
+
+
+def raw_stage(tmp_path, *arguments):
+    from palm_tools.data import corpora
+    from palm_tools.data.stages import Stage
+
+    args, _ = corpora.parse_args(["--out", str(tmp_path / "out"), "--dialog-json",
+                                  str(small_dialogs(tmp_path / "d.json")), *map(str, arguments)])
+    args.out.mkdir(exist_ok=True)
+    recipes = corpora.stage_recipes(args)
+    corpora.stage_raw(args, args.out, lambda name: Stage(args.out, name, recipes[name], False))
+    return [[d for d in (args.out / "raw" / f"sotu.{split}.txt").read_text().split("\n\n") if d.strip()]
+            for split in ("train", "valid")]
+
+
+def test_held_out_by_size_keeps_training_whole(tmp_path):
+    from palm_tools.data.corpora import held_out
+
+    rng = np.random.default_rng(0)
+    sizes = [5000, 40, 70, 10, 300, 90, 25, 60, 35, 80]
+    for fraction in (0.05, 0.1, 0.3):
+        chosen = held_out(sizes, fraction, rng)
+        assert chosen and sum(sizes[i] for i in chosen) <= max(fraction * sum(sizes), min(sizes))
+        assert 0 not in chosen  # the huge document stays in training
+    assert held_out([1000, 3], 0.05, rng) == [1]  # none fits: the smallest
+    # a huge and a tiny document, and a text with a byte-order mark: the huge one is trained on, the mark is not text
+    huge = " ".join(f"Sentence number {i} is here." for i in range(300))
+    (tmp_path / "t.txt").write_bytes(b"\xef\xbb\xbf" + f"{huge}\n\nA tiny document.\n".encode())
+    train, valid = raw_stage(tmp_path, "--pretrain-text", tmp_path / "t.txt")
+    assert valid == ["A tiny document."] and len(train) == 1 and train[0].count("\n") == 299
+    assert not train[0].startswith("\ufeff")
+
+
+def test_a_repeated_document_is_kept_once_and_counted(tmp_path, capsys):
+    (tmp_path / "t.txt").write_text("First document here. Yes.\n\nSecond one. Also.\n\nFirst document here. Yes.\n\n"
+                                    "Third text. Fine.\n")
+    train, valid = raw_stage(tmp_path, "--pretrain-text", tmp_path / "t.txt")
+    assert sorted(train + valid) == ["First document here.\nYes.", "Second one.\nAlso.", "Third text.\nFine."]
+    assert ("warning: dropped 1 repeated documents of --pretrain-text (the same text twice would be in training and "
+            "validation)") in capsys.readouterr().out
+
+
+def run_palm_data(capsys, *arguments):
+    from palm_tools.data import corpora
+
+    try:
+        status = corpora.main([str(a) for a in arguments])
+    except SystemExit as stop:
+        status = stop.code
+    return status, last_line(capsys)
+
+
+def test_palm_data_refusals(tmp_path, capsys):
+    text = tmp_path / "a.txt"
+    text.write_text("One sentence here. And another.\n\nA second document. It has words.\n")
+    (tmp_path / "copy.txt").write_bytes(text.read_bytes())
+    out = ["--out", tmp_path / "out", "--dialog-json", small_dialogs(tmp_path / "d.json")]
+    assert run_palm_data(capsys, *out, "--pretrain-text", text, tmp_path / "copy.txt") == (
+        2, f"palm-data: error: --pretrain-text {tmp_path}/copy.txt is given twice (the same content as {text}): its "
+           f"documents would be held out and trained on at once; give each file once")
+    for value in ("-0.1", "0.5", "1"):
+        status, line = run_palm_data(capsys, *out, "--pretrain-text", text, "--valid-fraction", value)
+        assert status == 2 and line.endswith(f"argument --valid-fraction: {float(value):g} is outside (0, 0.5): the "
+                                             f"share of the text held out for validation (of conversations: for "
+                                             f"validation and for test each); give e.g. 0.05"), line
+    assert run_palm_data(capsys, *out, "--vocab-size", "0")[1].endswith(
+        "argument --vocab-size: 0 is below 2; give a whole number of at least 2")
+    packed = tmp_path / "a.txt.gz"
+    packed.write_bytes(gzip.compress(text.read_bytes()))
+    assert run_palm_data(capsys, *out, "--pretrain-text", packed)[1] == (
+        f"palm-data: error: {packed}:1: gzip-compressed, not UTF-8 text (byte 0x8b at column 2); first run "
+        f"`gunzip -k {packed}` and give the text")
+    assert not (tmp_path / "out" / "raw").exists()
+
+
+def _own_out_and_wait(folder, ready, done):
+    from palm_tools.atomic_files import own_folder
+
+    own_folder(folder, ".palm-data.lock", "palm-data", "unused")
+    ready.set()
+    done.wait(30)
+
+
+def test_two_palm_data_runs_into_one_folder(tmp_path, capsys):
+    context = multiprocessing.get_context("fork")
+    ready, done = context.Event(), context.Event()
+    first = context.Process(target=_own_out_and_wait, args=(str(tmp_path / "out"), ready, done))
+    first.start()
+    try:
+        assert ready.wait(30)
+        assert run_palm_data(capsys, "--out", tmp_path / "out") == (
+            2, f"palm-data: error: --out {tmp_path}/out is in use by another palm-data (process {first.pid}); two "
+               f"runs would build the same stages at once: wait for it to end, or give this run another --out")
+    finally:
+        done.set()
+        first.join(30)
+
+
+# ------------------------------------------------------------------------------------------- palm-score, palm-prepare
+def test_palm_score_reads_a_byte_order_mark_as_nothing(tmp_path, capsys):
+    from palm_tools.scoring import cli as score
+
+    (tmp_path / "ref").write_text("the cat sat on the mat\na dog barked\n")
+    (tmp_path / "hyp").write_text("the cat sat on the mat\na dog barked\n")
+    (tmp_path / "bom").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "hyp").read_bytes())
+    scores = []
+    for hyp in ("hyp", "bom"):
+        assert score.main(["bleu", "--hyp", str(tmp_path / hyp), "--ref", str(tmp_path / "ref")]) == 0
+        scores.append(capsys.readouterr().out)
+    assert scores[0] == scores[1] and "100" in scores[0]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory):
+    import sentencepiece
+
+    root = tmp_path_factory.mktemp("tokenizers")
+    (root / "text.txt").write_text("\n".join(["the cat sat on the mat", "a dog runs fast"] * 50))
+    sentencepiece.SentencePieceTrainer.train(input=str(root / "text.txt"), model_prefix=str(root / "sp"),
+                                             vocab_size=18, minloglevel=2)
+    (root / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\n##s\n")
+    (root / "in.txt").write_text("the cats\n")
+    return root
+
+
+@pytest.mark.parametrize("bpe, model, message", [
+    ("sentencepiece", "vocab.txt", "--model {tmp}/vocab.txt is a WordPiece vocab.txt, but --bpe sentencepiece takes a "
+                                   "sentencepiece model there; for this file pass --bpe wordpiece"),
+    ("wordpiece", "sp.model", "--model {tmp}/sp.model is a sentencepiece model, but --bpe wordpiece takes a WordPiece "
+                              "vocab.txt there; for this file pass --bpe sentencepiece"),
+    ("sentencepiece", "sp.vocab", "--model {tmp}/sp.vocab is a sentencepiece .vocab, but --bpe sentencepiece takes a "
+                                  "sentencepiece model there; for this file pass --bpe sentencepiece with the .model "
+                                  "file beside it"),
+])
+def test_palm_prepare_names_a_tokenizer_file_of_another_kind(tokenizer_files, bpe, model, message, capsys):
+    from palm_tools.data import prepare
+
+    assert prepare.main(["encode", "--bpe", bpe, "--model", str(tokenizer_files / model), "--inputs",
+                         str(tokenizer_files / "in.txt"), "--outputs", str(tokenizer_files / "out.txt")]) == 1
+    assert last_line(capsys) == "palm-prepare: error: " + message.format(tmp=tokenizer_files)
+    assert not (tokenizer_files / "out.txt").exists()
+
+
+def test_palm_prepare_writes_through_a_link_and_reads_no_mark(tokenizer_files, tmp_path, capsys):
+    from palm_tools.data import prepare
+
+    (tmp_path / "marked.txt").write_bytes(b"\xef\xbb\xbfthe cats\n")
+    (tmp_path / "real.txt").write_text("old\n")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "real.txt")
+    assert prepare.main(["encode", "--bpe", "wordpiece", "--model", str(tokenizer_files / "vocab.txt"), "--inputs",
+                         str(tokenizer_files / "in.txt"), str(tmp_path / "marked.txt"), "--outputs",
+                         str(tmp_path / "plain.txt"), str(tmp_path / "link.txt")]) == 0
+    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "real.txt").read_text() == "the cat ##s\n"
+    assert (tmp_path / "plain.txt").read_text() == "the cat ##s\n"
+
+
+# ------------------------------------------------------------------------------------------- palm-convert
+def test_palm_convert_bert_refuses_fewer_segments_than_the_checkpoint_has(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from palm_tools.convert import cli as convert
+    from tests.test_convert_checkpoint import tiny_bert_config, write_bert_dir
+
+    config = tiny_bert_config()
+    source = write_bert_dir(tmp_path / "bert", transformers.BertModel(config), config)
+    with pytest.raises(SystemExit, match=r"error: --num-segments 1: the converted model needs at least 2 segment types "
+                                         r"\(the checkpoint's 2 trained rows, and the fine-tuning target's segment "
+                                         r"1\); drop --num-segments or give 2 or more$"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out"), "--num-segments", "1"])
+    assert not (tmp_path / "out" / "model.pt").exists()
+
+
+# ------------------------------------------------------------------------------------------- repeated options, plans
+def test_every_repeatable_option_of_every_tool_accumulates():
+    """argparse's nargs="+" without action="extend" keeps only the last of a repeated option (--scale A=1 --scale
+    B=2 kept B=2): every such option of the tools extends (or appends)."""
+    offending = []
+    for path in sorted((REPO / "palm_tools").rglob("*.py")):
+        if path.name == "demo.py":  # another developer's, being rewritten: its --families is the one left
+            continue
+        for call in re.findall(r'add_argument\(\s*"--[^)]*?nargs="[+*]"[^)]*\)', path.read_text()):
+            if "action=" not in call:
+                offending.append(f"{path.relative_to(REPO)}: {call[:60]}")
+    assert not offending, offending
+
+
+def test_palm_experiments_and_gpu_check_accumulate_repeats(tmp_path):
+    from palm_tools.experiments.cli import parse_args
+    from palm_tools.experiments.gpu_check import parse_args as gpu_check_args
+
+    assert parse_args(["--scale", "dim=32", "--scale", "heads=2", "seeds=1"]).scale == ["dim=32", "heads=2",
+                                                                                        "seeds=1"]
+    for corpus in ("chitchat10k", "sotu"):
+        (tmp_path / "bin" / corpus).mkdir(parents=True)
+    args = gpu_check_args(["--out", "x", "--data", str(tmp_path), "--device", "cpu", "--configs", "palm_ft",
+                           "--configs", "unilm_s2s,unilm_pre", "--precisions", "fp32", "--precisions", "bf16"])
+    assert (args.configs, args.precisions) == (["palm_ft", "unilm_s2s", "unilm_pre"], ["fp32", "bf16"])
+
+
+def test_palm_bench_only_bounds_every_part_and_the_plan_says_so():
+    from palm_tools.bench.cli import parse_args, plan
+
+    lines = plan(parse_args(["--preset", "gpu-sweep", "--device", "cpu", "--only", "roberta", "pmlm_ae_par"]))
+    assert lines[0].startswith("sweep: pmlm_ae_par, roberta at lengths ")
+    # gpu-sweep's levers run on the configurations --only names, and no other
+    assert {part.split(":")[0] for part in lines[1].removeprefix("levers: ").split("; ")} == {"pmlm_ae_par", "roberta"}
+    assert re.fullmatch(r"estimate: \d+ timed rows of \d+ updates each \(plus a warm-up\); rows not started after 17 "
+                        r"min are skipped", lines[2])
+    assert lines[3] == "decoding: none (--only names no decoder)"
+    lines = plan(parse_args(["--quick", "--only", "palm", "unilm_seq2seq"]))
+    assert lines[0].startswith("training: palm, unilm_seq2seq at lengths") and "transformer, palm" in lines[1]
+
+
+def test_palm_bench_from_json_of_a_file_that_is_not_its_record(tmp_path):
+    from palm_tools.bench.cli import read_record
+
+    (tmp_path / "other.json").write_text('{"experiments": []}')
+    (tmp_path / "table.md").write_text("| a |\n")
+    with pytest.raises(SystemExit, match=r"^palm-bench: --from-json .*other.json: not a palm-bench record \(it lacks "
+                                         r"settings, machine, training and decoding\); give the .json a palm-bench "
+                                         r"run wrote"):
+        read_record(tmp_path / "other.json", "--from-json")
+    with pytest.raises(SystemExit, match=r"table.md: not JSON \(.*\); give the .json a palm-bench run wrote .*not its "
+                                         r"\.md or \.png$"):
+        read_record(tmp_path / "table.md", "--from-json")
+    assert read_record(REPO / "docs" / "benchmarks.json", "--from-json")["settings"]
+
+
+def test_committed_reports_name_no_folder_of_this_machine():
+    from palm_tools.experiments.cli import shown
+
+    assert shown(REPO / "results" / "real" / "prepared") == "results/real/prepared"
+    for path in sorted(p for p in (REPO / "docs").glob("paper_tables*") if p.suffix in (".md", ".json")):
+        assert str(REPO) not in path.read_text(), path
