@@ -193,6 +193,8 @@ def main(argv=None):
     parser.add_argument("--per-package", type=int, default=10, help="mutants drawn per package and operator")
     parser.add_argument("--seed", type=int, default=1, help="seed of the draw")
     parser.add_argument("--timeout", type=int, default=600, help="seconds a mutant's tests may take")
+    parser.add_argument("--operators", nargs="+", choices=["default", "bound"], default=["default", "bound"],
+                        help="which kinds of mutant to draw")
     parser.add_argument("--list", action="store_true", help="print every mutant's name and the counts; run nothing")
     parser.add_argument("--out", type=Path, help="write the verdicts here (JSON)")
     args = parser.parse_args(argv)
@@ -201,7 +203,8 @@ def main(argv=None):
     mutants = all_mutants()
     groups = {}
     for mutant in mutants:
-        groups.setdefault((str(Path(mutant.path).parent).replace("/", "."), mutant.operator), []).append(mutant)
+        if mutant.operator in args.operators:
+            groups.setdefault((str(Path(mutant.path).parent).replace("/", "."), mutant.operator), []).append(mutant)
     if args.list:
         for mutant in mutants:
             print(mutant.name)
