@@ -198,3 +198,25 @@ def test_card_run_gpu_check_part_runs_quick_on_the_cpu(tmp_path, small_palm_data
     assert all(r["exit"] == 0 for r in rows.values()) and rows["fp32-seed2"]["tolerance"] is None
     assert rows["fp32-seed2"]["mean_rel_diff"] is not None and rows["bf16"]["status"] == "PASS"
     assert report["tests"] and report["profile"] == []
+
+
+def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
+    """issue 38's levers: flex (and its fair sdpa baseline without attention dropout) on every UniLM-family
+    configuration and only there, triton_copy on palm only; their options reach the model: on this CPU a training
+    build with flex stops with FlexAttention's one-line refusal, and palm's copy layer gets the triton impl."""
+    from palm_tools.bench.models import build
+
+    every = {**SPECS, "unilm_bidirectional": bench_sweep.UNILM_BIDIRECTIONAL}
+    unilm_family = {"pmlm_mlm", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "unilm_bidirectional"}
+    for name in ("flex", "no_attention_dropout"):
+        assert {k for k, s in every.items() if bench_sweep.LEVERS[name].applies(s)} == unilm_family
+    assert {k for k, s in every.items() if bench_sweep.LEVERS["triton_copy"].applies(s)} == {"palm"}
+    spec = SPECS["pmlm_ae_par"]
+    with pytest.raises(SystemExit, match="--attention-impl flex: .*use --attention-impl sdpa"):
+        build(synthetic_corpus.path(spec.layout, 32, 8), spec.args("tiny", 32)
+              + bench_sweep.LEVERS["all_kernels"].args(spec))
+    palm = SPECS["palm"]
+    args = palm.args("tiny", 32) + bench_sweep.LEVERS["triton_copy"].args(palm)
+    assert args[-2:] == ["--copy-attention-impl", "triton"]
+    with pytest.raises(ValueError, match="--copy-attention-impl triton"):  # no CUDA here: refused, naming the option
+        build(synthetic_corpus.path(palm.layout, 32, 8), args)

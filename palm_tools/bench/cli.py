@@ -97,7 +97,7 @@ SWEEP_PRESETS = {
     "gpu": dict(lengths=[512, 768], sequences=[16, 64, 256], find_max=True, repeats=3, lever_length=512,
                 lever_sequences=256, loader_workers=8, profile_sequences=64,
                 levers=["torch_adamw", "syncs_at_start", "compile", "compile_copy", "all", "loader_workers", "loader",
-                        "drop_full_masks"],
+                        "drop_full_masks", "no_attention_dropout", "flex", "triton_copy", "all_kernels"],
                 lever_configs=["palm", "unilm_pretraining", "unilm_seq2seq", "pmlm_ae_par", "transformer", "roberta",
                                "unilm_bidirectional"],
                 compile_backend="inductor", sentences=[1], target_tokens=[128], recompute_target_tokens=[],

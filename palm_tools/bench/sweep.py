@@ -78,6 +78,22 @@ def _compile_copy_args(spec):
     return ["--copy-attention-impl", "compiled"] if spec.key == "palm" else []
 
 
+def _arch(spec) -> str:
+    args = spec.args("tiny", 64)
+    return args[args.index("--arch") + 1]
+
+
+def _flex_args(spec):
+    """--attention-impl flex, for the UniLM family (FlexAttention has no attention dropout: it needs 0, which its
+    fair baseline is the no_attention_dropout lever)."""
+    return ["--attention-impl", "flex", "--attention-dropout", "0"] if spec.plugin and _arch(spec).startswith(
+        "unilm") else []
+
+
+def _triton_copy_args(spec):
+    return ["--copy-attention-impl", "triton"] if spec.key == "palm" else []
+
+
 def _syncs_args(spec):
     """--syncs-at-start: an option of the UniLM criteria and of the palm model; fairseq's baselines have none."""
     return ["--syncs-at-start"] if spec.plugin and (_criterion(spec) in ("unilm_cloze", "pmlm_ae_par")
@@ -97,6 +113,14 @@ LEVERS = {
     "compile_copy": Lever("compile_copy", "--copy-attention-impl compiled (equation (3) in fused compiled kernels)",
                           applies=lambda spec: bool(_compile_copy_args(spec)), args=_compile_copy_args,
                           compiles=True),
+    "no_attention_dropout": Lever("no_attention_dropout", "--attention-dropout 0 (the sdpa baseline of flex, which has "
+                                  "no attention dropout)", applies=lambda spec: bool(_flex_args(spec)),
+                                  args=lambda spec: ["--attention-dropout", "0"]),
+    "flex": Lever("flex", "--attention-impl flex --attention-dropout 0 (FlexAttention: block masks skip hidden tiles, "
+                          "UniLMv2's bias inside the kernel)", applies=lambda spec: bool(_flex_args(spec)),
+                  args=_flex_args, compiles=True),
+    "triton_copy": Lever("triton_copy", "--copy-attention-impl triton (equation (3) in hand-written Triton kernels)",
+                         applies=lambda spec: bool(_triton_copy_args(spec)), args=_triton_copy_args),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
                             loader=True),
@@ -104,6 +128,11 @@ LEVERS = {
                  args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _compile_copy_args(spec)
                  + _syncs_args(spec),
                  after_build=_compile_baseline, compiles=True),
+    "all_kernels": Lever("all_kernels", "torch_adamw + compile + syncs_at_start + flex + triton_copy: the candidate "
+                                        "CUDA defaults of issue 38",
+                         args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec)
+                         + _flex_args(spec) + _triton_copy_args(spec),
+                         after_build=_compile_baseline, compiles=True),
 }  # fmt: skip
 
 
