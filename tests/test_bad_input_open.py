@@ -94,7 +94,7 @@ def _own_and_wait(folder, ready, done):
 
 def test_a_save_dir_is_owned_by_one_run_and_a_dead_owner_blocks_nothing(tmp_path):
     from palm_plugin.fixes import save_dir_guard
-    from palm_tools.atomic_files import release_folder
+    from palm_plugin.folder_lock import release_folder
 
     context = multiprocessing.get_context("fork")
     ready, done = context.Event(), context.Event()
@@ -135,7 +135,7 @@ def test_a_worker_left_by_a_dead_owner_is_waited_for(tmp_path):
     import time
 
     from palm_plugin.fixes import save_dir_guard
-    from palm_tools.atomic_files import release_folder
+    from palm_plugin.folder_lock import release_folder
 
     context = multiprocessing.get_context("fork")
     ready = context.Event()
@@ -355,7 +355,7 @@ def test_palm_data_refusals(tmp_path, capsys):
 
 
 def _own_out_and_wait(folder, ready, done):
-    from palm_tools.atomic_files import own_folder
+    from palm_plugin.folder_lock import own_folder
 
     own_folder(folder, ".palm-data.lock", "palm-data", "unused")
     ready.set()
@@ -456,8 +456,6 @@ def test_every_repeatable_option_of_every_tool_accumulates():
     B=2 kept B=2): every such option of the tools extends (or appends)."""
     offending = []
     for path in sorted((REPO / "palm_tools").rglob("*.py")):
-        if path.name == "demo.py":  # another developer's, being rewritten: its --families is the one left
-            continue
         for call in re.findall(r'add_argument\(\s*"--[^)]*?nargs="[+*]"[^)]*\)', path.read_text()):
             if "action=" not in call:
                 offending.append(f"{path.relative_to(REPO)}: {call[:60]}")

@@ -30,6 +30,8 @@ import sys
 
 import torch
 
+from palm_plugin.errors import CommandError
+
 logger = logging.getLogger(__name__)
 
 # Model fields that fix the shape of a checkpoint's parameters (unilm's and palm's names).
@@ -46,11 +48,8 @@ DECODING_TASK = {"palm": "translation", "unilm": "unilm_seq2seq"}
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
-class CheckpointPathError(SystemExit):
-    """Stops the command with ``message`` as its last line (a SystemExit: no traceback)."""
-
-    def __init__(self, message):
-        super().__init__(f"error: {message}")
+class CheckpointPathError(CommandError):
+    """A checkpoint path or checkpoint that the command cannot use."""
 
 
 def _flag(name):

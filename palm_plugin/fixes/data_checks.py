@@ -16,14 +16,12 @@ dictionary, which every model answers without a word, is warned about
 import os
 import struct
 
+from palm_plugin.errors import CommandError
 from palm_plugin.modules.dictionary_check import warn_if_unknown
 
 
-class BinarizedDataError(SystemExit):
-    """Stops the command with ``message`` as its last line (a SystemExit: no traceback)."""
-
-    def __init__(self, message):
-        super().__init__(f"error: {message}")
+class BinarizedDataError(CommandError):
+    """A fairseq binarized split that cannot be used."""
 
 
 def check_split(path):

@@ -10,6 +10,8 @@ stops with the option, its range and why as the last line of output.
 import functools
 import math
 
+from palm_plugin.errors import CommandError
+
 # option -> (low, low included, high, high included, what the range means)
 SHARE = (0.0, True, 1.0, False, "a probability")
 RATE = (0.0, False, 1.0, True, "a share of the tokens (0 would leave nothing to predict)")
@@ -42,11 +44,8 @@ RANGES = {
 }
 
 
-class OptionRangeError(SystemExit):
-    """Stops the command with ``message`` as its last line (a SystemExit: no traceback)."""
-
-    def __init__(self, message):
-        super().__init__(f"error: {message}")
+class OptionRangeError(CommandError):
+    """An option outside its range."""
 
 
 def _inside(value, low, low_in, high, high_in):

@@ -6,7 +6,7 @@ silently resumes that run's ``checkpoint_last.pt`` (its epoch, its optimizer, it
 options. :func:`install` wraps ``fairseq.checkpoint_utils.load_checkpoint``, which ``fairseq-train`` calls once,
 after building the model and before the first save (it checks the resume first, and locks once the data loaded):
 
-* :func:`lock` takes ``SAVE_DIR/.fairseq-train.lock`` (:func:`palm_tools.atomic_files.own_folder`: an ``flock``
+* :func:`lock` takes ``SAVE_DIR/.fairseq-train.lock`` (:func:`palm_plugin.folder_lock.own_folder`: an ``flock``
   the kernel releases when the process ends, however it ends, so a lock left by a killed run blocks nothing); a
   second run stops with the first one's process id and what to do.
 * :func:`check_resume` compares the checkpoint it is about to resume with the run: the parameters' names and shapes
@@ -16,6 +16,8 @@ after building the model and before the first save (it checks the resume first, 
 """
 import logging
 import os
+
+from palm_plugin.errors import CommandError
 
 logger = logging.getLogger(__name__)
 
@@ -27,16 +29,13 @@ TASK_FIELDS_FREE = {"data", "seed", "train_subset", "valid_subset", "dataset_imp
 RESETS = ("reset_optimizer", "reset_lr_scheduler", "reset_meters", "reset_dataloader")
 
 
-class SaveDirError(SystemExit):
-    """Stops fairseq-train with ``message`` as its last line (a SystemExit: no traceback)."""
-
-    def __init__(self, message):
-        super().__init__(f"error: {message}")
+class SaveDirError(CommandError):
+    """A --save-dir owned by another run, or holding another task's or model's checkpoint."""
 
 
 def lock(save_dir):
     """Own ``save_dir`` for the life of this process; stop if another live process owns it."""
-    from palm_tools.atomic_files import FolderInUseError, own_folder
+    from palm_plugin.folder_lock import FolderInUseError, own_folder
 
     try:
         own_folder(save_dir, LOCK_NAME, "fairseq-train", "this run would overwrite its checkpoints: wait for it to "

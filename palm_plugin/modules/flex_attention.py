@@ -25,6 +25,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from palm_plugin.errors import CommandError
 from palm_plugin.modules.attention_masks import Objective, PseudoMaskKind, mask_from_fields, pseudo_seq2seq_layout
 
 try:
@@ -48,11 +49,10 @@ SEQ2SEQ = int(Objective.SEQ2SEQ)
 CONTEXT, ORIGINAL = int(PseudoMaskKind.CONTEXT), int(PseudoMaskKind.ORIGINAL)
 
 
-class FlexAttentionError(SystemExit):
-    """Stops the command with ``message`` as its last line (a SystemExit: no traceback)."""
+class FlexAttentionError(CommandError):
+    """What FlexAttention cannot do, with the option to use instead."""
 
-    def __init__(self, message):
-        super().__init__(f"error: --attention-impl flex: {message}")
+    prefix = "--attention-impl flex: "
 
 
 def check_usable(training: bool, attention_dropout: float):

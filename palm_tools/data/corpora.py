@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from palm_tools.arguments import number_between, whole_number
-from palm_tools.atomic_files import FolderInUseError, own_folder, release_folder
+from palm_plugin.folder_lock import FolderInUseError, own_folder, release_folder
 from palm_tools.data.pretraining_corpus import stage_pretraining_corpus
 from palm_tools.data.sentence_split import split_sentences
 from palm_tools.data.stages import (CONTENT_OPTIONS, DataError, Stage, adopt_recorded_options, file_identity, log,
