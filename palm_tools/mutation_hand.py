@@ -12,9 +12,10 @@ kinds of careless change it never makes, and which a reviewer planted by hand:
   the bound is not a literal (mutmut already moves literals).
 
 Each mutant is written into a copy of the repository (the checkout is never touched) and runs the fast tests of the
-mutmut selection (setup.cfg) that import the mutated module, plus tests/test_paper_defaults.py for the defaults, with
-``-x``; it is detected when they fail or time out. ``python -m palm_tools.mutation_hand --per-package 10 --seed 1``
-draws a seeded sample per package and operator and prints the score per package (docs/mutation.md).
+mutmut selection (setup.cfg, plus the FlexAttention and Triton copy tests) that import the mutated module or a module
+importing it, transitively, plus tests/test_paper_defaults.py for the defaults, with ``-x``; it is detected when they
+fail or time out. ``python -m palm_tools.mutation_hand --per-package 10 --seed 1`` draws a seeded sample per package
+and operator and prints the score per package (docs/mutation.md); ``--rerun`` runs an earlier run's undetected again.
 """
 import argparse
 import ast
@@ -149,29 +150,76 @@ def apply(text, mutant):
     return "\n".join(lines)
 
 
+# Tests the hand mutants run besides mutmut's selection: the FlexAttention masks and the copy layer's Triton kernels
+# (under Triton's interpreter), whose modules mutmut does not mutate but the bound operator does.
+HAND_EXTRA_TESTS = ("tests/test_flex_attention.py", "tests/test_copy_triton.py")
+
+
 def selected_tests(repo=REPO):
-    """The fast test files mutmut runs (setup.cfg), which the hand mutants run too."""
+    """The fast test files mutmut runs (setup.cfg) and the hand mutants' extra ones."""
     config = configparser.ConfigParser()
     config.read(repo / "setup.cfg")
     entries = config["mutmut"]["pytest_add_cli_args_test_selection"].split()
-    return [e for e in entries if e.startswith("tests/")]
+    return [e for e in entries if e.startswith("tests/")] + [t for t in HAND_EXTRA_TESTS if (repo / t).exists()]
 
 
-def owning_tests(mutant, repo=REPO):
-    """The selected test files that import the mutated module (by its dotted name or its last part)."""
-    module = mutant.path[:-3].replace("/", ".")
-    package, leaf = module.rsplit(".", 1)
-    pattern = re.compile(rf"{re.escape(module)}\b|from {re.escape(package)} import .*\b{leaf}\b")
-    tests = [t for t in selected_tests(repo) if pattern.search((repo / t).read_text())]
+def _module_name(path, repo):
+    parts = path.relative_to(repo).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_names(tree, module):
+    """Every dotted name ``tree`` imports, anywhere in it (imports inside functions too): ``from a import b`` gives
+    ``a`` and ``a.b``, since b may be a module; relative imports resolved against ``module``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")[:-node.level]
+                base = ".".join(anchor + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(repo=REPO):
+    """{module: the modules of palm_plugin and tests it imports}, statically. A test also counts a module it names in
+    a string (``monkeypatch.setattr("palm_plugin.x.f", ...)``). palm_plugin/__init__.py's import of every
+    registering module is dynamic and left out: a test that only imports ``palm_plugin`` would own every mutant."""
+    files = {_module_name(f, repo): f for part in ("palm_plugin", "tests") for f in (repo / part).rglob("*.py")}
+    graph = {}
+    for module, file in files.items():
+        text = file.read_text()
+        names = _imported_names(ast.parse(text), module)
+        if module.startswith("tests."):
+            names.update(re.findall(r"palm_plugin(?:\.\w+)+", text))
+        # a.b.c names a.b.c if it is a module, else its longest module prefix (a.b.c may be a class of a.b)
+        graph[module] = {next((p for p in (".".join(name.split(".")[:i]) for i in range(name.count(".") + 1, 0, -1))
+                               if p in files and p not in ("palm_plugin", "tests")), None) for name in names} - {None}
+    return graph
+
+
+def owning_tests(mutant, repo=REPO, graph=None):
+    """The selected test files that import the mutated module or any module that imports it, transitively (a test
+    module imported by a test counts as that test's code)."""
+    graph = import_graph(repo) if graph is None else graph
+    reached, frontier = set(), {mutant.path[:-3].replace("/", ".")}
+    while frontier:
+        reached |= frontier
+        frontier = {m for m, imports in graph.items() if imports & frontier} - reached
+    tests = [t for t in selected_tests(repo) if t[:-3].replace("/", ".") in reached]
     if mutant.operator == "default":
         tests.append("tests/test_paper_defaults.py")
     return sorted(set(tests))
 
 
-def run_one(mutant, work, python, timeout):
+def run_one(mutant, work, python, timeout, graph=None):
     """Plant ``mutant`` in the copy ``work``, run its tests, restore the file; 'killed', 'survived', 'timeout' or
     'no tests'."""
-    tests = owning_tests(mutant, work)
+    tests = owning_tests(mutant, work, graph)
     if not tests:
         return "no tests"
     target = work / mutant.path
@@ -188,22 +236,45 @@ def run_one(mutant, work, python, timeout):
         target.write_text(original)
 
 
+def run_all(mutants, timeout):
+    """{name: verdict} of each mutant, planted one at a time in one copy of the repository; prints each verdict."""
+    verdicts = {}
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        for part in ("palm_plugin", "palm_tools", "tests", "setup.cfg", "pytest.ini", "docs", "examples"):
+            source = REPO / part
+            (shutil.copytree if source.is_dir() else shutil.copy)(source, work / part)
+        graph = import_graph(work)
+        for mutant in mutants:
+            started = time.time()
+            verdicts[mutant.name] = run_one(mutant, work, sys.executable, timeout, graph)
+            print(f"{verdicts[mutant.name]:9} {time.time() - started:5.0f} s  {mutant.name}", flush=True)
+    return verdicts
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m palm_tools.mutation_hand", description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-package", type=int, default=10, help="mutants drawn per package and operator")
     parser.add_argument("--seed", type=int, default=1, help="seed of the draw")
     parser.add_argument("--timeout", type=int, default=600, help="seconds a mutant's tests may take")
-    parser.add_argument("--operators", nargs="+", choices=["default", "bound"], default=["default", "bound"],
-                        help="which kinds of mutant to draw")
+    parser.add_argument("--operators", nargs="+", action="extend", choices=["default", "bound"],
+                        help="which kinds of mutant to draw (default: both)")
     parser.add_argument("--list", action="store_true", help="print every mutant's name and the counts; run nothing")
     parser.add_argument("--out", type=Path, help="write the verdicts here (JSON)")
+    parser.add_argument("--rerun", type=Path, metavar="JSON",
+                        help="run again the mutants an earlier --out left undetected (after writing their tests)")
     args = parser.parse_args(argv)
+    if args.rerun:
+        earlier = json.loads(args.rerun.read_text())["mutants"]
+        run_all([Mutant(**{k: v for k, v in m.items() if k != "verdict"}) for m in earlier
+                 if m["verdict"] in ("survived", "no tests")], args.timeout)
+        return 0
     if args.per_package < 1:
         parser.error(f"--per-package {args.per_package}: give 1 or more")
     mutants = all_mutants()
     groups = {}
     for mutant in mutants:
-        if mutant.operator in args.operators:
+        if mutant.operator in (args.operators or ("default", "bound")):
             groups.setdefault((str(Path(mutant.path).parent).replace("/", "."), mutant.operator), []).append(mutant)
     if args.list:
         for mutant in mutants:
@@ -213,18 +284,7 @@ def main(argv=None):
         return 0
     rng = random.Random(args.seed)
     sample = {key: rng.sample(found, min(args.per_package, len(found))) for key, found in sorted(groups.items())}
-    verdicts = {}
-    with tempfile.TemporaryDirectory() as folder:
-        work = Path(folder)
-        for part in ("palm_plugin", "palm_tools", "tests", "setup.cfg", "pytest.ini", "docs", "examples"):
-            source = REPO / part
-            (shutil.copytree if source.is_dir() else shutil.copy)(source, work / part)
-        for (package, operator), chosen in sample.items():
-            for mutant in chosen:
-                started = time.time()
-                verdict = run_one(mutant, work, sys.executable, args.timeout)
-                verdicts[mutant.name] = verdict
-                print(f"{verdict:9} {time.time() - started:5.0f} s  {mutant.name}", flush=True)
+    verdicts = run_all([m for chosen in sample.values() for m in chosen], args.timeout)
     print("\n| package | operator | sampled | detected | survived | no tests | score (95% interval) |\n"
           "|---|---|---:|---:|---:|---:|---|")
     rows = []

@@ -145,6 +145,7 @@ def assert_score_recomputes_beam_search(hub, sources):
     """``score`` of each best hypothesis in one pass equals the log-probabilities beam search summed step by step."""
     best = [hypos[0] for hypos in hub.generate([hub.encode(s) for s in sources], beam=2, max_len_b=4)]
     scored = hub.score(sources, [hub.decode(hypo["tokens"]) for hypo in best], beam=7)  # options pass through
+    assert len(scored) == len(sources)
     for hypo, result in zip(best, scored):
         assert result["tokens"].tolist() == hypo["tokens"].tolist()
         torch.testing.assert_close(result["positional_scores"], hypo["positional_scores"], atol=1e-5, rtol=0)

@@ -98,3 +98,36 @@ def test_hand_mutants_change_defaults_and_move_expression_bounds(tmp_path):
                       (21, "len(tokens)", "(len(tokens)) - 1")}
     mutant = next(m for m in bound_mutants("m.py", tree, lines) if m.line == 21)
     assert apply(HAND_SOURCE, mutant).splitlines()[20] == "    return [t for t in range((len(tokens)) - 1) if t >= 2]"
+
+
+def test_owning_tests_follow_the_import_graph_into_the_selected_files(tmp_path):
+    from palm_tools.mutation_hand import Mutant, owning_tests
+
+    files = {
+        "setup.cfg": "[mutmut]\npytest_add_cli_args_test_selection =\n    -m\n    not slow\n    tests/test_a.py\n"
+                     "    tests/test_b.py\n    tests/test_d.py\n    tests/test_e.py\n",
+        "palm_plugin/__init__.py": "import importlib\n",
+        "palm_plugin/models/__init__.py": "",
+        "palm_plugin/models/stacks.py": "LIMIT = 3\n",
+        "palm_plugin/models/palm.py": "from palm_plugin.models.stacks import LIMIT\n",
+        "palm_plugin/models/hub.py": "def load():\n    from .palm import LIMIT\n    return LIMIT\n",
+        "palm_plugin/models/other.py": "X = 1\n",
+        "tests/__init__.py": "",
+        "tests/helper.py": "from palm_plugin.models import palm\n",
+        "tests/test_a.py": "from palm_plugin.models.hub import load\n",  # stacks <- palm <- hub (inside a function)
+        "tests/test_b.py": "from palm_plugin.models import other\n",  # unrelated
+        "tests/test_c.py": "import palm_plugin.models.stacks\n",  # reaches it, but not in the selection
+        "tests/test_d.py": "from tests.helper import palm\n",  # through a test helper module
+        "tests/test_e.py": "import palm_plugin\n",  # the plugin's dynamic imports are not followed
+        "tests/test_flex_attention.py": 'def test(patch):\n    patch.setattr("palm_plugin.models.palm.LIMIT", 4)\n',
+        "tests/test_copy_triton.py": "from palm_plugin.models import other\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    owners = lambda path, operator="bound": owning_tests(Mutant(path, 1, operator, "3", "4"), tmp_path)
+    assert owners("palm_plugin/models/stacks.py") == ["tests/test_a.py", "tests/test_d.py",
+                                                      "tests/test_flex_attention.py"]
+    assert owners("palm_plugin/models/hub.py") == ["tests/test_a.py"]
+    assert owners("palm_plugin/models/other.py", "default") == ["tests/test_b.py", "tests/test_copy_triton.py",
+                                                                "tests/test_paper_defaults.py"]

@@ -384,6 +384,10 @@ def test_source_position_markers_share_the_unk_embedding_and_can_be_copied():
     assert probs.shape[-1] == len(dictionary)
     torch.testing.assert_close(probs.sum(-1), torch.ones(1, 2), atol=1e-5, rtol=0)
     assert (probs[0, :, marker] > 0).all() and (probs[0, :, dictionary.index("<unk-0>")] < 1e-30).all()
+    # every word keeps its own row, the last one before the markers too; each marker reads <unk>'s
+    table = model.encoder.embed_tokens
+    expected = torch.cat([table.weight[: len(dictionary) - 4], table.weight[dictionary.unk()].expand(4, -1)])
+    torch.testing.assert_close(table(torch.arange(len(dictionary))), expected, atol=0, rtol=0)
 
 
 

@@ -63,6 +63,21 @@ def test_lines_longer_than_a_block_are_cut_not_dropped(data_dir, caplog):
     assert len(dataset) >= 36  # every line still gives a block
 
 
+def test_a_line_one_token_longer_than_a_block_is_cut_and_one_that_fills_it_is_not(data_dir, caplog):
+    """A block holds tokens_per_sample - 3 tokens of text ([SOS] and two [EOS] added): lines of exactly that many
+    tokens (their [EOS] included) are whole; the longest lines, one token more, are cut and counted."""
+    lines = [line.split() for line in (data_dir.parent / "train.txt").read_text().splitlines() if line]
+    longest = max(len(words) + 1 for words in lines)
+    at_longest = sum(len(words) + 1 == longest for words in lines)
+    for tokens_per_sample, cut in ((longest + 3, 0), (longest + 2, at_longest)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            _, dataset = load(data_dir, "ae_par", tokens_per_sample=tokens_per_sample)
+        assert max(dataset.size(i) for i in range(len(dataset))) <= tokens_per_sample
+        warned = f"{cut} lines are longer than a block ({longest - 1} tokens)"
+        assert (warned in caplog.text) == bool(cut) and ("lose their end" in caplog.text) == bool(cut)
+
+
 @pytest.mark.parametrize(
     "objective,ae,par,single_token_steps",
     [("ae_par", True, True, False), ("ae", True, False, False), ("par", False, True, False),

@@ -369,3 +369,21 @@ def test_sources_that_fill_the_positions_exactly_are_not_counted_as_truncated():
     with pytest.raises(ValueError, match=r"unknown pseudo-mask noise 'gaussian'; expected one of \('exact', 's2s_ft'\)"):
         PseudoSeq2SeqDataset(source, target, dictionary, 64, 32, noise, dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT,
                              TARGET_SEGMENT, 7, noise="gaussian")
+
+
+def test_size_filter_keeps_the_pairs_whose_packed_row_fits_the_positions_exactly():
+    """fairseq drops the pairs longer than the model's positions with ``filter_indices_by_size``: a packed training
+    row (as the collater builds it) of exactly that many tokens fits the position table and is kept."""
+    from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+
+    dictionary = make_dictionary()
+    source, target = Sentences(dictionary, [5, 8, 3, 6], seed=0), Sentences(dictionary, [4, 2, 6, 5], seed=1)
+    dataset = UniLMSeq2SeqDataset(source, target, dictionary, 64, 32, TokenMaskingPolicy(mask_prob=0.5),
+                                  dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT, TARGET_SEGMENT, 7)
+    batch = dataset.collater([dataset[i] for i in range(4)])
+    rows = batch["net_input"]["src_tokens"].ne(dictionary.pad()).sum(1).tolist()
+    assert rows == [10, 11, 10, 12]  # [SOS] + source + target
+    for limit in (10, 11, 12):
+        kept, dropped = dataset.filter_indices_by_size(np.arange(4), limit)
+        assert kept.tolist() == [i for i in range(4) if rows[i] <= limit], limit
+        assert dropped == [i for i in range(4) if rows[i] > limit], limit

@@ -237,3 +237,24 @@ def test_the_smallest_sample_holds_sos_a_eos_b_eos():
         UniLMPretrainingDataset(sentences, d, 4, policy, mask, seed=3)
     dataset = UniLMPretrainingDataset(sentences, d, 5, policy, mask, seed=3)
     assert max(len(dataset[index]["tokens"]) for index in range(len(dataset))) <= 5
+
+
+def test_the_task_refuses_a_model_with_fewer_segment_types_than_its_six_objective_segments():
+    """The pre-training data marks each row's objective with segment ids 0-5: a model of 6 segment types is built,
+    one of 5 is refused at build, naming the option to change."""
+    import argparse
+
+    from palm_plugin.models.unilm import unilm_tiny
+    from palm_plugin.tasks.unilm_pretraining import UniLMPretrainingConfig, UniLMPretrainingTask
+
+    def model_config(segments):  # what fairseq-train gives the task: --arch unilm_tiny --num-segments N
+        namespace = argparse.Namespace(num_segments=segments)
+        unilm_tiny(namespace)
+        namespace.arch = "unilm"
+        return namespace
+
+    d, _, _ = corpus()
+    task = UniLMPretrainingTask(UniLMPretrainingConfig(data="unused"), d)
+    assert task.build_model(model_config(6)).cfg.num_segments == 6
+    with pytest.raises(ValueError, match="the model has 5 segment types: use a unilm_\\* arch .* or --num-segments 6"):
+        task.build_model(model_config(5))

@@ -75,13 +75,26 @@ def test_ensemble_averages_probabilities():
         torch.testing.assert_close(both, ((a.exp() + b.exp()) / 2).log(), atol=1e-6, rtol=0)
 
 
-def test_pair_longer_than_the_positions_is_refused():
+@pytest.mark.parametrize("arch", ["unilm_tiny", "unilm2_tiny"])
+def test_a_pair_filling_the_positions_is_scored_and_one_token_more_refused(arch):
+    """Source and reference of exactly max_positions tokens use the last row of the position table: scored as
+    forced decoding scores them; one token more is refused with the lengths, before the model runs."""
     dictionary = tiny_dictionary()
-    model = tiny_model("unilm_tiny", dictionary)
-    src_tokens = sources(dictionary, [model.max_positions() - 2])
-    sample = {"net_input": net_input("unilm_tiny", src_tokens), "target": references(dictionary, [5])[0][None]}
-    with pytest.raises(ValueError, match="exceed the model's .* positions"):
-        UniLMReferenceScorer(dictionary, 4, 5).generate([model], sample)
+    dictionary.add_symbol(PSEUDO_SYMBOL)
+    model = tiny_model(arch, dictionary)
+    model.decoder.placeholder = dictionary.index("<mask>" if arch == "unilm_tiny" else PSEUDO_SYMBOL)
+    _, source_segment, target_segment = ARCHS[arch]
+    scorer = UniLMReferenceScorer(dictionary, source_segment, target_segment)
+    limit = model.max_positions()
+    src_tokens = sources(dictionary, [limit - 5])
+    fits, longer = references(dictionary, [5]), references(dictionary, [6])
+    (best,), = scorer.generate([model], {"net_input": net_input(arch, src_tokens), "target": fits[0][None]})
+    # at the last position decoding leaves only [EOS], with the model's own probability (as fairseq at max_len)
+    (want,) = forced_decoding_log_probs(model, arch, src_tokens, fits, dictionary.pad())
+    torch.testing.assert_close(best["positional_scores"], want, atol=2e-5, rtol=0)
+    sample = {"net_input": net_input(arch, src_tokens), "target": longer[0][None]}
+    with pytest.raises(ValueError, match=f"a source and reference of {limit + 1} tokens exceed the model's {limit} "):
+        scorer.generate([model], sample)
 
 
 class _Sentences(list):
@@ -128,3 +141,33 @@ def test_scores_equal_the_training_layout_with_one_token_masked():
             logits, _ = model(**batch["net_input"], masked_tokens=predicted)
         training = torch.log_softmax(logits.float(), -1).gather(1, batch["target"][predicted].unsqueeze(1)).squeeze(1)
         torch.testing.assert_close(hypo[0]["positional_scores"], training, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["unilm_tiny", "unilm2_tiny"])
+def test_at_the_last_position_decoding_keeps_only_eos_with_its_own_probability(arch):
+    """A hypothesis reaching the model's last position can only end; as fairseq's generator does at max_len, every
+    other token gets probability 0 and [EOS] keeps the model's own log-probability (not 0, which would favour the
+    hypotheses cut off); a step before it, nothing is masked."""
+    dictionary = tiny_dictionary()
+    dictionary.add_symbol(PSEUDO_SYMBOL)
+    model = tiny_model(arch, dictionary).eval()
+    model.decoder.placeholder = dictionary.index("<mask>" if arch == "unilm_tiny" else PSEUDO_SYMBOL)
+    limit, eos = model.max_positions(), dictionary.eos()
+    source = sources(dictionary, [limit - 5])
+    reference = references(dictionary, [5])[0]
+    with torch.no_grad():
+        encoder_out = model.encoder(**net_input(arch, source))
+        state, prev = {}, torch.full((1, 1), eos)
+        for step, token in enumerate(reference.tolist()):
+            net_output = model.decoder(prev, encoder_out, incremental_state=state)
+            log_probs = model.get_normalized_probs(net_output, log_probs=True)[0, -1]
+            own = torch.log_softmax(net_output[0][0, -1].float(), -1)
+            ends = bool(net_output[1]["ends"][0])
+            assert ends == (step == len(reference) - 1)  # the reference's [EOS] sits at the last position
+            if ends:
+                assert torch.isinf(log_probs[torch.arange(len(own)) != eos]).all()
+                torch.testing.assert_close(log_probs[eos], own[eos], atol=1e-6, rtol=0)
+                assert own[eos] < -1e-3  # a real probability below 1: the masking did not happen before the softmax
+            else:
+                torch.testing.assert_close(log_probs, own, atol=1e-6, rtol=0)
+            prev = torch.cat([prev, torch.tensor([[token]])], dim=1)

@@ -110,8 +110,8 @@ class UniLMIncrementalDecoder(FairseqIncrementalDecoder):
             encoder_out: from :class:`UniLMSourceEncoder` (``N`` = its sentences x ``rows_per_source``).
             incremental_state: fairseq's cache dict; None recomputes the whole packed sequence.
         Returns:
-            logits ``(N, 1, V)`` for target token t, and ``{"attn": None}``. A row whose placeholder sits at the
-            model's last position can only end: every token but [EOS] gets ``-inf``.
+            logits ``(N, 1, V)`` for target token t, and ``{"attn": None, "ends": (N,) bool}``: the rows whose
+            placeholder sits at the model's last position, which can only end (:meth:`get_normalized_probs`).
         """
         if incremental_state is None:
             logits = self.lm_head(self._recompute(prev_output_tokens, encoder_out))
@@ -122,9 +122,18 @@ class UniLMIncrementalDecoder(FairseqIncrementalDecoder):
         # A long source leaves fewer positions for the output than --max-len-a/b may allow: end the hypothesis at the
         # last position, as fairseq's generator does at its max_len, instead of failing on the next position id.
         placeholder_positions = self._source_lengths(encoder_out) + prev_output_tokens.size(1) - 1
-        last = placeholder_positions >= self.max_positions() - 1
-        not_eos = torch.arange(logits.size(-1), device=logits.device) != self.dictionary.eos()
-        return logits.masked_fill(last[:, None, None] & not_eos, float("-inf")), {"attn": None}
+        return logits, {"attn": None, "ends": placeholder_positions >= self.max_positions() - 1}
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        """fairseq's softmax over the logits; then, in the rows that can only end, every token but [EOS] gets
+        probability 0 and [EOS] keeps its own, as fairseq's generator does at its max_len (masking the logits
+        instead would give [EOS] probability 1 there, favouring the hypotheses cut off)."""
+        probs = super().get_normalized_probs(net_output, log_probs, sample)
+        ends = net_output[1].get("ends") if len(net_output) > 1 and net_output[1] else None
+        if ends is None:
+            return probs
+        not_eos = torch.arange(probs.size(-1), device=probs.device) != self.dictionary.eos()
+        return probs.masked_fill(ends[:, None, None] & not_eos, float("-inf") if log_probs else 0.0)
 
     def _rows(self, tensor, encoder_out):
         """A per-sentence tensor repeated for each decoder row (used for small tensors only)."""
