@@ -22,15 +22,14 @@ plugin is imported), and after parsing:
   starts its bias at zero. PALM's ``--roberta-path`` of a converted BERT-family checkpoint gives its LayerNorm
   epsilon.
 """
-import functools
 import logging
 import os
 import re
-import sys
 
 import torch
 
 from palm_plugin.errors import CommandError
+from palm_plugin.fixes.parsed_arguments import check_after_parsing
 
 logger = logging.getLogger(__name__)
 
@@ -209,20 +208,5 @@ def check_decoding_task(args, state, path):
 
 
 def install():
-    """Wrap ``fairseq.options.parse_args_and_arch`` (idempotent)."""
-    from fairseq import options
-
-    parse = options.parse_args_and_arch
-    if getattr(parse, "__palm_checkpoint_paths__", False):
-        return
-
-    @functools.wraps(parse)  # keeps the markers of the fixes that wrapped it before, so none wraps twice
-    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
-        result = parse(parser, input_args, parse_known, suppress_defaults, modify_parser)
-        if not suppress_defaults:
-            check(result[0] if parse_known else result, sys.argv[1:] if input_args is None else list(input_args))
-        return result
-
-    parse_args_and_arch.__palm_plugin__ = True
-    parse_args_and_arch.__palm_checkpoint_paths__ = True
-    options.parse_args_and_arch = parse_args_and_arch
+    """Check every parsed command line (:func:`~palm_plugin.fixes.parsed_arguments.check_after_parsing`)."""
+    check_after_parsing("__palm_checkpoint_paths__", check)

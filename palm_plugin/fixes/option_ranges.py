@@ -7,10 +7,10 @@ end in a traceback deep inside batching or search. :func:`install` wraps ``fairs
 criterion or model defines it (fairseq's ``label_smoothed_cross_entropy`` as the plugin's ``unilm_cloze``), and
 stops with the option, its range and why as the last line of output.
 """
-import functools
 import math
 
 from palm_plugin.errors import CommandError
+from palm_plugin.fixes.parsed_arguments import check_after_parsing
 
 # option -> (low, low included, high, high included, what the range means)
 SHARE = (0.0, True, 1.0, False, "a probability")
@@ -95,20 +95,5 @@ def check(args):
 
 
 def install():
-    """Wrap ``fairseq.options.parse_args_and_arch`` (idempotent)."""
-    from fairseq import options
-
-    parse = options.parse_args_and_arch
-    if getattr(parse, "__palm_option_ranges__", False):
-        return
-
-    @functools.wraps(parse)  # keeps the markers of the fixes that wrapped it before, so none wraps twice
-    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
-        result = parse(parser, input_args, parse_known, suppress_defaults, modify_parser)
-        if not suppress_defaults:
-            check(result[0] if parse_known else result)
-        return result
-
-    parse_args_and_arch.__palm_plugin__ = True
-    parse_args_and_arch.__palm_option_ranges__ = True
-    options.parse_args_and_arch = parse_args_and_arch
+    """Check every parsed command line (:func:`~palm_plugin.fixes.parsed_arguments.check_after_parsing`)."""
+    check_after_parsing("__palm_option_ranges__", lambda args, argv: check(args))

@@ -321,7 +321,7 @@ def _blocked_weighted_sums(memory2: Tensor, query2: Tensor, w: Tensor) -> Tensor
 
 def _blocked_gradient_sums(memory2: Tensor, query2: Tensor, grad: Tensor):
     """:func:`_gradient_sums`, block by block (the default evaluation)."""
-    (batch, sources, dim), steps = memory2.shape, query2.size(1)
+    (_, sources, dim), steps = memory2.shape, query2.size(1)
     grad_memory = torch.zeros_like(memory2)
     grad_query = torch.empty_like(query2)
     grad_weight = memory2.new_zeros(1, dim)
