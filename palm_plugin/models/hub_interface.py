@@ -138,8 +138,10 @@ class PluginHubInterface(hub_utils.GeneratorHubInterface):
         if isinstance(inputs, (list, tuple)) and inputs and all(torch.is_tensor(t) for t in inputs):
             return super().generate(inputs, beam=beam, verbose=verbose, **kwargs)
         texts, one = _texts(inputs, "generate")
-        warn_if_truncated(self.task, [self.encode(text) for text in texts])
-        outputs = self.sample(texts, beam=beam, verbose=verbose, **kwargs)
+        tokens = [self.encode(text) for text in texts]  # once: encoding warns about an unreadable input
+        warn_if_truncated(self.task, tokens)
+        outputs = [self.decode(hypos[0]["tokens"]) for hypos in
+                   super().generate(tokens, beam=beam, verbose=verbose, **kwargs)]
         return outputs[0] if one else outputs
 
     def encode(self, sentence: str) -> torch.LongTensor:
