@@ -10,7 +10,6 @@ none) as solid lines and each validation subset as dashed lines with markers. Th
 """
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -115,10 +114,9 @@ def perplexity(points: Dict[str, List[Tuple[float, float]]], metric: str) -> Lis
 
 
 def plot(runs: Dict[str, Curves], output: str, metric: str = "loss", title: str = None) -> None:
-    import matplotlib
+    from palm_tools.charts import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, (loss_axis, ppl_axis) = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

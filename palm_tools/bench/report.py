@@ -340,10 +340,9 @@ def write_json(result: Dict, path: str):
 
 def plot(result: Dict, path: str):
     """Four panels: training tokens/s, peak memory and MFU against length; decoding sentences/s."""
-    import matplotlib
+    from palm_tools.charts import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(14, 10))
     keys = list(dict.fromkeys(row["key"] for row in result["training"]))

@@ -175,10 +175,9 @@ def markdown(result: Dict) -> str:
 def plot(result: Dict, path: str):
     """MFU, tokens/s and peak memory against sequences per update (one line per configuration and length), and the
     levers' speed-ups."""
-    import matplotlib
+    from palm_tools.charts import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = [row for row in _ok(result["sweep"]) if row["stage"] == "sweep"]
     fig, axes = plt.subplots(2, 2, figsize=(15, 10))

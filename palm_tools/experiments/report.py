@@ -190,10 +190,9 @@ def markdown(tables, header):
 def chart(tables, path):
     """One panel per experiment (rows) and task (columns): mean over seeds as bars, one standard deviation as error
     bars. Perplexity axes start near the smallest bar, not at 0, so that differences stay visible (labelled)."""
-    import matplotlib
+    from palm_tools.charts import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tasks = tuple(task for task in (GEN, SEL) if any(task in table["here"] for table in tables)) or (GEN,)
     figure, axes = plt.subplots(len(tables), len(tasks), figsize=(6.5 * len(tasks), 2.3 * len(tables)),
