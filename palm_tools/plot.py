@@ -157,6 +157,9 @@ def main(argv=None):
         parser.error(f"--labels: {len(labels)} names for {len(args.runs)} runs")
     try:
         runs = {label: read_run(run, args.metric) for label, run in zip(labels, args.runs)}
+    except FileNotFoundError as error:
+        sys.exit(f"palm-plot: {error.filename}: no such file or folder; give the log fairseq-train wrote (its output, "
+                 f"e.g. fairseq-train ... 2>&1 | tee train.log, or --log-file FILE) or its --tensorboard-logdir folder")
     except (OSError, ValueError) as error:
         sys.exit(f"palm-plot: {error}")
     plot(runs, args.output, args.metric, args.title)

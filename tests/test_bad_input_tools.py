@@ -168,3 +168,15 @@ def assert_refused(main, files, arguments, message, tmp_path, capsys, prefix):
     assert re.search(prefix + message.replace("{tmp}", re.escape(str(tmp_path))), last), last
     assert {p: p.read_bytes() for p in written} == written
     assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(written)
+
+
+def test_palm_plot_on_a_missing_log_names_it_and_what_to_give(tmp_path):
+    from palm_tools.plot import main
+
+    missing = tmp_path / "train.log"
+    with pytest.raises(SystemExit) as stopped:
+        main([str(missing), "-o", str(tmp_path / "curves.png")])
+    assert str(stopped.value) == (f"palm-plot: {missing}: no such file or folder; give the log fairseq-train wrote (its "
+                                  f"output, e.g. fairseq-train ... 2>&1 | tee train.log, or --log-file FILE) or its "
+                                  f"--tensorboard-logdir folder")
+    assert not (tmp_path / "curves.png").exists()
