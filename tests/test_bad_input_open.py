@@ -312,6 +312,32 @@ def test_held_out_by_size_keeps_training_whole(tmp_path):
     assert not train[0].startswith("\ufeff")
 
 
+def test_a_huge_conversation_stays_in_training_and_usual_splits_stay_by_count(capsys):
+    from palm_tools.data.corpora import split_conversations
+
+    # nine conversations of 2 pairs and one of 300: by count alone (1 each at 0.1) the huge one is held out for 2
+    # seeds of 10; it stays in training for all, which keeps at least 80% of the pairs
+    conversations = [(f"c{i}", ["turn"] * (301 if i == 4 else 3)) for i in range(10)]
+    fallbacks = 0
+    for seed in range(10):
+        splits = split_conversations(conversations, 0.1, np.random.default_rng(seed))
+        assert sorted(np.concatenate(list(splits.values())).tolist()) == list(range(10))
+        assert 4 in splits["train"] and splits["valid"] and splits["test"]
+        assert sum(300 if i == 4 else 2 for i in splits["train"]) >= 0.8 * 318
+        order = np.random.default_rng(seed).permutation(10)
+        fallbacks += 4 in order[:2]
+    assert fallbacks == 2 and capsys.readouterr().out.count("1 left to training, each would have held out") == 2
+    # conversations of unequal but ordinary sizes: the count split, exactly as it was
+    conversations = [(f"c{i}", ["turn"] * (2 + i % 7)) for i in range(60)]
+    splits = split_conversations(conversations, 0.05, np.random.default_rng(3))
+    order = np.random.default_rng(3).permutation(60)
+    assert [list(splits[k]) for k in ("valid", "test", "train")] == [list(order[:3]), list(order[3:6]),
+                                                                     list(order[6:])]
+    # two conversations: one each for valid and test is more than the bound; each split still gets one
+    splits = split_conversations([("a", ["t"] * 4), ("b", ["t"] * 3)], 0.05, np.random.default_rng(0))
+    assert len(splits["valid"]) == len(splits["test"]) == 1 and not splits["train"]
+
+
 def test_a_repeated_document_is_kept_once_and_counted(tmp_path, capsys):
     (tmp_path / "t.txt").write_text("First document here. Yes.\n\nSecond one. Also.\n\nFirst document here. Yes.\n\n"
                                     "Third text. Fine.\n")
@@ -420,6 +446,49 @@ def test_palm_prepare_names_a_tokenizer_file_of_another_kind(tokenizer_files, bp
                          str(tokenizer_files / "in.txt"), "--outputs", str(tokenizer_files / "out.txt")]) == 1
     assert last_line(capsys) == "palm-prepare: error: " + message.format(tmp=tokenizer_files)
     assert not (tokenizer_files / "out.txt").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(bpe="sentencepiece", sentencepiece_model="vocab.txt"),
+     "--sentencepiece-model {tmp}/vocab.txt is a WordPiece vocab.txt, but --bpe sentencepiece takes a sentencepiece "
+     "model there; for this file pass --bpe bert --bpe-vocab-file {tmp}/vocab.txt"),
+    (dict(bpe="bert", bpe_vocab_file="sp.model"),
+     "--bpe-vocab-file {tmp}/sp.model is a sentencepiece model, but --bpe bert takes a WordPiece vocab.txt there; for "
+     "this file pass --bpe sentencepiece --sentencepiece-model {tmp}/sp.model"),
+    (dict(bpe="sentencepiece", sentencepiece_model="sp.vocab"),
+     "--sentencepiece-model {tmp}/sp.vocab is a sentencepiece .vocab, but --bpe sentencepiece takes a sentencepiece "
+     "model there; for this file pass --bpe sentencepiece with the .model file beside it"),
+    (dict(bpe="sentencepiece", sentencepiece_model="missing.model"),
+     "--sentencepiece-model {tmp}/missing.model: no such file; give a sentencepiece model, the one the text was "
+     "encoded with (--bpe sentencepiece)"),
+])
+def test_the_api_names_a_bpe_file_of_another_kind(hub, tokenizer_files, options, message):
+    """fairseq's --bpe files, as the Python API and fairseq-interactive build them (sentencepiece's `could not parse
+    ModelProto` and a UnicodeDecodeError before); the right files still build their BPE."""
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    _, root = hub
+    options = {key: str(tokenizer_files / value) if key != "bpe" else value for key, value in options.items()}
+    with pytest.raises(SystemExit) as stopped:
+        from_pretrained(root, checkpoint_file="seq2seq.pt", data_name_or_path=str(root), **options)
+    assert str(stopped.value) == "error: " + message.format(tmp=tokenizer_files)
+    for right in (dict(bpe="sentencepiece", sentencepiece_model="sp.model"), dict(bpe="bert",
+                                                                               bpe_vocab_file="vocab.txt")):
+        right = {key: str(tokenizer_files / value) if key != "bpe" else value for key, value in right.items()}
+        assert from_pretrained(root, checkpoint_file="seq2seq.pt", data_name_or_path=str(root), **right).bpe
+
+
+def test_fairseq_interactive_names_a_bpe_file_of_another_kind(hub, tokenizer_files):
+    from tests.conftest import run_cli
+
+    _, root = hub
+    result = run_cli("fairseq-interactive", root, "--user-dir", USER_DIR, "--task", "unilm_seq2seq", "--path",
+                     root / "seq2seq.pt", "--bpe", "sentencepiece", "--sentencepiece-model",
+                     tokenizer_files / "vocab.txt", "--cpu", input="the cats\n", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --sentencepiece-model {tokenizer_files}/vocab.txt is a WordPiece vocab.txt, but --bpe sentencepiece "
+        f"takes a sentencepiece model there; for this file pass --bpe bert --bpe-vocab-file {tokenizer_files}/vocab.txt")
 
 
 def test_palm_prepare_writes_through_a_link_and_reads_no_mark(tokenizer_files, tmp_path, capsys):

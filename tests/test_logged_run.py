@@ -15,6 +15,20 @@ def test_output_status_and_cpu_time_of_a_run(tmp_path):
     assert 0 < cpu <= wall + 1
 
 
+def test_the_log_names_the_repository_files_relative_to_it(tmp_path):
+    """A committed log names no folder of the machine that ran it: the repository's paths, in the command line and
+    in what the tool prints, are relative (the runs start in the repository); earlier lines are left as they were."""
+    from palm_tools.experiments.logged_run import REPO
+
+    log = tmp_path / "log.txt"
+    log.write_text(f"earlier {REPO}/kept\n")
+    run_logged([sys.executable, "-c", "import os, sys; print('saving to', os.path.abspath('results/x.pt'), "
+                "os.getcwd(), sys.argv[1])", f"{REPO}/palm_plugin"], log)
+    lines = log.read_text().splitlines()
+    assert lines[0] == f"earlier {REPO}/kept" and lines[1].endswith(" palm_plugin")
+    assert lines[2] == "saving to results/x.pt . palm_plugin" and not (tmp_path / "log.txt.partial").exists()
+
+
 def test_timeout_stops_the_tool_and_what_it_started(tmp_path):
     log = tmp_path / "log.txt"
     marker = tmp_path / "child-still-running"

@@ -3,7 +3,8 @@
 The commands run page by page (README.md, examples/README.md, then every ``docs/**/*.md`` in the order of its path),
 in document order within a page, one bash process each (python blocks: one python process), in one workspace that
 holds what the pages say they need, made small: ``DATA_MONO`` and ``DATA_PAIRS`` (fairseq-preprocess output of
-random words, one dictionary), ``raw/`` (the text of both), ``roberta.base/model.pt`` (a tiny RoBERTa trained here
+random words, one dictionary), ``raw/`` (the user's text of README.md's MiniLM road, smaller still: those commands
+train the real 6 x 384 MiniLM for hundreds of updates, each on the whole of it), ``roberta.base/model.pt`` (a tiny RoBERTa trained here
 on DATA_MONO), a copy of ``examples/`` and links to the packages (so recipes write under the workspace). A block may use what an earlier block of the same page made (the
 UniLM commands of docs/models.md decode what their fine-tuning wrote); no page relies on another page's blocks.
 Sizes change only through the variables the pages document: ``$ARGS`` (the tiny arch of the family named by
@@ -103,19 +104,21 @@ def write_words(path, rows, seed, lengths=(3, 9)):
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
-    raw = root / "raw"
-    raw.mkdir()
-    for split, rows in (("train", 120), ("valid", 12)):
-        text = write_words(raw / f"{split}.mono", rows, seed=len(split))
-        # documents of 6 sentences, a blank line between them
-        (raw / f"{split}.mono").write_text("".join(line + ("\n\n" if i % 6 == 5 else "\n") for i, line in enumerate(text)))
-    run_cli("fairseq-preprocess", "--only-source", "--trainpref", raw / "train.mono", "--validpref", raw / "valid.mono",
-            "--destdir", root / "DATA_MONO", "--workers", "1")
-    for split, rows in (("train", 64), ("valid", 8), ("test", 4)):
-        sources = write_words(raw / f"{split}.src", rows, seed=10 + rows)
-        (raw / f"{split}.tgt").write_text("\n".join(" ".join(s.split()[:3]) for s in sources) + "\n")
-    run_cli("fairseq-preprocess", "-s", "src", "-t", "tgt", "--trainpref", raw / "train", "--validpref", raw / "valid",
-            "--testpref", raw / "test", "--srcdict", root / "DATA_MONO" / "dict.txt", "--tgtdict",
+    for folder, mono, pairs in (("text", (120, 12), (64, 8, 4)), ("raw", (36, 6), (16, 4, 4))):
+        (root / folder).mkdir()
+        for split, rows in zip(("train", "valid"), mono):
+            text = write_words(root / folder / f"{split}.mono", rows, seed=len(split))
+            # documents of 6 sentences, a blank line between them
+            (root / folder / f"{split}.mono").write_text(
+                "".join(line + ("\n\n" if i % 6 == 5 else "\n") for i, line in enumerate(text)))
+        for split, rows in zip(("train", "valid", "test"), pairs):
+            sources = write_words(root / folder / f"{split}.src", rows, seed=10 + rows)
+            (root / folder / f"{split}.tgt").write_text("\n".join(" ".join(s.split()[:3]) for s in sources) + "\n")
+    text = root / "text"
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", text / "train.mono", "--validpref",
+            text / "valid.mono", "--destdir", root / "DATA_MONO", "--workers", "1")
+    run_cli("fairseq-preprocess", "-s", "src", "-t", "tgt", "--trainpref", text / "train", "--validpref",
+            text / "valid", "--testpref", text / "test", "--srcdict", root / "DATA_MONO" / "dict.txt", "--tgtdict",
             root / "DATA_MONO" / "dict.txt", "--destdir", root / "DATA_PAIRS", "--workers", "1")
     # a tiny RoBERTa (palm_tiny's encoder shape) with DATA_MONO's dictionary, where the README expects roberta.base
     run_cli("fairseq-train", root / "DATA_MONO", "--task", "masked_lm", "--arch", "roberta", "--criterion",

@@ -11,6 +11,7 @@ plugin's models are imported, so :func:`install_after_registration` runs it afte
 from palm_plugin.fixes import (
     batch_remainder,
     bf16_without_xla,
+    bpe_files,
     checkpoint_copy,
     checkpoint_paths,
     cudnn_attention,
@@ -46,6 +47,8 @@ FIXES = (
                        "fine-tuning needs the checkpoint's sizes retyped"),
     (save_dir_guard, "two runs into one --save-dir overwrite each other; a run of another task or model silently "
                      "resumes the checkpoint of the folder"),
+    (bpe_files, "a tokenizer file of another scheme given to --bpe (a WordPiece vocab.txt as --sentencepiece-model) "
+                "fails deep inside the tokenizer"),
     (cudnn_attention, "--fp16/--bf16 on Hopper GPUs: cuDNN attention builds a graph per new batch shape, and "
                       "length-bucketed batches change shape every update"),
 )

@@ -12,6 +12,8 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+from palm_plugin.tokenizer_files import (GPT2_ENCODER, GPT2_MERGES, HF_TOKENIZER, SENTENCEPIECE, SENTENCEPIECE_VOCAB,
+                                         WORDPIECE, kind_mismatch)
 from palm_tools.atomic_files import atomic_open
 from palm_tools.text_files import not_utf8
 from palm_tools.data.readers.common import ReaderError
@@ -66,47 +68,13 @@ def bpe_config(kind, model, vocab_bpe=None, cased=None):
 
 
 # the file each option of each scheme takes: (configuration field, option, kind of file)
-EXPECTED = {"gpt2_encoder_json": ("--model", "a GPT-2 encoder.json"), "gpt2_vocab_bpe": ("--vocab-bpe",
-                                                                                       "GPT-2 merges (vocab.bpe)"),
-            "bpe_vocab_file": ("--model", "a WordPiece vocab.txt"), "sentencepiece_model": ("--model",
-                                                                                          "a sentencepiece model")}
-SCHEME_OF = {"a GPT-2 encoder.json": "--bpe gpt2", "GPT-2 merges (vocab.bpe)": "--bpe gpt2 (as --vocab-bpe)",
-             "a WordPiece vocab.txt": "--bpe wordpiece", "a sentencepiece model": "--bpe sentencepiece",
-             "a sentencepiece .vocab": "--bpe sentencepiece with the .model file beside it",
-             "an HF tokenizer.json": "--bpe wordpiece with the vocab.txt beside it (palm-convert writes one)"}
-
-
-def tokenizer_file_kind(path):
-    """What kind of tokenizer file ``path`` is, read from its content (a file of another scheme given by mistake
-    would otherwise fail deep inside fairseq's encoders, or encode every word as [UNK])."""
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is None or "\x00" in text[:4096]:
-        import sentencepiece
-
-        try:
-            sentencepiece.SentencePieceProcessor(model_file=str(path))
-            return "a sentencepiece model"
-        except (RuntimeError, OSError):
-            return "a binary file"
-    head = text.lstrip()
-    if head.startswith("{"):
-        try:
-            content = json.loads(text)
-        except ValueError:
-            return "a file that is not valid JSON"
-        return "an HF tokenizer.json" if isinstance(content, dict) and "model" in content else "a GPT-2 encoder.json"
-    if head.startswith("#version"):
-        return "GPT-2 merges (vocab.bpe)"
-    lines = [line for line in text.split("\n")[:1000] if line]
-    if lines and all("\t" in line for line in lines):
-        return "a sentencepiece .vocab"
-    if lines and all(" " not in line.strip() for line in lines):
-        return "a WordPiece vocab.txt"
-    return "a text file"
+EXPECTED = {"gpt2_encoder_json": ("--model", GPT2_ENCODER), "gpt2_vocab_bpe": ("--vocab-bpe", GPT2_MERGES),
+            "bpe_vocab_file": ("--model", WORDPIECE), "sentencepiece_model": ("--model", SENTENCEPIECE)}
+# palm-prepare's scheme that takes each kind of file
+SCHEME_OF = {GPT2_ENCODER: "--bpe gpt2", GPT2_MERGES: "--bpe gpt2 (as --vocab-bpe)", WORDPIECE: "--bpe wordpiece",
+             SENTENCEPIECE: "--bpe sentencepiece",
+             SENTENCEPIECE_VOCAB: "--bpe sentencepiece with the .model file beside it",
+             HF_TOKENIZER: "--bpe wordpiece with the vocab.txt beside it (palm-convert writes one)"}
 
 
 def build_encoder(config):
@@ -124,12 +92,10 @@ def build_encoder(config):
 
 
 def check_kind(path, option, expected, bpe):
-    """Stop unless the file ``path`` given as ``option`` is ``expected`` (a kind :func:`tokenizer_file_kind` names)."""
-    kind = tokenizer_file_kind(path)
-    if kind != expected:
-        scheme = SCHEME_OF.get(kind)
-        raise ReaderError(f"{option} {path} is {kind}, but --bpe {bpe} takes {expected} there; "
-                          + (f"for this file pass {scheme}" if scheme else f"pass {expected}"))
+    """Stop unless the file ``path`` given as ``option`` is ``expected`` (a kind :func:`palm_plugin.tokenizer_files.tokenizer_file_kind` names)."""
+    mismatch = kind_mismatch(path, option, expected, bpe, SCHEME_OF)
+    if mismatch:
+        raise ReaderError(mismatch)
 
 
 def _init_worker(config):

@@ -50,6 +50,7 @@ def run_logged(command, log, threads: int = 1, timeout: float = None):
                OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     started = time.time()
     with open(log, "a") as output:
+        offset = output.tell()
         output.write("$ " + " ".join(command) + "\n")
         output.flush()
         process = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env,
@@ -68,7 +69,22 @@ def run_logged(command, log, threads: int = 1, timeout: float = None):
             _, status, usage = os.wait4(process.pid, 0)
             output.write(f"\n{Path(command[0]).name}: stopped after {timeout} s\n")
         process.returncode = 124 if stopped else os.waitstatus_to_exitcode(status)
+    without_repository_folder(log, offset)
     return process.returncode, time.time() - started, usage.ru_utime + usage.ru_stime
+
+
+def without_repository_folder(log, offset=0):
+    """Name the repository's files relative to it in ``log`` from byte ``offset`` on (the command line and what
+    fairseq prints: checkpoint paths, ``--user-dir``), so that a committed log names no folder of the machine that
+    ran it; the runs start in the repository, so the relative paths are the ones they used."""
+    data = Path(log).read_bytes()
+    root = str(REPO).encode()
+    if root not in data[offset:]:
+        return
+    tail = data[offset:].replace(root + b"/", b"").replace(root, b".")
+    partial = Path(f"{log}.partial")
+    partial.write_bytes(data[:offset] + tail)
+    os.replace(partial, log)
 
 
 def run_checked(tool, args, log):
