@@ -1,16 +1,18 @@
-"""Response selection with the real all-MiniLM-L6-v2 weights learns above chance, by the plugin's road and by
-transformers' (issue 25).
+"""Response selection with the real all-MiniLM-L6-v2 weights learns above chance, by the plugin's road, as far as
+transformers' road does (issue 25).
 
 The tables' selection rows sat at 50.00%, the real MiniLM included: at the generation budget (40 updates peaking at
 lr 5e-4) the new classifier settles on one answer. A classifier on the [CLS] state of this model, which was trained
 through mean pooling, learns the task slowly in fairseq and in transformers alike (docs/paper_tables_findings.md,
-section 5). This test runs the real-weights table's ``sel`` path end to end at the table's budget: examples from
-real chitchat conversations made by the tables' own ``_selection_examples``, the checkpoint converted by
+section 5). The plugin's test runs the real-weights table's ``sel`` path end to end at the table's budget: examples
+from real chitchat conversations made by the tables' own ``_selection_examples``, the checkpoint converted by
 ``palm-convert bert``, WordPiece-encoded and binarized as ``palm-experiments`` does, and the fine-tuning command of
 the tables' :class:`~palm_tools.experiments.plan.Plan` (learning rate, classification head, init and separator
-tokens) as a real ``fairseq-train`` process that scores the test split. Then the same weights learn the same
-examples as transformers' ``BertForSequenceClassification``: both must beat chance, and the plugin must come within
-``MARGIN`` points of transformers.
+tokens) as a real ``fairseq-train`` process that scores the test split. It must beat chance and come within
+``MARGIN`` points of what transformers' ``BertForSequenceClassification`` reaches on the same examples at the same
+budget and seed, :data:`TRANSFORMERS_ACCURACY`. That road takes as long as the plugin's (about 7 minutes of one
+core), so the suite reads its result, and the test that measures it runs on request
+(``PALM_REFERENCE_TESTS=1 pytest -m slow tests/test_selection.py``), where it checks the value again.
 """
 import math
 import os
@@ -41,6 +43,9 @@ MAX_WORDS = 12  # short turns keep the run small
 # the real-weights table's selection budget (600 updates of 32 examples at 1e-4); the test's own warm-up
 BUDGET = ["finetune_pairs=32", "warmup_updates=60", "seeds=1"]
 MARGIN = 5  # accuracy points; two sd of the difference of two accuracies on 1000 examples is about 4.4
+# transformers 5's BertForSequenceClassification on this file's examples at the table's budget, seed 1, one thread
+# (docs/paper_tables_findings.md, section 5: 61.1% against the plugin's 59.9%); measured by the reference test below
+TRANSFORMERS_ACCURACY = 61.1
 
 
 def chance_bound(examples, z=3.29):
@@ -147,7 +152,7 @@ def test_real_weights_tell_real_replies_from_random_ones_without_training():
 
 
 @pytest.mark.slow
-def test_real_minilm_learns_response_selection_by_both_roads(tmp_path):
+def test_real_minilm_learns_response_selection_as_transformers_does(tmp_path):
     started = time.time()
     scale = PRESETS["default"].with_overrides(BUDGET)
     plan = Plan(scale, tmp_path / "work", select(rows=["minilm/minilm"], tasks=[SEL]))
@@ -193,18 +198,32 @@ def test_real_minilm_learns_response_selection_by_both_roads(tmp_path):
     updates = re.findall(r"num_updates=(\d+)", log)
     assert updates and int(updates[-1]) == scale.minilm_select_updates
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        reference = transformers_accuracy(plan.minilm_source, examples["train"], examples["test"], scale, seed=1)
-    finally:
-        torch.set_num_threads(threads)
     tested = len(examples["test"])
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"test accuracy of {tested} examples: plugin (fairseq sentence_prediction) {accuracy}%, transformers "
-          f"{reference:.2f}%; chance bound {chance_bound(tested):.2f}%; {time.time() - started:.0f} s wall, "
-          f"{children.ru_utime + children.ru_stime:.0f} CPU seconds of the tools")
-    # the task is learnable (an independent implementation learns it), and the plugin's road learns it as well
-    assert reference > chance_bound(tested), f"transformers: {reference}% is within chance of 50% on {tested}"
+          f"{TRANSFORMERS_ACCURACY}% (measured on request); chance bound {chance_bound(tested):.2f}%; "
+          f"{time.time() - started:.0f} s wall, {children.ru_utime + children.ru_stime:.0f} CPU seconds of the tools")
+    # the plugin's road learns the task, as well as an independent implementation does
     assert accuracy > chance_bound(tested), f"{accuracy}% is within chance of 50% on {tested} examples"
-    assert accuracy > reference - MARGIN, f"the plugin's {accuracy}% is far below transformers' {reference:.2f}%"
+    assert accuracy > TRANSFORMERS_ACCURACY - MARGIN, \
+        f"the plugin's {accuracy}% is far below transformers' {TRANSFORMERS_ACCURACY}%"
+
+
+@pytest.mark.slow
+@pytest.mark.reference
+def test_transformers_learns_the_same_examples_at_the_same_budget():
+    """The independent road of the test above, measured: the task is learnable at the table's budget, and
+    :data:`TRANSFORMERS_ACCURACY` is what transformers reaches here (within the sampling noise of 1,000 examples)."""
+    scale = PRESETS["default"].with_overrides(BUDGET)
+    examples = selection_examples(TRAIN_CONTEXTS)
+    source = Path(minilm.__file__).parent / "model"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reference = transformers_accuracy(source, examples["train"], examples["test"], scale, seed=1)
+    finally:
+        torch.set_num_threads(threads)
+    tested = len(examples["test"])
+    print(f"transformers: {reference:.2f}% of {tested} test examples (recorded: {TRANSFORMERS_ACCURACY}%)")
+    assert reference > chance_bound(tested), f"transformers: {reference}% is within chance of 50% on {tested}"
+    assert abs(reference - TRANSFORMERS_ACCURACY) < MARGIN, (reference, TRANSFORMERS_ACCURACY)
