@@ -9,6 +9,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "palm_plugin"
 BIN = Path(sys.executable).parent
+# sitecustomize.py of the suite's tool processes: scikit-learn and scipy.stats load on first use (its docstring)
+STARTUP = REPO / "tests" / "startup"
+
+
+def python_path(*folders):
+    """PYTHONPATH of a tool process the suite starts: ``folders``, then :data:`STARTUP`."""
+    return os.pathsep.join([*map(str, folders), str(STARTUP)])
 
 
 # The test files that take longest (minutes of real training), longest first. pytest-xdist hands out whole files
@@ -29,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 
 def tool_env(**extra):
     """The environment of a tool's process: this checkout on the path, one thread (each xdist worker has one core)."""
-    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
+    return dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
 
 
 def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None, input=None):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, python_path, run_cli
 
 READMES = ["README.md", "examples/README.md"]
 DOCS = sorted(path.relative_to(REPO).as_posix() for path in (REPO / "docs").rglob("*.md"))
@@ -136,7 +136,7 @@ def workspace(tmp_path_factory):
 def environment(command, workspace):
     arch = re.search(r"--arch (\S+)", command)
     args = TRAIN_ARGS + (f" --arch {TINY.get(arch.group(1), arch.group(1))}" if arch else "")
-    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(workspace),
+    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=python_path(workspace),
                 OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", ARGS=args, SMOKE="1", WORKERS="1", PYTHON=sys.executable)
 
 

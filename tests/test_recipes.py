@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, python_path
 
 # benchmark, model, the variant suffix of its work folder, the metrics it writes
 RECIPES = [
@@ -26,8 +26,9 @@ SCORE_KEYS = {"rouge": "rouge-1", "bleu": "bleu", "meteor": "meteor", "rougel": 
 
 
 def run_recipe(benchmark, tmp_path, stages, model="palm", **extra):
-    env = dict(os.environ, SMOKE="1", MODEL=model, STAGES=stages, ROOT=str(tmp_path / benchmark),
-               BIN=str(Path(sys.executable).parent), PYTHON=sys.executable, OMP_NUM_THREADS="1", **extra)
+    env = dict(os.environ, PYTHONPATH=python_path(), SMOKE="1", MODEL=model, STAGES=stages,
+               ROOT=str(tmp_path / benchmark), BIN=str(Path(sys.executable).parent), PYTHON=sys.executable,
+               OMP_NUM_THREADS="1", **extra)
     result = subprocess.run(["bash", str(REPO / "examples" / benchmark / "run.sh")], env=env, capture_output=True,
                             text=True, timeout=900)
     if result.returncode != 0:
@@ -50,7 +51,7 @@ def test_real_run_stops_with_what_to_do(tmp_path):
     """Without SMOKE and with the default ROOT, a recipe gets through its set-up and a release that needs a manual
     step stops the download stage with the recipe's message (a failing test in the set-up would end the script
     with status 1 and no word, under `set -e`)."""
-    env = dict(os.environ, MODEL="unilm", STAGES="download", WORK=str(tmp_path / "work"),
+    env = dict(os.environ, PYTHONPATH=python_path(), MODEL="unilm", STAGES="download", WORK=str(tmp_path / "work"),
                DOWNLOAD=str(tmp_path / "download"), BIN=str(Path(sys.executable).parent), PYTHON=sys.executable)
     env.pop("ROOT", None)
     env.pop("SMOKE", None)

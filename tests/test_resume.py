@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import palm_plugin  # noqa: F401  (weights-only loading of fairseq checkpoints)
-from tests.conftest import BIN, PRETRAINING, REPO, USER_DIR
+from tests.conftest import BIN, PRETRAINING, REPO, USER_DIR, python_path
 
 MAX_UPDATE = 60
 
@@ -25,7 +25,7 @@ def train_command(data, task, save_dir):
 
 
 def run(command):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1")
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -36,7 +36,7 @@ def test_sigkill_then_resume_matches_uninterrupted(task, mono_data, tmp_path):
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     killed_dir = tmp_path / "killed"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1")
     process = subprocess.Popen(train_command(mono_data, task, killed_dir), env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     last = killed_dir / "checkpoint_last.pt"

@@ -19,7 +19,6 @@ import os
 import sys
 
 from palm_tools.arguments import whole_number
-from palm_tools.data import encode
 from palm_tools.data.readers import cnndm, coqa, cornell, gigaword, msmarco, squad_qg, xsum
 from palm_tools.data.readers.common import Counts, ReaderError, write_pairs
 
@@ -103,6 +102,8 @@ def build_parser():
 def convert(args):
     """Run the reader chosen on the command line and write its files; returns the summary lines."""
     if args.benchmark == "encode":
+        from palm_tools.data import encode  # fairseq's BPE classes: the readers below need no model code
+
         config = encode.bpe_config(args.bpe, args.model, args.vocab_bpe, cased=args.cased)
         lines = encode.encode_files(config, args.inputs, args.outputs, args.workers)
         return [f"encode ({args.bpe}): {source} -> {target}: {n} lines"
