@@ -142,6 +142,9 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
     is compiled when a model is built from a checkpoint for use. The suite compiles with the aot_eager backend (the
     graphs inductor receives, without its code generation; tests/test_palm_copy_generator.py runs inductor)."""
     monkeypatch.setattr(compiled_layers, "BACKEND", "aot_eager")
+    # a fresh recompile budget (8 per function, a hard stop with fullgraph): earlier tests of this process (the copy
+    # layer's, FlexAttention's) compiled the same functions for other dtypes, shapes and models
+    torch._dynamo.reset()
     plain, batch = built_with(corpus, key)
     options = ["--compile-layers"] + (["--compile-copy-attention"] if key == "palm" else [])
     compiled, _ = built_with(corpus, key, options)
