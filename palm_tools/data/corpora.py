@@ -153,12 +153,13 @@ def split_conversations(conversations, fraction, rng):
     conversation fits gets the smallest one left."""
     sizes = [max(0, len(turns) - 1) for _, turns in conversations]
     n_held, bound = max(1, int(round(fraction * len(conversations)))), 2 * fraction * sum(sizes)
-    splits, skipped = {"valid": [], "test": [], "train": []}, 0
+    splits, held, skipped = {"valid": [], "test": [], "train": []}, {"valid": 0, "test": 0}, 0
     for index in rng.permutation(len(conversations)):
-        split = next((s for s in ("valid", "test") if len(splits[s]) < n_held
-                      and sum(sizes[i] for i in splits[s]) + sizes[index] <= bound), "train")
+        split = next((s for s in held if len(splits[s]) < n_held and held[s] + sizes[index] <= bound), "train")
         skipped += split == "train" and min(len(splits["valid"]), len(splits["test"])) < n_held
         splits[split].append(index)
+        if split in held:
+            held[split] += sizes[index]
     for split in ("valid", "test"):
         if not splits[split] and splits["train"]:
             smallest = min(splits["train"], key=lambda i: sizes[i])
