@@ -3,6 +3,7 @@ batches (tokens, FLOPs, MFU recomputed from the record), accumulation equals one
 largest micro-batch backs off on out-of-memory as it should (no timing is judged here)."""
 import json
 import logging
+import re
 import shlex
 import sys
 import warnings
@@ -185,19 +186,83 @@ def test_out_of_memory_halves_the_micro_batch_and_the_largest_is_searched_below_
     assert 1000 + 300 * 24 <= 0.92 * FakeArgs.memory_limit_mb < 1000 + 300 * 32
 
 
+def speed_card_calls():
+    """Issue 38's two card calls as docs/benchmarks-gpu.md section 6 writes them: ``{tool: arguments}`` of the
+    palm-gpu-check line of the first call and the palm-bench line of the second ($OUT left as written)."""
+    text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
+    section = text[text.index("## 6. Issue 38"):]
+    calls = {}
+    for line in section.splitlines():
+        command = re.sub(r"^timeout \d+ ", "", line)
+        if command.startswith(("palm-gpu-check ", "palm-bench ")):
+            words = shlex.split(command)
+            calls.setdefault(words[0], words[1:])
+    return calls
+
+
+def test_speed_card_calls_plan_what_issue_38_measures():
+    """Checked before a card is lent: both calls parse, and their plans (--plan-only, --device cuda kept) hold what the
+    issue's targets read: the baselines (roberta, palm --no-copy) beside each family at 64 and 256 sequences of 512,
+    the kernel levers with pmlm's first, the kernels' training curves beside bf16's, and CUDA tests that exist."""
+    from palm_tools.experiments import gpu_check
+
+    calls = speed_card_calls()
+    args = benchmark.parse_args(calls["palm-bench"] + ["--plan-only"])
+    sweep, levers, estimate, _ = benchmark.plan(args)
+    assert benchmark.run(calls["palm-bench"] + ["--plan-only"]) == {"plan": [sweep, levers, estimate, _]}
+    assert args.device == "cuda" and args.lengths == [512] and args.sequences == [64, 256] and args.lever_sequences == 64
+    assert set(sweep.split(" at ")[0].split(": ")[1].split(", ")) == {
+        "roberta", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "palm", "palm_nocopy", "transformer"}
+    per_config = dict(part.split(": ") for part in levers.removeprefix("levers: ").rsplit(": ", 1)[0].split("; "))
+    assert list(per_config)[0] == "pmlm_ae_par"
+    for config in ("pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq"):
+        assert per_config[config].split(", ")[:2] == ["no_attention_dropout", "flex"], config
+    assert per_config["palm"].split(", ")[0] == "triton_copy"
+    # a row started just before the budget ends (a compiled lever: about a minute) still ends inside the timeout
+    timeout = int(re.search(r"timeout (\d+) palm-bench", (REPO / "docs" / "benchmarks-gpu.md").read_text()).group(1))
+    assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= timeout
+
+    check = calls["palm-gpu-check"]
+    assert gpu_check.main(check + ["--plan-only"]) == 0
+    args = gpu_check.parse_args(check + ["--plan-only"])
+    assert (args.configs, args.sizes, args.updates) == (["unilm2_pmlm", "palm_ft"], ["base"], 200)
+    assert {"bf16", "bf16-kernels", "fp32"} <= set(args.precisions)
+    rounds = -(-len(args.configs) * len(args.precisions) // args.jobs)  # training, then the tests: 6 minutes at most
+    assert args.run_timeout * rounds + args.tests_timeout <= 360
+    selected = run_cli(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                       "tests/test_gpu.py", "-k", args.tests, cwd=REPO).stdout
+    for test in ("test_flex_attention_backward_on_cuda_equals_sdpa",
+                 "test_flex_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa",
+                 "test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory",
+                 "test_compiled_copy_attention_on_cuda_equals_float64_reference_in_less_memory"):
+        assert f"::{test}" in selected, test
+
+
 @pytest.mark.slow
-def test_card_run_gpu_check_part_runs_quick_on_the_cpu(tmp_path, small_palm_data):
-    """The card run's palm-gpu-check part with --quick --device cpu: tiny PALM fine-tuning in fp32, fp32 with a
-    second seed and bf16 (fp16 needs the card), each judged against fp32, and tests/test_gpu.py (skipped here)."""
+def test_speed_card_training_check_runs_quick_on_the_cpu(tmp_path, small_palm_data):
+    """The first card call's palm-gpu-check with --quick --device cpu: pmlm and PALM fine-tuning in fp32, a second fp32
+    seed and bf16, each judged against fp32 (bf16 with the seed's drift beside its tolerance); the bf16-kernels runs
+    reach fairseq-train with each family's kernel option, which this CPU refuses in one line naming the option to use
+    instead, and are judged against bf16; tests/test_gpu.py's selection runs (skipped here)."""
     out = tmp_path / "check"
-    argv = card_run()["palm-gpu-check"] + ["--out", out, "--data", small_palm_data, "--device", "cpu", "--quick"]
+    argv = speed_card_calls()["palm-gpu-check"] + ["--out", out, "--data", small_palm_data, "--device", "cpu",
+                                                   "--quick", "--jobs", "2"]
     run_cli(sys.executable, "-m", "palm_tools.experiments.gpu_check", *argv, cwd=REPO)
     report = json.loads((out / "gpu_check.json").read_text())
-    rows = {r["precision"]: r for r in report["training"]}
-    assert set(rows) == {"fp32", "fp32-seed2", "bf16"} and {r["config"] for r in rows.values()} == {"palm_ft"}
-    assert all(r["exit"] == 0 for r in rows.values()) and rows["fp32-seed2"]["tolerance"] is None
-    assert rows["fp32-seed2"]["mean_rel_diff"] is not None and rows["bf16"]["status"] == "PASS"
-    assert report["tests"] and report["profile"] == []
+    rows = {(r["config"], r["precision"]): r for r in report["training"]}
+    assert set(rows) == {(c, p) for c in ("unilm2_pmlm", "palm_ft") for p in ("fp32", "fp32-seed2", "bf16",
+                                                                                "bf16-kernels")}
+    for config, refusal in (("unilm2_pmlm", "use --attention-impl sdpa"), ("palm_ft", "--copy-attention-impl")):
+        plain = {p: rows[config, p] for p in ("fp32", "fp32-seed2", "bf16")}
+        assert all(r["exit"] == 0 and r["status"] == "PASS" for r in plain.values()), plain
+        assert plain["bf16"]["against"] == "fp32" and plain["bf16"]["fp32_seed_drift"] is not None
+        assert plain["fp32-seed2"]["mean_rel_diff"] is not None and plain["fp32-seed2"]["tolerance"] is None
+        kernels = rows[config, "bf16-kernels"]
+        assert kernels["against"] == "bf16" and kernels["exit"] == 1 and kernels["status"] == "FAIL"
+        assert refusal in kernels["reasons"][0] and "Traceback" not in (out / kernels["log"]).read_text()
+        assert kernels["reasons"][-1] == "no bf16 curve to compare with"
+    assert report["tests"] and all(t["outcome"] == "skipped" for t in report["tests"])
+    assert "| bf16-kernels | bf16 |" in (out / "gpu_check.md").read_text()
 
 
 def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
@@ -218,5 +283,5 @@ def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
     palm = SPECS["palm"]
     args = palm.args("tiny", 32) + bench_sweep.LEVERS["triton_copy"].args(palm)
     assert args[-2:] == ["--copy-attention-impl", "triton"]
-    with pytest.raises(ValueError, match="--copy-attention-impl triton"):  # no CUDA here: refused, naming the option
+    with pytest.raises(SystemExit, match="--copy-attention-impl triton"):  # no CUDA here: refused, naming the option
         build(synthetic_corpus.path(palm.layout, 32, 8), args)

@@ -119,11 +119,11 @@ def test_cpu_tensors_outside_the_interpreter_name_the_option_to_use():
 @pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER, reason="checks the build without CUDA")
 def test_model_build_refuses_triton_without_cuda_or_package(monkeypatch):
     if importlib.util.find_spec("triton") is not None:
-        with pytest.raises(ValueError, match="no CUDA device is available: use --copy-attention-impl blocked"):
+        with pytest.raises(SystemExit, match="no CUDA device is available: use --copy-attention-impl blocked"):
             build(copy_attention_impl="triton")
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "triton" else find_spec(name))
-    with pytest.raises(ValueError, match="needs the triton package .*use --copy-attention-impl compiled"):
+    with pytest.raises(SystemExit, match="needs the triton package .*use --copy-attention-impl compiled"):
         check_copy_attention_impl("triton")
     check_copy_attention_impl("blocked")
     check_copy_attention_impl("compiled")
@@ -134,7 +134,7 @@ def test_model_build_sets_the_impl(interpreter):
     """Built to train, here or on CUDA: the copy layer gets the chosen evaluation."""
     assert build(copy_attention_impl="triton").decoder.pointer_generator.scores_impl == "triton"
     assert build().decoder.pointer_generator.scores_impl == "blocked"
-    with pytest.raises(ValueError, match="--copy-attention-impl triton computes the copy layer, which --no-copy"):
+    with pytest.raises(SystemExit, match="--copy-attention-impl triton computes the copy layer, which --no-copy"):
         build(copy_attention_impl="triton", no_copy=True)
 
 

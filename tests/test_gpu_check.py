@@ -130,6 +130,27 @@ def test_card_run_selection_of_sizes_and_precisions(tmp_path):
         parse_args(argv[:-1] + ["fp32,fp64"])
 
 
+def test_kernels_variant_needs_its_reference_and_a_slow_test_run_still_gives_the_report(tmp_path, capsys):
+    """bf16-kernels is judged against bf16: asked for without it, the command stops naming what to add; tests/test_gpu.py
+    past --tests-timeout gives a timeout row that points at its log, and the other parts are kept."""
+    from palm_tools.experiments.gpu_check import numerics, parse_args
+
+    for corpus in ("chitchat10k", "sotu"):
+        (tmp_path / "bin" / corpus).mkdir(parents=True)
+    argv = ["--out", str(tmp_path / "check"), "--data", str(tmp_path), "--device", "cpu"]
+    with pytest.raises(SystemExit):
+        parse_args(argv + ["--precisions", "fp32,bf16-kernels"])
+    assert capsys.readouterr().err.rstrip().splitlines()[-1].endswith(
+        "error: --precisions bf16-kernels is judged against bf16: add bf16 to --precisions")
+    args = parse_args(argv + ["--precisions", "fp32,bf16,bf16-kernels", "--tests-timeout", "1"])
+    (args.out / "work" / "logs").mkdir(parents=True)
+    logged = []
+    rows = numerics(args, args.out / "work", logged.append)
+    assert rows == [{"test": "tests/test_gpu.py", "outcome": "timeout", "detail": "stopped after 1 s (--tests-timeout); "
+                     "how far it got: work/logs/pytest-test_gpu.log"}]
+    assert logged == ["tests/test_gpu.py: stopped after --tests-timeout 1 s"]
+
+
 @pytest.mark.slow
 def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_data):
     """A real harness run: fairseq-train in fp32 and bf16, the profiler, pytest on tests/test_gpu.py (skipped here)."""

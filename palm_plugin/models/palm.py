@@ -40,7 +40,8 @@ from palm_plugin.modules.dictionary_check import (
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncoder, transformer_config
 from palm_plugin.modules import compiled_layers
-from palm_plugin.modules.copy_generator import COPY_ATTENTION_IMPLS, PointerGenerator, check_copy_attention_impl
+from palm_plugin.modules.copy_generator import (COPY_ATTENTION_IMPLS, CopyAttentionImplError, PointerGenerator,
+                                               check_copy_attention_impl)
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
 from palm_plugin.modules.size_check import check_sizes
 
@@ -210,8 +211,8 @@ class PalmModel(FairseqEncoderDecoderModel):
                     "encoder_embed_dim", ("encoder_attention_heads", "decoder_attention_heads"))
         copy_attention_impl = _copy_attention_impl(cfg)
         if copy_attention_impl != "blocked" and cfg.no_copy:
-            raise ValueError(f"--copy-attention-impl {copy_attention_impl} computes the copy layer, which --no-copy "
-                             "removes: leave out one")
+            raise CopyAttentionImplError(f"--copy-attention-impl {copy_attention_impl} computes the copy layer, "
+                                         "which --no-copy removes: leave out one")
         if not compiled_layers.compiling():  # decoding: T = 1 at a time, no backward pass; the model may be on a CPU
             copy_attention_impl = "blocked"
         check_copy_attention_impl(copy_attention_impl)

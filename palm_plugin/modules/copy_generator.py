@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
+from palm_plugin.errors import CommandError
 from palm_plugin.modules.compiled_layers import compiled
 
 TINY = torch.finfo(torch.float32).tiny
@@ -55,19 +56,23 @@ ROW_BY_ROW = {"cpu"}
 COPY_ATTENTION_IMPLS = ("blocked", "compiled", "triton")
 
 
+class CopyAttentionImplError(CommandError):
+    """--copy-attention-impl cannot run here: the command stops with one line naming the value to use instead."""
+
+
 def check_copy_attention_impl(impl: str) -> None:
-    """Raise a ValueError naming the option to use instead when ``impl`` cannot run here: ``triton`` needs the triton
-    package and a CUDA device (or Triton's interpreter, ``TRITON_INTERPRET=1``, which tests use on a CPU)."""
+    """Refuse ``impl`` where it cannot run, naming the option to use instead: ``triton`` needs the triton package and
+    a CUDA device (or Triton's interpreter, ``TRITON_INTERPRET=1``, which tests use on a CPU)."""
     if impl != "triton":
         return
     if importlib.util.find_spec("triton") is None:
-        raise ValueError("--copy-attention-impl triton needs the triton package (pip install triton), which is not "
-                         "installed: use --copy-attention-impl compiled (or blocked)")
+        raise CopyAttentionImplError("--copy-attention-impl triton needs the triton package (pip install triton), "
+                                     "which is not installed: use --copy-attention-impl compiled (or blocked)")
     from palm_plugin.modules import copy_attention_triton
 
     if not torch.cuda.is_available() and not copy_attention_triton.INTERPRETED:
-        raise ValueError("--copy-attention-impl triton runs its kernels on CUDA, and no CUDA device is available: "
-                         "use --copy-attention-impl blocked (the CPU's fastest)")
+        raise CopyAttentionImplError("--copy-attention-impl triton runs its kernels on CUDA, and no CUDA device is "
+                                     "available: use --copy-attention-impl blocked (the CPU's fastest)")
 
 
 @with_incremental_state

@@ -170,6 +170,9 @@ def parse_args(argv=None):
     parser.add_argument("--no-decoding", action="store_true", help="skip the decoding measurements")
     parser.add_argument("--output-dir", default="bench-results", help="where benchmark.{json,png,md} are written")
     parser.add_argument("--name", help="file name stem of the outputs (default: benchmark; with --sweep: sweep)")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="print what the run would measure and its estimate, and stop (no device needed: a card "
+                        "command checked before the card is lent)")
     parser.add_argument("--from-json", metavar="PATH",
                         help="measure nothing: render the table and chart of a saved record (a run cut short too)")
     parser.add_argument("--merge-into", metavar="PATH",
@@ -206,7 +209,7 @@ def parse_args(argv=None):
         args.preset, args.sweep = "gpu", True
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.plan_only:
         parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
     if args.precision is None:
         args.precision = "bf16" if args.device == "cuda" else "fp32"
@@ -247,6 +250,10 @@ def machine(device: str = "cpu") -> dict:
 def run(argv=None) -> dict:
     """Measure (or read ``--from-json``), print the tables, write the outputs; returns the JSON record."""
     args = parse_args(argv)
+    if args.plan_only:
+        for line in plan(args):
+            log("plan: " + line)
+        return {"plan": plan(args)}
     warnings.filterwarnings("ignore")  # hydra's deprecation notices from fairseq's config conversion
     logging.disable(logging.INFO)  # fairseq's and the tasks' per-dataset info lines
     os.makedirs(args.output_dir, exist_ok=True)

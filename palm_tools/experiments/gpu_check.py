@@ -8,7 +8,8 @@
    half its value at update 50. ``--sizes`` and ``--precisions`` select; the precisions include two variants run
    beside fp32 (issue 24): ``fp32-seed2`` (a second seed: how far two fp32 runs drift; not judged itself, but when it
    ran, a half-precision run of the same configuration is held to the larger of its tolerance and that drift) and
-   ``fp16-scale16`` (``--fp16-init-scale 16``, judged as fp16).
+   ``fp16-scale16`` (``--fp16-init-scale 16``, judged as fp16); and, for issue 38, ``bf16-kernels`` (each family's
+   fused kernels, ``--attention-impl flex`` or ``--copy-attention-impl triton``, judged against the bf16 run).
 2. Numerics: tests/test_gpu.py (copy layer, attention masks, cached decoding, GPU against CPU generation) under
    pytest; pass/fail per test.
 3. Profile: unilm_seq2seq tiny in each precision, a few updates under torch.profiler: key_averages tables in
@@ -42,8 +43,8 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from palm_tools.experiments.gpu_profile import PROFILE_COUNTED, profile_worker, profiling
-from palm_tools.experiments.gpu_training import (BF16_TOLERANCE, CONFIGS, FP16_TOLERANCE, PRECISION_FLAGS, SIZES,
-                                                 TOLERANCE, VARIANTS, training)
+from palm_tools.experiments.gpu_training import (BF16_TOLERANCE, COMPARED_WITH, CONFIGS, FP16_TOLERANCE,
+                                                 PRECISION_FLAGS, SIZES, TOLERANCE, VARIANTS, training)
 from palm_tools.arguments import whole_number
 from palm_tools.experiments.logged_run import REPO
 
@@ -58,11 +59,18 @@ def numerics(args, work, log):
         return [{"test": "tests/test_gpu.py", "outcome": "not found", "detail": f"looked in {Path.cwd()} and {REPO}"}]
     junit = args.out / "junit.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "--junitxml",
-               str(junit)]
+               str(junit)] + (["-k", args.tests] if args.tests else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    with open(work / "logs" / "pytest-test_gpu.log", "w") as output:
-        subprocess.run(command, cwd=root, stdout=output, stderr=subprocess.STDOUT, env=env,
-                       timeout=args.run_timeout)
+    log_path = work / "logs" / "pytest-test_gpu.log"
+    with open(log_path, "w") as output:
+        try:
+            subprocess.run(command, cwd=root, stdout=output, stderr=subprocess.STDOUT, env=env,
+                           timeout=args.tests_timeout)
+        except subprocess.TimeoutExpired:  # the report still comes: the tests' log says how far they got
+            log(f"tests/test_gpu.py: stopped after --tests-timeout {args.tests_timeout} s")
+            return [{"test": "tests/test_gpu.py", "outcome": "timeout",
+                     "detail": f"stopped after {args.tests_timeout} s (--tests-timeout); how far it got: "
+                               f"{log_path.relative_to(args.out)}"}]
     if not junit.exists():
         return [{"test": "tests/test_gpu.py", "outcome": "error", "detail": "pytest wrote no report"}]
     rows = []
@@ -123,22 +131,23 @@ def markdown(report):
     lines += ["", f"## Training: fairseq-train, curves against fp32 (mean loss over the last half of the logged intervals; tolerance fp16 "
                   f"{FP16_TOLERANCE:.0%}, bf16 {BF16_TOLERANCE:.0%}; a second fp32 seed's distance when larger)",
               "",
-              "| config | size | precision | updates | final loss | mean rel diff | max rel diff | overflows (after 50) | "
-              "loss scale 50 -> end | s | result |",
-              "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+              "| config | size | precision | against | updates | final loss | mean rel diff | max rel diff | "
+              "overflows (after 50) | loss scale 50 -> end | s | result |",
+              "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in report["training"]:
         scale = (f"{_number(r.get('loss_scale_50'), 'g')} -> {_number(r.get('loss_scale_end'), 'g')}"
                  if r["precision"].startswith("fp16") else "")
         late = f" ({r['overflows_after_50']})" if "overflows_after_50" in r else ""
         verdict = r["status"] + (": " + "; ".join(r["reasons"]) if r["reasons"] else "")
-        lines.append(f"| {r['config']} | {r['size']} | {r['precision']} | {r['updates']} | "
+        lines.append(f"| {r['config']} | {r['size']} | {r['precision']} | {r.get('against') or ''} | {r['updates']} | "
                      f"{_number(r['final_loss'], '.3f')} | {_number(r.get('mean_rel_diff'), '.2%')} | "
                      f"{_number(r['max_rel_diff'], '.2%')} | "
                      f"{r['overflows']}{late} | {scale} | {r['seconds']:.0f} | {verdict} |")
     passed = sum(r["status"] == "PASS" for r in report["training"])
     lines += ["", f"{passed} of {len(report['training'])} training rows PASS; tests: "
               + ", ".join(f"{sum(t['outcome'] == o for t in report['tests'])} {o}"
-                          for o in ("passed", "failed", "error", "skipped"))]
+                          for o in ("passed", "failed", "error", "skipped", "timeout")
+                          if o != "timeout" or any(t["outcome"] == o for t in report["tests"]))]
     return "\n".join(lines) + "\n"
 
 
@@ -163,6 +172,15 @@ def parse_args(argv=None):
                         "fp16, whose runs are left out)")
     parser.add_argument("--run-timeout", type=whole_number(1), default=400,
                         help="seconds before one process is stopped")
+    parser.add_argument("--updates", type=whole_number(1),
+                        help="updates of every training run (default: the size's, " + ", ".join(
+                            f"{size} {updates}" for size, (_, updates, _) in SIZES.items()) + "; --quick keeps its few)")
+    parser.add_argument("--tests-timeout", type=whole_number(1), default=600,
+                        help="seconds before tests/test_gpu.py is stopped (the report keeps the other parts)")
+    parser.add_argument("--tests", metavar="EXPRESSION",
+                        help="run only the tests of tests/test_gpu.py that pytest's -k EXPRESSION selects")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="print what the command would run and its estimate, and stop (no device or data needed)")
     args = parser.parse_args(argv)
     for name, default in (("configs", list(CONFIGS)), ("parts", PARTS), ("sizes", list(SIZES)), ("precisions", [])):
         given = getattr(args, name)
@@ -176,17 +194,34 @@ def parse_args(argv=None):
                    "--parts": PARTS}
         parser.error(f"unknown --configs/--sizes/--precisions/--parts entry {unknown[0]!r}; the choices: " +
                      "; ".join(f"{option} {', '.join(values)}" for option, values in choices.items()))
-    if args.device == "cuda" and not torch.cuda.is_available():
+    for variant, reference in COMPARED_WITH.items():
+        if variant in precisions and reference not in precisions:
+            parser.error(f"--precisions {variant} is judged against {reference}: add {reference} to --precisions")
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.plan_only:
         parser.error("--device cuda: torch sees no CUDA device here (use --device cpu)")
     args.jobs = args.jobs or (6 if args.device == "cuda" else 2)
     # fairseq trains in fp16 only on an accelerator
     half = args.device == "cuda" and not args.quick
     args.precisions = [p for p in precisions or ["fp32", "fp16", "bf16"] if half or not p.startswith("fp16")]
     for corpus in ("chitchat10k", "sotu"):
-        if not (args.data / "bin" / corpus).is_dir():
+        if not (args.data / "bin" / corpus).is_dir() and not args.plan_only:
             parser.error(f"{args.data / 'bin' / corpus}: not found; make it with: palm-data --out {args.data}")
     args.data = args.data.resolve()
     return args
+
+
+def plan(args) -> str:
+    """What the command runs and its bound in time, printed before anything runs."""
+    runs = len(args.configs) * (1 if args.quick else len(args.sizes)) * len(args.precisions) * (
+        "training" in args.parts)
+    updates = f"{args.updates} updates each" if args.updates and not args.quick else "the size's updates"
+    tests = f"pytest -k {args.tests!r}" if args.tests else "every test"
+    return (f"{', '.join(args.parts)}; training: {runs} fairseq-train runs ({', '.join(args.configs)} x "
+            f"{'tiny (--quick)' if args.quick else ', '.join(args.sizes)} x {', '.join(args.precisions)}; "
+            f"{updates}), {args.jobs} at once; tests/test_gpu.py: {tests if 'tests' in args.parts else 'not run'}; "
+            f"estimate: at most {-(-runs // args.jobs) * args.run_timeout / 60:.0f} min of training (--run-timeout "
+            f"{args.run_timeout} s a run)" + "".join(f", plus the {part}" for part in ("tests", "profile")
+                                                      if part in args.parts))
 
 
 def main(argv=None):
@@ -195,19 +230,16 @@ def main(argv=None):
         return profile_worker(argv[1:])
     args = parse_args(argv)
     started = time.time()
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = args.out / "work"  # logs two levels down: the top levels hold only the report files
 
     def log(message):
         print(f"[{time.time() - started:5.0f} s] {message}", flush=True)
 
+    log("plan: " + plan(args))
+    if args.plan_only:
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "work"  # logs two levels down: the top levels hold only the report files
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    runs = len(args.configs) * (1 if args.quick else len(args.sizes)) * len(args.precisions) * (
-        "training" in args.parts)
-    log(f"plan: {', '.join(args.parts)}; training: {runs} fairseq-train runs ({', '.join(args.configs)} x "
-        f"{'tiny (--quick)' if args.quick else ', '.join(args.sizes)} x {', '.join(args.precisions)}), {args.jobs} at "
-        f"once; estimate: at most {-(-runs // args.jobs) * args.run_timeout / 60:.0f} min of training (--run-timeout "
-        f"{args.run_timeout} s a run), plus the tests and the profile")
     report = {"command": "palm-gpu-check " + " ".join(argv), "environment": environment(args.device),
               "tolerance": TOLERANCE, "training": [], "tests": [], "profile": []}
     if "training" in args.parts:

@@ -22,7 +22,14 @@ PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 # fp32 run: fp32 with a second seed (how far two fp32 runs drift apart: not judged itself, it widens the half
 # precisions' tolerance when larger) and fp16 from a loss scale of 16 (without the early overflow skips); the flags
 # go last, so they override the command's own
-VARIANTS = {"fp32-seed2": ("fp32", ["--seed", "2"]), "fp16-scale16": ("fp16", ["--fp16-init-scale", "16"])}
+VARIANTS = {"fp32-seed2": ("fp32", ["--seed", "2"]), "fp16-scale16": ("fp16", ["--fp16-init-scale", "16"]),
+            "bf16-kernels": ("bf16", "kernels")}
+# issue 38: bf16-kernels trains with each family's fused kernels (FlexAttention for the UniLM family, the Triton copy
+# layer for PALM) and is judged against the bf16 run of today's path: same precision, seed and data, so the curves
+# differ only by the kernels' order of arithmetic (every check run has dropout off, as FlexAttention needs)
+KERNEL_FLAGS = {"palm": ["--copy-attention-impl", "triton"], "unilm": ["--attention-impl", "flex"],
+                "unilm2": ["--attention-impl", "flex"]}
+COMPARED_WITH = {"bf16-kernels": "bf16"}  # the precision a variant's curve is judged against (otherwise fp32)
 STABLE_FROM = 50  # fp16: no overflow skip after this update, loss scale at the end >= half its value here
 LOG_INTERVAL = 10
 
@@ -69,6 +76,8 @@ def train_command(config, scale, updates, lr, data, precision, device, log_inter
     if device != "cpu":
         args.remove("--cpu")
     precision, variant_flags = VARIANTS.get(precision, (precision, []))
+    if variant_flags == "kernels":
+        variant_flags = KERNEL_FLAGS[config.split("_")[0]]
     return [str(a) for a in args] + PRECISION_FLAGS[precision] + [
         "--max-update", str(updates), "--warmup-updates", str(warmup), "--lr", str(lr), "--log-format", "json", "--log-interval", str(log_interval),
         "--dropout", "0", "--attention-dropout", "0", "--no-save", "--seed", "1"] + variant_flags
@@ -106,7 +115,8 @@ def read_log(text):
 
 
 def judge(run, reference, drift=None):
-    """PASS/FAIL of one run, with the measured values; ``reference`` is the fp32 run of the same configuration.
+    """PASS/FAIL of one run, with the measured values; ``reference`` is the run of the same configuration its curve
+    is compared with (fp32's, or the precision of :data:`COMPARED_WITH`).
 
     ``drift``: how far a second fp32 seed's curve is from ``reference`` (its mean relative difference), when one ran.
     A half-precision curve is held to the larger of its tolerance and that: it cannot be asked to follow fp32 more
@@ -132,8 +142,9 @@ def judge(run, reference, drift=None):
         theirs = {p["update"]: p["loss"] for p in (reference or {}).get("points", [])}
         common = sorted(set(ours) & set(theirs))
         compared = common[len(common) // 2:]
+        against = (reference or {}).get("precision", "fp32")
         if not compared:
-            reasons.append("no fp32 curve to compare with")
+            reasons.append(f"no {against} curve to compare with")
         else:
             result["max_rel_diff"] = max(abs(ours[u] - theirs[u]) / abs(theirs[u]) for u in compared)
             # The verdict compares the mean over the last half: a single interval's spike (seen at base size in
@@ -142,7 +153,7 @@ def judge(run, reference, drift=None):
             diff = result["mean_rel_diff"] = abs(mean_ours - mean_theirs) / abs(mean_theirs)
             if result["tolerance"] is not None and not diff <= result["tolerance"]:  # NaN fails too
                 held = f"; a second fp32 seed: {drift:.1%}" if drift is not None else ""
-                reasons.append(f"mean loss {diff:.1%} from fp32 (tolerance {TOLERANCE[precision]:.0%}{held})")
+                reasons.append(f"mean loss {diff:.1%} from {against} (tolerance {TOLERANCE[precision]:.0%}{held})")
     if precision == "fp16":
         late = [o for o in run["overflows"] if o["after_update"] >= STABLE_FROM]
         result["overflows_after_50"] = len(late)
@@ -170,6 +181,8 @@ def fp32_seed_drift(second, reference):
 # ------------------------------------------------------------------------------------------------ training
 def training(args, work, log):
     sizes = {"tiny": QUICK_SIZE} if args.quick else {size: SIZES[size] for size in args.sizes}
+    if args.updates and not args.quick:
+        sizes = {size: (scale, args.updates, lr) for size, (scale, _, lr) in sizes.items()}
     interval = QUICK_LOG_INTERVAL if args.quick else LOG_INTERVAL
     runs = []
     for size, (scale, updates, lr) in sizes.items():
@@ -205,13 +218,14 @@ def training(args, work, log):
               for run in runs if run["precision"] == "fp32-seed2" and same(run, "fp32")}
     rows = []
     for run in runs:
-        reference = same(run, "fp32")
+        reference = same(run, COMPARED_WITH.get(run["precision"], "fp32"))
         drift = None if run["precision"] in ("fp32", "fp32-seed2") else drifts.get((run["config"], run["size"]))
         row = {k: run[k] for k in ("name", "config", "size", "precision", "updates", "status", "seconds", "points",
                                    "overflows")}
         row["exit"] = row.pop("status")
         row["log"] = str(run["log"].relative_to(work.parent))
         row["final_loss"] = run["points"][-1]["loss"] if run["points"] else None
+        row["against"] = reference["precision"] if reference and run["precision"] != "fp32" else None
         row.update(judge(run, reference, drift))
         rows.append(row)
     return rows
