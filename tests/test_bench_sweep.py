@@ -188,15 +188,16 @@ def test_out_of_memory_halves_the_micro_batch_and_the_largest_is_searched_below_
 
 def speed_card_calls():
     """Issue 38's two card calls as docs/benchmarks-gpu.md section 6 writes them: ``{tool: arguments}`` of the
-    palm-gpu-check line of the first call and the palm-bench line of the second ($OUT left as written)."""
+    palm-gpu-check line of the first call and the palm-bench line of the second, each run there as ``python3 -m``
+    its module ($OUT left as written)."""
     text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
     section = text[text.index("## 6. Issue 38"):]
     calls = {}
+    tools = {"palm_tools.experiments.gpu_check": "palm-gpu-check", "palm_tools.bench.cli": "palm-bench"}
     for line in section.splitlines():
-        command = re.sub(r"^timeout \d+ ", "", line)
-        if command.startswith(("palm-gpu-check ", "palm-bench ")):
-            words = shlex.split(command)
-            calls.setdefault(words[0], words[1:])
+        command = re.match(r"^(?:timeout \d+ )?python3 -m (palm_tools\.\S+) (.*)$", line)
+        if command and command.group(1) in tools:
+            calls.setdefault(tools[command.group(1)], shlex.split(command.group(2)))
     return calls
 
 
@@ -219,7 +220,8 @@ def test_speed_card_calls_plan_what_issue_38_measures():
         assert per_config[config].split(", ")[:2] == ["no_attention_dropout", "flex"], config
     assert per_config["palm"].split(", ")[0] == "triton_copy"
     # a row started just before the budget ends (a compiled lever: about a minute) still ends inside the timeout
-    timeout = int(re.search(r"timeout (\d+) palm-bench", (REPO / "docs" / "benchmarks-gpu.md").read_text()).group(1))
+    timeout = int(re.search(r"timeout (\d+) python3 -m palm_tools.bench.cli",
+                            (REPO / "docs" / "benchmarks-gpu.md").read_text()).group(1))
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= timeout
 
     check = calls["palm-gpu-check"]
