@@ -24,6 +24,26 @@ def python_path(*folders):
 LONGEST_FILES = ("test_readme_commands.py", "test_selection.py", "test_experiments.py", "test_unilm_classification.py")
 
 
+def mutmut_stats_pass() -> bool:
+    """Whether this is mutmut's stats pass (``make mutation``, docs/mutation.md): the selected tests run once to record
+    which functions each one calls, through trampolines that read a ContextVar, which torch.compile's fullgraph
+    tracing cannot follow."""
+    return os.environ.get("MUTANT_UNDER_TEST") == "stats"
+
+
+@pytest.fixture(autouse=True)
+def eager_in_mutmut_stats_pass():
+    """In mutmut's stats pass, compiled functions run eagerly: the pass needs only the calls. The mutant runs compile
+    as usual, so a mutant of a compiled function is still tested compiled."""
+    if not mutmut_stats_pass():
+        yield
+        return
+    import torch
+
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: index for index, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: each file keeps its order

@@ -7,6 +7,7 @@ import torch
 
 from palm_plugin.modules import compiled_layers, copy_generator
 from palm_plugin.modules.copy_generator import PointerGenerator
+from tests.conftest import mutmut_stats_pass
 
 DIM, VOCAB, MARKERS, PAD = 8, 12, 3, 1
 
@@ -178,6 +179,8 @@ def test_compiled_scores_equal_dense_reference_and_never_write_the_activations(m
     # tests/test_copy_triton.py imports this module
     from torch._inductor.utils import run_and_get_code
 
+    if mutmut_stats_pass():
+        pytest.skip("mutmut's stats pass runs compiled functions eagerly: no generated code to read")
     monkeypatch.setattr(compiled_layers, "BACKEND", "inductor")
     _, codes = run_and_get_code(assert_gradients_equal_dense_reference, "compiled")
     assert len(codes) == 4, codes  # the forward pass and the backward's three sums
