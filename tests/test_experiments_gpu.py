@@ -3,6 +3,7 @@ text, the card's flags), the unigram baseline, and (slow) the same command's --q
 import json
 import math
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from palm_tools.experiments.execute import unigram_perplexity
 from palm_tools.experiments.plan import UNIGRAM, Plan
 from palm_tools.experiments.rows import GEN, PRESET_SELECTION
 from palm_tools.experiments.scale import PRESETS
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from tests.test_experiments import check_budgets_and_seeds
 
 
@@ -104,3 +105,28 @@ def test_quick_path_of_the_card_command(tmp_path, small_palm_data):
     assert "Pre-training text: " + str(data / "bin" / "pretrain") in text
     assert (out / "paper_tables_gpu.png").read_bytes()[:4] == b"\x89PNG"
     assert not Path(small_palm_data / "pretrain").exists()  # the shared fixture is left as it was
+
+
+def test_the_next_seed_card_call_plans_only_its_seed_and_estimates_from_the_committed_seeds(capsys):
+    """Issue 41's card call as docs/paper_tables_gpu_plan.md writes it, with --plan-only on the committed runs of
+    results/gpu: the seeds already there are reused (their settings match the call's), only seed 3's eight
+    fine-tunings and five pre-trainings would run, and the estimate comes from the same runs' committed seeds: their
+    mean times over 14 processes, or the longest pre-training and its fine-tuning when that is longer."""
+    from palm_tools.experiments import cli
+
+    text = (REPO / "docs" / "paper_tables_gpu_plan.md").read_text()
+    start = text.index("timeout 540 python3 -m palm_tools.experiments.cli")
+    command = " ".join(line.strip().rstrip("\\") for line in text[start:].splitlines()[:3])
+    argv = shlex.split(command)[5:]
+    assert cli.main(argv + ["--plan-only"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    runs = REPO / "results" / "gpu" / "runs"
+    rows = sorted({re.sub(r"-s\d+$", "", p.name) for p in runs.iterdir() if p.name != "unigram"})
+    assert len(rows) == 13 and line.startswith("plan: 13 of 40 runs to run (8 gen, 5 pretrain), in results/gpu;")
+    mean = {row: sum(json.loads((runs / f"{row}-s{seed}" / "result.json").read_text())["seconds"]
+                     for seed in (1, 2)) / 2 for row in rows}
+    # gen-FAMILY-KEY fine-tunes what pre-KEY pre-trained (a row from scratch waits for nothing)
+    chain = max(mean[row] + mean.get("pre-" + row.split("-", 2)[2], 0) if row.startswith("gen-") else mean[row]
+                for row in mean)
+    minutes = max(sum(mean.values()) / 14, chain) / 60
+    assert f"estimate: about {minutes:.0f} min with 14 processes at once, from the times of 13 of these 13 runs" in line

@@ -50,6 +50,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -142,6 +143,9 @@ def parse_args(argv=None):
     parser.add_argument("--report-only", action="store_true",
                         help="write the tables from the runs finished so far (of a run still going, or stopped), "
                              "running nothing")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="print the plan (the runs still to run, which finished ones are reused) and its "
+                             "estimate, and stop: a card command checked before the card is lent")
     return parser.parse_args(argv)
 
 
@@ -156,20 +160,33 @@ def shown(path):
 
 
 def announce(plan, out, jobs, log=print):
-    """Print what this invocation will run and how long it should take, before it prepares data or starts a run. The
-    estimate is the earlier report's time of each run still to run (OUT.json, the committed one for a preset), spread
-    over ``jobs`` processes."""
+    """Print what this invocation will run and how long it should take, before it prepares data or starts a run. A
+    run's expected time is the earlier report's (OUT.json, the committed one for a preset) or else the mean of the same
+    run at the seeds already finished in WORK; the estimate spreads them over ``jobs`` processes, and is at least the
+    longest chain of a pre-training and the fine-tuning that waits for it."""
     pending = [name for name in plan.runs if result_of(plan, name) is None]
     kinds = collections.Counter(plan.runs[name].kind for name in pending)
     try:
         earlier = json.loads(out.with_suffix(".json").read_text()).get("run_seconds") or {}
     except (OSError, ValueError, AttributeError):
         earlier = {}
-    known = [earlier[name] for name in pending if earlier.get(name)]
-    estimate = (f"about {sum(known) / jobs / 60:.0f} min with {jobs} processes at once, from the times of {len(known)} "
-                f"of these runs in {shown(out.with_suffix('.json'))}" if known else
-                f"none: {shown(out.with_suffix('.json'))} has no time of these runs (the first finished runs' times "
-                f"are in WORK/runs/NAME/result.json)")
+    by_row = collections.defaultdict(list)  # a run's name without its seed -> the finished seeds' times
+    for name in plan.runs:
+        result = result_of(plan, name)
+        if result and result.get("seconds"):
+            by_row[re.sub(r"-s\d+$", "", name)].append(result["seconds"])
+    expected = {name: earlier.get(name) or (sum(times) / len(times) if (times := by_row[re.sub(r"-s\d+$", "", name)])
+                                            else None) for name in pending}
+    known = {name: seconds for name, seconds in expected.items() if seconds}
+    if known:
+        chain = max(seconds + sum(known.get(need, 0) for need in plan.runs[name].needs)
+                    for name, seconds in known.items())
+        estimate = (f"about {max(sum(known.values()) / jobs, chain) / 60:.0f} min with {jobs} processes at once, from "
+                    f"the times of {len(known)} of these {len(pending)} runs ({shown(out.with_suffix('.json'))}, or the "
+                    f"same runs' finished seeds in WORK)")
+    else:
+        estimate = (f"none: neither {shown(out.with_suffix('.json'))} nor WORK has a time of these runs (the first "
+                    f"finished runs' times are in WORK/runs/NAME/result.json)")
     log(f"plan: {len(pending)} of {len(plan.runs)} runs to run ("
         + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) + f"), in {shown(plan.work)}; "
         f"estimate: {estimate}", flush=True)
@@ -202,6 +219,9 @@ def main(argv=None):
     check_work_folder(work, scale)
     started = time.time()
     logged_run.stop_runs_on_termination()
+    if args.plan_only:
+        announce(plan, out, args.jobs)
+        return 0
     if args.report_only:
         errors = {}
     else:
