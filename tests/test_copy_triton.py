@@ -158,5 +158,5 @@ def test_deprecated_compile_copy_attention_means_compiled(caplog):
         model = build(compile_copy_attention=True)
     assert model.decoder.pointer_generator.scores_impl == "compiled"
     assert "use --copy-attention-impl compiled" in caplog.text
-    with pytest.raises(ValueError, match="contradicts --copy-attention-impl triton: leave out --compile-copy-att"):
+    with pytest.raises(SystemExit, match="contradicts --copy-attention-impl triton: leave out --compile-copy-att"):
         build(compile_copy_attention=True, copy_attention_impl="triton")

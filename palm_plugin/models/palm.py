@@ -164,8 +164,8 @@ def _copy_attention_impl(cfg) -> str:
     if not safe_getattr(cfg, "compile_copy_attention", False):
         return impl
     if impl not in ("blocked", "compiled"):
-        raise ValueError(f"--compile-copy-attention (deprecated) means --copy-attention-impl compiled, which "
-                         f"contradicts --copy-attention-impl {impl}: leave out --compile-copy-attention")
+        raise CopyAttentionImplError(f"--compile-copy-attention (deprecated) means --copy-attention-impl compiled, "
+                                     f"which contradicts --copy-attention-impl {impl}: leave out --compile-copy-attention")
     if not building_from_checkpoint():
         logger.warning("--compile-copy-attention is deprecated: use --copy-attention-impl compiled")
     return "compiled"
