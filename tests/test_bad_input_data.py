@@ -10,10 +10,14 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
+from palm_plugin.data.token_masking import TokenMaskingPolicy
+from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel
 from tests.conftest import PRETRAINING, USER_DIR, binarize_pairs, run_cli
 from tests.test_determinism import OURS
 from tests.test_unilm_decoding import ARCHS, net_input, sources, tiny_dictionary
+from tests.test_unilm_leakage import dictionary as words_dictionary
+from tests.test_unilm_leakage import indexed
 
 REGULAR_DOCUMENTS = 6  # each of a SHORT and a LONG sentence
 SHORT, LONG = 3, 10
@@ -208,6 +212,26 @@ def test_palm_translation_skips_pairs_over_the_limits_with_a_count(limits, awkwa
     assert "done training" in log
 
 
+@pytest.mark.parametrize("limits", [(2, 16), (16, 1), (0, 0)])
+def test_unilm_seq2seq_limits_too_small_for_a_token_are_refused_naming_both_options(limits):
+    """--max-source-positions below 3 leaves no room for a source token between [SOS] and [EOS], and
+    --max-target-positions below 2 none before the target's [EOS] (the command line only checks for >= 1): the
+    dataset refuses them with the two options and their least values. At those least values each side keeps its
+    first token."""
+    d = words_dictionary()
+    source, target = indexed([[5, 6, 7, 8], [9]], d), indexed([[10, 11, 12], [13, 14]], d)
+
+    def build(max_source, max_target):
+        return UniLMSeq2SeqDataset(source, target, d, max_source, max_target, TokenMaskingPolicy(mask_prob=0.5),
+                                   d.index("<mask>"), source_segment=4, target_segment=5, seed=1)
+
+    with pytest.raises(ValueError, match="--max-source-positions must be >= 3 and --max-target-positions >= 2"):
+        build(*limits)
+    smallest = build(3, 2)
+    assert [smallest[i]["source"].tolist() for i in range(2)] == [[d.bos(), 5, d.eos()], [d.bos(), 9, d.eos()]]
+    assert [smallest[i]["target"].tolist() for i in range(2)] == [[10, d.eos()], [13, d.eos()]]
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_unilm_decoding_ends_at_the_models_last_position(arch):
     """A source that leaves fewer positions than --max-len-b asks for ends its hypotheses at the model's last
@@ -231,3 +255,14 @@ def test_unilm_decoding_ends_at_the_models_last_position(arch):
         for length, best in zip(lengths, hypotheses):
             # the placeholders take positions length .. 15: 16 - length decoded tokens, the last one [EOS]
             assert len(best[0]["tokens"]) == 16 - length and best[0]["tokens"][-1] == dictionary.eos()
+
+
+def test_an_empty_data_path_says_so_and_a_folder_without_a_dictionary_names_its_file(tmp_path):
+    """``fairseq-train "$DATA"`` with DATA unset gives the pre-training tasks an empty path, which fairseq splits into
+    [""]: the task says DATA is empty rather than looking for ./dict.txt; a folder without dict.txt is named."""
+    from palm_plugin.data.monolingual import load_dictionary
+
+    with pytest.raises(ValueError, match=r"^DATA is empty: give the data directory written by fairseq-preprocess "):
+        load_dictionary("")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path}/dict.txt: no dictionary")):
+        load_dictionary(str(tmp_path))

@@ -135,9 +135,10 @@ def test_unilm_v1_files_without_layer_norm_eps_use_the_released_codes_1e_5(tmp_p
 
 
 def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
-    """Epsilon and segment ids from config.json (said on stderr with their source), gelu when it names no
-    activation, and outputs that today's loaders read: torch.load with weights_only (plain types only in the
-    configuration) and transformers' AutoTokenizer on the written vocab.txt and tokenizer_config.json."""
+    """Epsilon and segment ids from config.json (said on stderr with their source), BERT's epsilon when it names
+    none (a 2-type file is not UniLM v1), gelu when it names no activation, and outputs that today's loaders read:
+    torch.load with weights_only (plain types only in the configuration) and transformers' AutoTokenizer on the
+    written vocab.txt and tokenizer_config.json."""
     config = tiny_bert_config()
     source = write_bert_dir(tmp_path / "bert", transformers.BertModel(config), config)
     # no activation and no type_vocab_size: BERT's defaults (gelu, 2 token types)
@@ -168,6 +169,15 @@ def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
     original = safe_loading.load_state(str(source / "pytorch_model.bin"))["embeddings.token_type_embeddings.weight"]
     assert grown.cfg.num_segments == 4 and grown.stack.embeddings.segments.weight.shape == (4, 64)
     assert torch.equal(grown.stack.embeddings.segments.weight[:2], original)
+
+    # no layer_norm_eps and 2 token types (not UniLM v1): BERT's own default, transformers.BertConfig's, said so
+    (source / "config.json").write_text(json.dumps({k: v for k, v in settings.items() if k != "layer_norm_eps"}))
+    capsys.readouterr()
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "bert_default")])
+    bert_eps = transformers.BertConfig().layer_norm_eps
+    assert (f"layer_norm_eps {bert_eps} (not in config.json: BERT's default (transformers.BertConfig)); segments "
+            "source 1 / target 0") in capsys.readouterr().err
+    assert torch.load(tmp_path / "bert_default" / "model.pt", weights_only=True)["cfg"]["model"]["layer_norm_eps"] == bert_eps
 
     (source / "config.json").write_text(json.dumps({**settings, "hidden_act": "relu"}))
     with pytest.raises(SystemExit, match=r"config\.json: hidden_act 'relu'; UniLM uses gelu"):
@@ -217,7 +227,8 @@ def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path):
 
 def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     """UniLM v1's LayerNorm epsilon (1e-5, not BERT's 1e-12) goes out too; output directories are made with their
-    parents, as ``mkdir -p``. A checkpoint with every head converts without a word about random parameters."""
+    parents, as ``mkdir -p``. A checkpoint with every head converts without a word about random parameters. A
+    checkpoint that names its architecture (unilm_base, as fairseq-train saves it) exports as well."""
     config = tiny_bert_config(layer_norm_eps=1e-5)
     reference = randomize(transformers.BertForPreTraining(config), seed=15).eval()
     reference.tie_weights()
@@ -252,6 +263,17 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     ids = torch.randint(len(VOCAB), (2, 9), generator=torch.Generator().manual_seed(16))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).last_hidden_state, reference.bert(ids).last_hidden_state, atol=1e-6, rtol=0)
+    # fairseq-train --arch unilm_base saves the architecture as the model's _name (convert_namespace_to_omegaconf):
+    # an architecture of the unilm model exports as the model itself; another model's is refused
+    trained = torch.load(ours / "model.pt", weights_only=True)
+    for arch in ("unilm_base", "roberta"):
+        trained["cfg"]["model"]["_name"] = arch
+        torch.save(trained, ours / f"checkpoint_{arch}.pt")
+    convert.main(["export", "--input", str(ours / "checkpoint_unilm_base.pt"), "--output", str(tmp_path / "by_arch")])
+    by_arch = load_file(tmp_path / "by_arch" / "model.safetensors")
+    assert by_arch.keys() == back.keys() and all(torch.equal(by_arch[k], back[k]) for k in back)
+    with pytest.raises(SystemExit, match=r"checkpoint_roberta\.pt: a 'roberta' model; export writes unilm models"):
+        convert.main(["export", "--input", str(ours / "checkpoint_roberta.pt"), "--output", str(tmp_path / "no")])
 
 
 

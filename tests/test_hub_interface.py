@@ -152,7 +152,8 @@ def assert_score_recomputes_beam_search(hub, sources):
 
 
 def test_palm_from_pretrained_reads_a_training_directory(data, tmp_path):
-    """``PalmModel.from_pretrained(save_dir)``: checkpoint_best.pt and the dictionaries beside it, by default."""
+    """``PalmModel.from_pretrained(save_dir)``: checkpoint_best.pt and the dictionaries beside it, by default; its
+    keywords reach fairseq's loading as overrides."""
     import shutil
 
     from palm_plugin.fixes import safe_loading
@@ -170,6 +171,12 @@ def test_palm_from_pretrained_reads_a_training_directory(data, tmp_path):
     assert isinstance(model, PalmModel)
     assert all(torch.equal(value, expected[name]) for name, value in model.state_dict().items())
     assert_score_recomputes_beam_search(hub, ["w1 w2 w3 w4", "w5 w6"])
+    # keywords override the training configuration, as in fairseq: here the generation defaults (exactly 3 tokens)
+    sources = ["w1 w2 w3 w4", "w5 w6"]
+    options = {"max_len_a": 0, "max_len_b": 3, "min_len": 3}
+    fixed = PalmModel.from_pretrained(str(tmp_path), **options).generate(sources, beam=2)
+    assert fixed == hub.generate(sources, beam=2, **options)
+    assert [len(text.split()) for text in fixed] == [3, 3]
 
 
 def test_references_are_collated_as_fairseqs_translation_batches():

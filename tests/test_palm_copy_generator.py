@@ -164,7 +164,10 @@ def dense_probs(generator, states, encoder_out):
 # The memory gradient is summed row by row (the CPU's way) or per block (accelerators'), here both on the CPU.
 @pytest.mark.parametrize("row_by_row", [True, False], ids=["row-by-row", "per-block"])
 @pytest.mark.parametrize("block_elements", [2**18, 1, 90, 150])
+@pytest.mark.filterwarnings("error")
 def test_gradients_equal_dense_reference(monkeypatch, block_elements, row_by_row):
+    """Each block's activations are written into the leading part of one workspace, a partial last block (90) too:
+    an ``out=`` of another shape would be resized, which torch warns about (an error here)."""
     monkeypatch.setitem(copy_generator.BLOCK_ELEMENTS, "cpu", block_elements)
     monkeypatch.setattr(copy_generator, "ROW_BY_ROW", {"cpu"} if row_by_row else set())
     assert_gradients_equal_dense_reference("blocked")

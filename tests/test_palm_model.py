@@ -501,3 +501,29 @@ def test_checkpoints_keep_their_source_format():
     model = build(seed=2, no_source_bos=True)
     model.load_state_dict(build(seed=1).state_dict(), strict=True)
     assert model.encoder.source_bos
+
+
+def test_checkpoint_configuration_from_before_layer_norm_eps_keeps_fairseqs_epsilon():
+    """A checkpoint saved before --layer-norm-eps existed has no such field, and fairseq builds an architecture
+    (palm_tiny) from a saved configuration without the dataclass defaults (fairseq.models.build_model merges them for
+    the model name only): its LayerNorms keep fairseq's epsilon, the one it was trained with, and it computes what
+    the trained model computed."""
+    from fairseq import models
+    from fairseq.modules import LayerNorm
+    from omegaconf import OmegaConf
+
+    trained = build(seed=1).eval()
+    saved = OmegaConf.to_container(OmegaConf.structured(trained.cfg))
+    del saved["layer_norm_eps"]
+    saved["_name"] = "palm_tiny"
+    dictionary = trained.encoder.dictionary
+    old = models.build_model(OmegaConf.create(saved), FakeTask(dictionary), from_checkpoint=True).eval()
+    old.load_state_dict(trained.state_dict(), strict=True)
+    assert {m.eps for m in old.modules() if isinstance(m, torch.nn.LayerNorm)} == {LayerNorm(8).eps}
+    pad, eos = dictionary.pad(), dictionary.eos()
+    src_tokens = torch.tensor([[5, 6, 7, 8, 9, eos], [10, 11, eos, pad, pad, pad]])
+    prev_output_tokens = torch.tensor([[eos, 12, 13, 14], [eos, 15, pad, pad]])
+    with torch.no_grad():
+        expected, _ = trained(src_tokens, torch.tensor([6, 3]), prev_output_tokens)
+        got, _ = old(src_tokens, torch.tensor([6, 3]), prev_output_tokens)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)

@@ -187,6 +187,28 @@ def test_a_block_of_one_sentence_is_cut_between_two_of_its_tokens_uniformly():
     assert tokens.tolist() == [bos, 10, eos, 11, eos] and segments.tolist() == [0, 0, 0, 1, 1]
 
 
+def test_a_block_of_several_sentences_is_cut_at_an_inner_sentence_end_uniformly():
+    """Section 2.2's [SOS] S1 [EOS] S2 [EOS] from a block of sentences of unequal lengths: the cut is one of the
+    sentence ends inside the block, each equally often, the last one included when only one token follows it
+    (both sides keep a token). The block's last [EOS], or a cut last sentence without one (fairseq's
+    --sample-break-mode none), is never a cut."""
+    bos, eos = 0, 2
+    block = [10, 11, eos, 12, 13, 14, eos, 15, eos]  # sentences of 2, 3 and 1 tokens
+    expected = {  # cut -> (tokens, segments), written out
+        2: ([bos, 10, 11, eos, 12, 13, 14, eos, 15, eos], [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]),
+        6: ([bos, 10, 11, eos, 12, 13, 14, eos, 15, eos], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]),
+    }
+    rng, seen = np.random.default_rng(0), []
+    for _ in range(400):
+        tokens, segments = sentence_pair(np.array(block), bos, eos, rng)
+        cut = int((segments == 0).sum()) - 2  # [SOS] S1 [EOS]: S1 is the block up to the cut
+        assert (tokens.tolist(), segments.tolist()) == expected[cut]
+        seen.append(cut)
+    assert 150 < seen.count(2) < 250 and seen.count(2) + seen.count(6) == 400
+    tokens, segments = sentence_pair(np.array([10, eos, 11, 12]), bos, eos, rng)  # the last sentence is cut
+    assert tokens.tolist() == [bos, 10, eos, 11, 12, eos] and segments.tolist() == [0, 0, 0, 1, 1, 1]
+
+
 def test_unshuffled_order_is_by_length_then_index_and_epochs_reach_the_token_dataset():
     """Without shuffling (valid/test), fairseq's convention: shortest first, equal lengths in corpus order. An epoch
     set on the dataset is passed on to the dataset it wraps (fairseq's BaseWrapperDataset does so), which may hold

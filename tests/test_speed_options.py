@@ -166,6 +166,27 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
             built_with(corpus, key, ["--compile-copy-attention", "--no-copy"])
 
 
+def test_compiled_functions_take_other_batch_shapes_without_recompiling(monkeypatch):
+    """compiled() (--compile-copy-attention's sums): shapes are symbolic from the first call, so a batch of other
+    sizes (fairseq's change every update) reuses the code: with fullgraph, recompiling once per shape would stop
+    training at torch's recompile limit. Values equal the float64 eager computation; one compilation per backend."""
+    monkeypatch.setattr(compiled_layers, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+
+    def weighted_sums(memory, query, w):
+        return (torch.sigmoid(memory.unsqueeze(1) + query.unsqueeze(2)) * w).sum(-1)
+
+    function = compiled_layers.compiled(weighted_sums)
+    assert compiled_layers.compiled(weighted_sums) is function
+    torch.manual_seed(0)
+    shapes = [(2, 5, 3, 4), (3, 7, 2, 4), (4, 2, 6, 4)]  # (B, S, T, A): every size but A changes
+    for call, (batch, sources, steps, dim) in enumerate(shapes):
+        memory, query, w = torch.randn(batch, sources, dim), torch.randn(batch, steps, dim), torch.randn(dim)
+        with torch.compiler.set_stance("fail_on_recompile" if call else "default"):
+            got = function(memory, query, w)
+        torch.testing.assert_close(got, weighted_sums(memory.double(), query.double(), w.double()).float())
+
+
 def _updated_by(built, batch, make_optimizer, initial, updates=3):
     """The parameters after ``updates`` updates from ``initial`` with ``make_optimizer()`` (a fairseq optimizer,
     built after the parameters are reset: fairseq's FP16Optimizer copies them)."""

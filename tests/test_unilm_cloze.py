@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fairseq.logging import metrics
+from fairseq.tasks import FairseqTask
 
 from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
 from palm_plugin.models.unilm import UniLMConfig, UniLMModel
@@ -144,6 +145,10 @@ def test_pretraining_loss_equals_an_independent_computation(eps):
     assert values["next_sentence_loss"] == pytest.approx(next_sentence, abs=2e-3)
     assert logging_output["next_sentence_correct"] == correct != logging_output["next_sentence_rows"] - correct
     assert logging_output["ntokens"] == sample["ntokens"]  # fairseq's words-per-batch
+    # fairseq's task logs the batch size (bsz) from the criterion's nsentences: the 12 rows of the batch
+    with metrics.aggregate() as aggregator:
+        FairseqTask(None).reduce_metrics([logging_output], criterion)
+        assert aggregator.get_smoothed_values()["bsz"] == len(indices)
     assert values["loss"] == pytest.approx(cloze + next_sentence, abs=2e-3)
     # unrounded: the loss the optimiser sees is the sum of both means, times the number of predicted tokens
     assert float(loss) / sample_size / math.log(2) == pytest.approx(cloze + next_sentence, rel=1e-5)
@@ -179,3 +184,15 @@ def test_fine_tuning_loss_equals_an_independent_computation():
     assert values["loss"] == pytest.approx(cloze, abs=2e-3)
     assert float(loss) / sample_size / math.log(2) == pytest.approx(cloze, rel=1e-5)
     assert abs(cloze - nll) > 0.02
+
+
+@pytest.mark.parametrize("eps", [-0.1, 1.0, 1.5])
+def test_label_smoothing_outside_0_1_is_refused_naming_the_value(eps):
+    """A Python caller gets the command line's check: eps must be in [0, 1) (at 1 or more the smoothed target gives the
+    gold token no weight: the loss rewards wrong tokens), and the error names the value and the range. Values just
+    inside the range build."""
+    d = small_dictionary()
+    with pytest.raises(ValueError, match=rf"--label-smoothing {eps}: outside \[0, 1\)"):
+        UniLMClozeCriterion(_Task(d), label_smoothing=eps)
+    for allowed in (0.0, 0.999):
+        assert UniLMClozeCriterion(_Task(d), label_smoothing=allowed).eps == allowed

@@ -147,6 +147,35 @@ def greedy_by_training_forward(model, dictionary, arch, src, steps):
 
 @pytest.mark.parametrize("graph", [False, True], ids=["growing_cache", "fixed_shape"])
 @pytest.mark.parametrize("arch", list(ARCHS))
+def test_decoding_makes_its_tensors_on_the_inputs_device_not_torchs_default(arch, graph):
+    """Encoding, cached steps and full recomputation put every tensor they make (positions, masks, caches) on the
+    device of their inputs: a model on a GPU while torch's default device is the CPU must not mix the two. Here the
+    inputs stay on the CPU and the default device is "meta", which no tensor of the model may land on: the results
+    are those under the CPU default."""
+    dictionary = tiny_dictionary()
+    model = tiny_model(arch, dictionary)
+    model.decoder.decoding_graph = graph
+    inputs = net_input(arch, sources(dictionary, [7, 4, 5]))
+    with torch.no_grad():
+        results = []
+        for default in ("cpu", "meta"):
+            prev = torch.tensor([[dictionary.eos()]] * 3)
+            state, steps = {}, []
+            with torch.device(default):
+                encoder_out = model.encoder(**inputs)
+                for token in (9, 12):
+                    cached, _ = model.decoder(prev, encoder_out, incremental_state=state)
+                    recomputed, _ = model.decoder(prev, encoder_out)
+                    steps += [cached, recomputed]
+                    prev = torch.cat([prev, torch.tensor([[token], [token + 1], [token + 2]], device="cpu")], dim=1)
+            results.append(steps)
+    for on_cpu, under_meta in zip(*results):
+        assert under_meta.device == torch.device("cpu")
+        torch.testing.assert_close(under_meta, on_cpu, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["growing_cache", "fixed_shape"])
+@pytest.mark.parametrize("arch", list(ARCHS))
 def test_generator_with_cache_matches_recomputation_and_the_training_forward(arch, graph):
     dictionary = tiny_dictionary()
     model = tiny_model(arch, dictionary, seed=3)

@@ -183,7 +183,7 @@ def test_architecture_defaults_give_way_to_options_set_by_the_user(architecture)
 
 def test_classification_head_registered_again_with_other_classes_is_replaced_with_a_warning(caplog):
     """fairseq's convention (RoBERTa): registering a head of the same name again replaces it, and says so only when
-    the number of classes changes."""
+    the number of classes changes; an inner_dim is refused with the reason."""
     import logging
 
     namespace = argparse.Namespace()
@@ -197,6 +197,11 @@ def test_classification_head_registered_again_with_other_classes_is_replaced_wit
         assert not caplog.records
         model.register_classification_head("pairs", num_classes=3)
     assert [r.getMessage() for r in caplog.records] == ["re-registering head 'pairs' with 3 classes"]
+    assert model.classification_heads["pairs"].out_proj.out_features == 3
+    # RoBERTa's inner_dim (a dense + tanh layer before the projection) has no place in UniLM's one-layer head: the
+    # error says why and leaves the registered head as it was
+    with pytest.raises(ValueError, match=r"one linear layer \(section 2\.5\); inner_dim is not used"):
+        model.register_classification_head("pairs", num_classes=5, inner_dim=16)
     assert model.classification_heads["pairs"].out_proj.out_features == 3
 
 

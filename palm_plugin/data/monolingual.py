@@ -16,8 +16,9 @@ logger = logging.getLogger(__name__)
 def load_dictionary(data: str) -> Dictionary:
     """The ``dict.txt`` of the first directory of ``data``; a clear error when there is none."""
     paths = utils.split_paths(data)
-    if not paths:
-        raise ValueError("give the data directory written by fairseq-preprocess --only-source (fairseq-train DATA ...)")
+    if not paths[0]:  # an empty DATA ("$DATA" of an unset variable): fairseq splits it into [""]
+        raise ValueError("DATA is empty: give the data directory written by fairseq-preprocess --only-source "
+                         "(fairseq-train DATA ...)")
     path = os.path.join(paths[0], "dict.txt")
     if not os.path.exists(path):
         raise FileNotFoundError(

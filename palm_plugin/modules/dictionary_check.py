@@ -94,12 +94,11 @@ def check_symbols(state_dict, key, dictionary):
 def warn_if_unknown(text, tokens, dictionary):
     """Warn when the encoded source ``tokens`` of ``text`` hold no symbol of ``dictionary`` (the text is empty, or
     every piece is unknown: another tokenisation or language than the model's): a model answers it all the same,
-    and the answer does not depend on the text. Returns whether it warned."""
+    and the answer does not depend on the text."""
     known = [t for t in tokens.tolist() if t not in (dictionary.unk(), dictionary.eos(), dictionary.bos(),
                                                       dictionary.pad())]
     if known:
-        return False
+        return
     what = "an input is empty" if not text.strip() else f"the input {text[:60]!r} has no symbol of the dictionary"
     logger.warning(f"{what}: the output will not depend on it; check the input, and its tokenizer and BPE, which must "
                    "be the ones the model was trained with")
-    return True
