@@ -151,3 +151,24 @@ def test_a_unilm2_checkpoint_under_a_task_without_pseudo_masks_says_so(converted
     trained = unilm2_model(state, pseudo, relative_position_buckets=32).state_dict()
     with pytest.raises(DictionaryMismatchError, match=r"one more than .* add --pseudo-masks to fine-tune or decode"):
         unilm2_model({**state, "model": trained}, dictionary, relative_position_buckets=32)
+
+
+def test_palm_from_a_conversion_that_recorded_no_epsilon_takes_berts(converted, tmp_path):
+    """A converted checkpoint whose configuration names no LayerNorm epsilon (written before palm-convert recorded
+    it) is a BERT, whose epsilon is 1e-12 (transformers.BertConfig's default): PALM with that epsilon starts from it,
+    and PALM with fairseq's 1e-5 is told which one to pass."""
+    _, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    cfg = OmegaConf.to_container(OmegaConf.create(state["cfg"]))
+    del cfg["model"]["layer_norm_eps"]
+    older = tmp_path / "model.pt"
+    torch.save({**state, "cfg": cfg}, older)
+    sizes = dict(encoder_layers=2, encoder_embed_dim=64, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
+                 encoder_max_positions=64)
+    assert transformers.BertConfig().layer_norm_eps == 1e-12
+    palm = build_palm(dictionary, roberta_path=str(older), layer_norm_eps=1e-12, **sizes)
+    weight = state["model"]["encoder.stack.embeddings.layer_norm.weight"]  # the random BERT's, not LayerNorm's ones
+    assert not torch.equal(weight, torch.ones_like(weight))
+    torch.testing.assert_close(palm.encoder.layernorm_embedding.weight, weight, atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"epsilon is 1e-12, this model's 1e-05: pass --layer-norm-eps 1e-12$"):
+        build_palm(dictionary, roberta_path=str(older), **sizes)
