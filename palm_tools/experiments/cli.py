@@ -164,18 +164,21 @@ def announce(plan, out, jobs, log=print):
     run's expected time is the earlier report's (OUT.json, the committed one for a preset) or else the mean of the same
     run at the seeds already finished in WORK; the estimate spreads them over ``jobs`` processes, and is at least the
     longest chain of a pre-training and the fine-tuning that waits for it."""
-    pending = [name for name in plan.runs if result_of(plan, name) is None]
+    results = {name: result_of(plan, name) for name in plan.runs}
+    pending = [name for name, result in results.items() if result is None]
     kinds = collections.Counter(plan.runs[name].kind for name in pending)
     try:
         earlier = json.loads(out.with_suffix(".json").read_text()).get("run_seconds") or {}
     except (OSError, ValueError, AttributeError):
         earlier = {}
-    by_row = collections.defaultdict(list)  # a run's name without its seed -> the finished seeds' times
-    for name in plan.runs:
-        result = result_of(plan, name)
+    def row(name):  # a run's name without its seed
+        return re.sub(r"-s\d+$", "", name)
+
+    by_row = collections.defaultdict(list)  # -> the finished seeds' times
+    for name, result in results.items():
         if result and result.get("seconds"):
-            by_row[re.sub(r"-s\d+$", "", name)].append(result["seconds"])
-    expected = {name: earlier.get(name) or (sum(times) / len(times) if (times := by_row[re.sub(r"-s\d+$", "", name)])
+            by_row[row(name)].append(result["seconds"])
+    expected = {name: earlier.get(name) or (sum(by_row[row(name)]) / len(by_row[row(name)]) if by_row[row(name)]
                                             else None) for name in pending}
     known = {name: seconds for name, seconds in expected.items() if seconds}
     if known:
