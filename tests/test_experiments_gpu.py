@@ -1,5 +1,6 @@
 """palm-experiments --preset gpu (issue 23): the plan of the card run (rows, equal budgets, the large pre-training
 text, the card's flags), the unigram baseline, and (slow) the same command's --quick path end to end on the CPU."""
+import collections
 import json
 import math
 import re
@@ -107,6 +108,18 @@ def test_quick_path_of_the_card_command(tmp_path, small_palm_data):
     assert not Path(small_palm_data / "pretrain").exists()  # the shared fixture is left as it was
 
 
+def card_call(index):
+    """The arguments of the index-th palm-experiments card call of docs/paper_tables_gpu_plan.md."""
+    text = (REPO / "docs" / "paper_tables_gpu_plan.md").read_text()
+    start = [m.start() for m in re.finditer("timeout 540 python3 -m palm_tools.experiments.cli", text)][index]
+    lines = []
+    for line in text[start:].splitlines():
+        lines.append(line.strip().rstrip("\\"))
+        if not line.endswith("\\"):
+            break
+    return shlex.split(" ".join(lines))[5:]
+
+
 def test_the_next_seed_card_call_plans_only_its_seed_and_estimates_from_the_committed_seeds(capsys):
     """Issue 41's card call as docs/paper_tables_gpu_plan.md writes it, with --plan-only on the committed runs of
     results/gpu: the seeds already there are reused (their settings match the call's), only seed 3's eight
@@ -114,11 +127,7 @@ def test_the_next_seed_card_call_plans_only_its_seed_and_estimates_from_the_comm
     mean times over 14 processes, or the longest pre-training and its fine-tuning when that is longer."""
     from palm_tools.experiments import cli
 
-    text = (REPO / "docs" / "paper_tables_gpu_plan.md").read_text()
-    start = text.index("timeout 540 python3 -m palm_tools.experiments.cli")
-    command = " ".join(line.strip().rstrip("\\") for line in text[start:].splitlines()[:3])
-    argv = shlex.split(command)[5:]
-    assert cli.main(argv + ["--plan-only"]) == 0
+    assert cli.main(card_call(0) + ["--plan-only"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     runs = REPO / "results" / "gpu" / "runs"
     rows = sorted({re.sub(r"-s\d+$", "", p.name) for p in runs.iterdir() if p.name != "unigram"})
@@ -130,3 +139,80 @@ def test_the_next_seed_card_call_plans_only_its_seed_and_estimates_from_the_comm
                 for row in mean)
     minutes = max(sum(mean.values()) / 14, chain) / 60
     assert f"estimate: about {minutes:.0f} min with 14 processes at once, from the times of 13 of these 13 runs" in line
+
+
+def test_the_presets_other_rows_card_call_counts_every_run_it_will_run_and_times_new_rows_by_their_family(capsys):
+    """The second card call of docs/paper_tables_gpu_plan.md (the gpu preset's 13 rows at 3 seeds) on the committed
+    runs: it runs the 13 check runs of seed 3, the new rows' 24 runs, and PALM's finished pre-trainings of seeds 1 and
+    2 again (the re-initialised rows fine-tune from them, and their checkpoints are not committed), as run_all would;
+    the new rows' times are the means of the finished runs of the same family (from the run's name) and kind."""
+    from palm_tools.experiments import cli
+
+    argv = card_call(1)
+    assert "--rows" not in argv and "--tasks" not in argv  # the preset's own rows and task
+    assert cli.main(argv + ["--plan-only"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("plan: 39 of 64 runs to run (23 gen, 16 pretrain; 2 of them finished, run again for the "
+                           "checkpoint a fine-tuning needs), in results/gpu;")
+    runs = REPO / "results" / "gpu" / "runs"
+    seconds = {p.name: json.loads((p / "result.json").read_text())["seconds"] for p in runs.iterdir()
+               if p.name != "unigram"}
+
+    def family(name):  # gen-MODEL-..., pre-pmlm_* (UniLMv2), pre-unilm_* (UniLM), pre-palm
+        kind, rest = name.split("-", 1)
+        model = rest.split("-")[0] if kind == "gen" else {"pmlm": "unilm2", "unilm": "unilm", "palm": "palm"}[
+            rest.split("_")[0].split("-")[0]]
+        return kind, model
+
+    def mean(values):
+        return sum(values) / len(values)
+
+    alike = collections.defaultdict(list)
+    for name, time in seconds.items():
+        alike[family(name)].append(time)
+    rows = {re.sub(r"-s\d+$", "", name) for name in seconds}
+    pending = {**{f"{row}-s3": mean([seconds[f"{row}-s{s}"] for s in (1, 2)]) for row in rows},
+               "pre-palm-s1": seconds["pre-palm-s1"], "pre-palm-s2": seconds["pre-palm-s2"]}
+    new = [f"pre-pmlm_{o}-s{s}" for o in ("ar", "par", "ae_ar") for s in (1, 2, 3)]
+    new += [f"gen-unilm2-pmlm_{o}-s{s}" for o in ("ar", "par", "ae_ar") for s in (1, 2, 3)]
+    new += [f"gen-palm-palm_reinit-{part}-s{s}" for part in ("encoder", "decoder") for s in (1, 2, 3)]
+    pending.update({name: mean(alike[family(name)]) for name in new})
+    assert len(pending) == 39
+
+    def need(name):  # gen-FAMILY-KEY-sN fine-tunes what pre-KEY-sN pre-trained (reinit rows: pre-palm)
+        if not name.startswith("gen-") or "scratch" in name:
+            return 0
+        key = name.split("-", 2)[2].replace("_reinit-encoder", "").replace("_reinit-decoder", "")
+        return pending[f"pre-{key}"]
+
+    chain = max(time + need(name) for name, time in pending.items())
+    minutes = max(sum(pending.values()) / 14, chain) / 60
+    assert (f"estimate: about {minutes:.0f} min with 14 processes at once, from the times of 15 of these 39 runs "
+            f"(results/gpu/paper_tables_gpu.json, or the same runs' finished seeds in WORK); 24 more from the finished "
+            f"runs of their family and kind") in line
+
+
+def test_a_presets_rows_stay_when_tasks_are_chosen_and_new_rows_without_a_time_are_said_aloud(tmp_path, capsys):
+    """--tasks changes the preset's tasks, not its rows (it used to drop them: 158 runs of every experiment instead of
+    the preset's 64); --only chooses other experiments whole, with the preset's tasks. A pending run with no time of its own takes the mean of
+    the finished runs of its family and kind; a family with none is counted aloud, not guessed."""
+    from palm_tools.experiments import cli
+
+    work = tmp_path / "w"
+    common = ["--preset", "gpu", "--work", str(work), "--plan-only", "--jobs", "1", "--scale", f"data={tmp_path / 'd'}"]
+    assert cli.main(common + ["--tasks", "gen"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("plan: 64 of 64 runs to run (39 gen, 24 "
+                                                                         "pretrain, 1 unigram)")
+    assert cli.main(common + ["--only", "unilm"]) == 0  # mix, bidirectional, none: 3 seeds, the preset's task
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("plan: 16 of 16 runs to run (9 gen, 6 "
+                                                                         "pretrain, 1 unigram)")
+    for name, seconds in (("pre-pmlm_ae-s1", 150), ("gen-unilm2-pmlm_ae-s1", 30)):
+        (work / "runs" / name).mkdir(parents=True)
+        (work / "runs" / name / "result.json").write_text(json.dumps({"seconds": seconds}))
+    assert cli.main(common + ["seeds=1", "--rows", "unilm2/ae", "unilm2/ar", "unilm/mix"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    # pending: pmlm AR's pre-training (150 s, as AE's) and fine-tuning (30 s), UniLM's two and the unigram (no time)
+    assert line.startswith("plan: 5 of 7 runs to run (2 gen, 2 pretrain, 1 unigram)")
+    assert "estimate: about 3 min with 1 process at once, from the times of 0 of these 5 runs (" in line
+    assert line.endswith("paper_tables.json, or the same runs' finished seeds in WORK); 2 more from the finished runs "
+                         "of their family and kind; 3 runs have no time to go by and are not counted")

@@ -57,7 +57,7 @@ from pathlib import Path
 
 from palm_tools.arguments import whole_number
 from palm_tools.atomic_files import atomic_open
-from palm_tools.experiments.execute import device_name, result_of, run_all
+from palm_tools.experiments.execute import device_name, result_of, run_all, runs_to_run
 from palm_tools.experiments import logged_run
 from palm_tools.experiments.logged_run import REPO
 from palm_tools.experiments.plan import UNIGRAM, Plan, unigram_name
@@ -161,37 +161,55 @@ def shown(path):
 
 def announce(plan, out, jobs, log=print):
     """Print what this invocation will run and how long it should take, before it prepares data or starts a run. A
-    run's expected time is the earlier report's (OUT.json, the committed one for a preset) or else the mean of the same
-    run at the seeds already finished in WORK; the estimate spreads them over ``jobs`` processes, and is at least the
-    longest chain of a pre-training and the fine-tuning that waits for it."""
+    run's expected time is the earlier report's (OUT.json, the committed one for a preset), else the mean of the same
+    run at the seeds already finished in WORK, else the mean of the finished runs of its family and kind (a new row of
+    a table: pmlm AR beside pmlm AE); the estimate spreads them over ``jobs`` processes, and is at least the longest
+    chain of a pre-training and the fine-tuning that waits for it. Runs with none of these times are counted aloud."""
     results = {name: result_of(plan, name) for name in plan.runs}
-    pending = [name for name, result in results.items() if result is None]
+    pending = list(runs_to_run(plan))
+    again = sum(1 for name in pending if results[name])  # finished pre-trainings whose checkpoints are gone
     kinds = collections.Counter(plan.runs[name].kind for name in pending)
     try:
         earlier = json.loads(out.with_suffix(".json").read_text()).get("run_seconds") or {}
     except (OSError, ValueError, AttributeError):
         earlier = {}
+
     def row(name):  # a run's name without its seed
         return re.sub(r"-s\d+$", "", name)
 
-    by_row = collections.defaultdict(list)  # -> the finished seeds' times
+    def family(name):
+        return plan.runs[name].kind, plan.runs[name].model
+
+    by_row, by_family = collections.defaultdict(list), collections.defaultdict(list)  # -> the finished runs' times
     for name, result in results.items():
         if result and result.get("seconds"):
             by_row[row(name)].append(result["seconds"])
-    expected = {name: earlier.get(name) or (sum(by_row[row(name)]) / len(by_row[row(name)]) if by_row[row(name)]
-                                            else None) for name in pending}
-    known = {name: seconds for name, seconds in expected.items() if seconds}
+            by_family[family(name)].append(result["seconds"])
+
+    def mean(times):
+        return sum(times) / len(times) if times else None
+
+    own = {name: earlier.get(name) or mean(by_row[row(name)]) for name in pending}
+    alike = {name: mean(by_family[family(name)]) for name in pending if not own[name]}
+    known = {name: seconds for name, seconds in {**own, **alike}.items() if seconds}
     if known:
         chain = max(seconds + sum(known.get(need, 0) for need in plan.runs[name].needs)
                     for name, seconds in known.items())
-        estimate = (f"about {max(sum(known.values()) / jobs, chain) / 60:.0f} min with {jobs} processes at once, from "
-                    f"the times of {len(known)} of these {len(pending)} runs ({shown(out.with_suffix('.json'))}, or the "
+        own_count = sum(1 for seconds in own.values() if seconds)
+        processes = f"{jobs} processes" if jobs != 1 else "1 process"
+        estimate = (f"about {max(sum(known.values()) / jobs, chain) / 60:.0f} min with {processes} at once, from "
+                    f"the times of {own_count} of these {len(pending)} runs ({shown(out.with_suffix('.json'))}, or the "
                     f"same runs' finished seeds in WORK)")
+        if len(known) > own_count:
+            estimate += f"; {len(known) - own_count} more from the finished runs of their family and kind"
+        if len(known) < len(pending):
+            estimate += f"; {len(pending) - len(known)} runs have no time to go by and are not counted"
     else:
         estimate = (f"none: neither {shown(out.with_suffix('.json'))} nor WORK has a time of these runs (the first "
                     f"finished runs' times are in WORK/runs/NAME/result.json)")
+    rerun = f"; {again} of them finished, run again for the checkpoint a fine-tuning needs" if again else ""
     log(f"plan: {len(pending)} of {len(plan.runs)} runs to run ("
-        + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) + f"), in {shown(plan.work)}; "
+        + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())) + f"{rerun}), in {shown(plan.work)}; "
         f"estimate: {estimate}", flush=True)
 
 
@@ -214,8 +232,10 @@ def main(argv=None):
     work = (args.work or Path("work") / "experiments" / name).resolve()
     out = (args.out or (REPO / "docs" / "paper_tables" if name == "default" else work / "paper_tables")).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    chosen = PRESET_SELECTION.get(args.preset, {}) if not (args.only or args.rows or args.tasks) else {}
-    experiments = select(args.only, args.rows or chosen.get("rows"), args.tasks or chosen.get("tasks"))
+    # a preset's rows unless --only or --rows choose others; its tasks unless --tasks does
+    chosen = PRESET_SELECTION.get(args.preset, {})
+    experiments = select(args.only, args.rows or (None if args.only else chosen.get("rows")),
+                         args.tasks or chosen.get("tasks"))
     if not Path(scale.data).is_absolute():
         scale = dataclasses.replace(scale, data=str(Path(scale.data).resolve()))
     plan = Plan(scale, work, experiments)

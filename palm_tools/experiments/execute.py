@@ -103,17 +103,22 @@ def result_of(plan, name):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def run_all(plan, jobs, log=print, skip=None):
-    """Run every unfinished run but those of ``skip`` ({name: why}), ``jobs`` at a time, each after the runs it
-    needs; returns {name: error or why skipped}."""
+def runs_to_run(plan, skip=None):
+    """{name: run} of what ``run_all`` runs, in its order: every unfinished run but those of ``skip``, and each
+    finished pre-training whose checkpoint is gone (a clone holds only the committed results) that an unfinished
+    fine-tuning needs."""
     # seed by seed: a run stopped part way has every row with its first seeds, not some tables with none; within a
     # seed the pre-trainings first, the longest runs, which the fine-tunings then wait for
     order = sorted(plan.runs.items(), key=lambda item: (item[1].seed, item[1].kind != "pretrain"))
     pending = {n for n, _ in order if result_of(plan, n) is None and n not in (skip or {})}
-    # a finished pre-training whose checkpoint is gone (a clone holds only the committed results) runs again when an
-    # unfinished fine-tuning needs it
     pending |= {need for n in pending for need in plan.runs[n].needs if not plan.checkpoint(need).exists()}
-    pending = {n: r for n, r in order if n in pending}
+    return {n: r for n, r in order if n in pending}
+
+
+def run_all(plan, jobs, log=print, skip=None):
+    """Run every unfinished run but those of ``skip`` ({name: why}), ``jobs`` at a time, each after the runs it
+    needs; returns {name: error or why skipped}."""
+    pending = runs_to_run(plan, skip)
     log(f"{len(plan.runs) - len(pending)} of {len(plan.runs)} runs already finished; {len(pending)} to run")
     errors, running = dict(skip or {}), {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:

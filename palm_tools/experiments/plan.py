@@ -21,6 +21,7 @@ class Run:
     commands: list  # [(tool, [args])]
     kind: str  # pretrain | gen | sel
     seed: int
+    model: str = ""  # the network's family (rows.Row.model): runs of one family and kind take about as long
 
 
 def _model_args(scale, model, data, from_checkpoint=False):
@@ -151,7 +152,7 @@ class Plan:
             commands = [("fairseq-train", [text, "--task", "unilm_pretraining", "--criterion", "unilm_cloze",
                                            "--tokens-per-sample", scale.tokens_per_sample, "--disable-validation",
                                            *common, *segments, *init, *train(folder / "checkpoints", updates)])]
-        self.runs[name] = Run(name, (), commands, "pretrain", seed)
+        self.runs[name] = Run(name, (), commands, "pretrain", seed, model)
         return name
 
     def finetune_name(self, row, task, seed):
@@ -201,7 +202,7 @@ class Plan:
                                            "--num-classes", 2, "--init-token", 0, "--separator-token", 2,
                                            "--shorten-method", "truncate", "--valid-subset", "test",
                                            "--validate-interval", 10 ** 6] + train)]
-        self.runs[name] = Run(name, needs, commands, task, seed)
+        self.runs[name] = Run(name, needs, commands, task, seed, row.model)
         return name
 
     def generation_task(self, row, data, scoring=False):
