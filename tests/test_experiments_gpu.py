@@ -1,6 +1,7 @@
 """palm-experiments --preset gpu (issue 23): the plan of the card run (rows, equal budgets, the large pre-training
 text, the card's flags), the unigram baseline, and (slow) the same command's --quick path end to end on the CPU."""
 import collections
+import hashlib
 import json
 import math
 import re
@@ -216,3 +217,113 @@ def test_a_presets_rows_stay_when_tasks_are_chosen_and_new_rows_without_a_time_a
     assert "estimate: about 3 min with 1 process at once, from the times of 0 of these 5 runs (" in line
     assert line.endswith("paper_tables.json, or the same runs' finished seeds in WORK); 2 more from the finished runs "
                          "of their family and kind; 3 runs have no time to go by and are not counted")
+
+
+def test_a_work_folder_refuses_data_other_than_its_runs_were_made_from(tmp_path):
+    """palm-data's output changed with its version (sotu's split: 237 training addresses at 124d9d3, 235 now), and
+    a card builds or carries its own copy under the same folder name: the work folder records the sha256 of the data
+    files its runs read and refuses a seed made from others, in one line that names the files and the record."""
+    from palm_tools.experiments.prepare import check_data_files
+
+    data, work = tmp_path / "card_data", tmp_path / "work"
+    (data / "tok").mkdir(parents=True)
+    (data / "dict.txt").write_text("a 3\nb 2\n")
+    (data / "tok" / "chitchat.test.src").write_text("a b\n")
+    plan = Plan(PRESETS["gpu"].with_overrides([f"data={data}"]), work, select(rows=["unilm/scratch"], tasks=[GEN]))
+    work.mkdir()
+    check_data_files(plan)
+    record = json.loads((work / "data.json").read_text())
+    assert record == {"dict.txt": hashlib.sha256(b"a 3\nb 2\n").hexdigest(),
+                      "tok/chitchat.test.src": hashlib.sha256(b"a b\n").hexdigest()}
+    (data / "tok" / "chitchat.test.tgt").write_text("b\n")  # a file the record lacks joins it
+    check_data_files(plan)
+    assert set(json.loads((work / "data.json").read_text())) == {"dict.txt", "tok/chitchat.test.src",
+                                                                 "tok/chitchat.test.tgt"}
+    (data / "tok" / "chitchat.test.src").write_text("a a\n")
+    with pytest.raises(SystemExit) as stop:
+        check_data_files(plan)
+    assert str(stop.value) == (f"palm-experiments: {work}'s runs were made from other data than {data} "
+                               f"(tok/chitchat.test.src differ from the sha256 in {work / 'data.json'}); give the data "
+                               f"folder they were made with, or another --work folder")
+    assert set(json.loads((work / "data.json").read_text())) == {"dict.txt", "tok/chitchat.test.src",
+                                                                 "tok/chitchat.test.tgt"}  # the record kept
+
+
+def real_card_call():
+    """The palm-experiments arguments of the real-weights card call of docs/real_weights.md."""
+    text = (REPO / "docs" / "real_weights.md").read_text()
+    start = text.index("timeout 560 python3 -m palm_tools.experiments.cli")
+    lines = []
+    for line in text[start:].splitlines():
+        lines.append(line.strip().rstrip("\\"))
+        if not line.endswith("\\"):
+            break
+    return shlex.split(" ".join(lines))[5:]
+
+
+def test_the_real_weights_card_call_plans_its_seed_in_the_committed_folder(capsys):
+    """The second card call of docs/real_weights.md, with --plan-only: the committed results/real_gpu folder accepts
+    its settings (scale.json: 3,000 continued pre-training updates, the card's data folder), and one seed is the four
+    pre-trainings of the question, six fine-tunings (the four, the checkpoint directly in both layouts) and the
+    WordPiece unigram baseline. --plan-only writes nothing."""
+    from palm_tools.experiments import cli
+
+    before = sorted(p.name for p in (REPO / "results" / "real_gpu").iterdir())
+    assert cli.main(real_card_call() + ["--plan-only"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("plan: 11 of 11 runs to run (6 gen, 4 pretrain, 1 unigram), in results/real_gpu;")
+    assert sorted(p.name for p in (REPO / "results" / "real_gpu").iterdir()) == before
+    scale = json.loads((REPO / "results" / "real_gpu" / "scale.json").read_text())
+    assert (scale["real_pretrain_updates"], scale["data"], scale["device"]) == (3000, "card_data", "gpu")
+    assert {k: scale[k] for k in ("blocks", "tokens_per_sample", "real_pretrain_lr", "minilm_updates", "eval_pairs",
+                                  "warmup_updates")} == {k: json.loads((REPO / "results" / "real" / "scale.json")
+                                                                       .read_text())[k] for k in (
+        "blocks", "tokens_per_sample", "real_pretrain_lr", "minilm_updates", "eval_pairs", "warmup_updates")}
+
+
+@pytest.mark.slow
+def test_a_card_given_prepared_wordpiece_data_runs_no_palm_data_and_upcasts_the_float16_checkpoint(tmp_path,
+                                                                                                small_palm_data):
+    """The card path of the real-weights call: --prepare-only here builds the WordPiece data; a data folder holding
+    only the fine-tuning pairs, beside those prepared folders, prepares without palm-data (nothing is added to it),
+    and the float16 checkpoint converts to a float32 model.pt holding exactly its rounded values."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from tests.test_experiments import tiny_bert_with_minilm_vocabulary
+
+
+
+    bert = tiny_bert_with_minilm_vocabulary(tmp_path / "bert")
+    half = tmp_path / "half"
+    shutil.copytree(bert, half)
+    weights = load_file(bert / "model.safetensors")
+    save_file({k: (v.half() if v.is_floating_point() else v) for k, v in weights.items()}, half / "model.safetensors")
+    rows = ["--quick", "--only", "real", "--rows", "real/v2_ae", "real/ckpt", "--prepare-only"]
+    run_cli("palm-experiments", *rows, "--work", tmp_path / "here", "--scale", f"data={small_palm_data}",
+            f"minilm={half}")
+    card_data, card = tmp_path / "card_data", tmp_path / "card"
+    for form in ("tok", "raw"):
+        (card_data / form).mkdir(parents=True)
+        for source in (small_palm_data / form).glob("chitchat*"):
+            if source.name.startswith(("chitchat10k.train.", "chitchat.valid.", "chitchat.test.")):
+                shutil.copy(source, card_data / form)
+    for name in ("gen-wordpiece", "pretrain-wordpiece", "text-wordpiece"):
+        shutil.copytree(tmp_path / "here" / "prepared" / name, card / "prepared" / name)
+    given = sorted(p.relative_to(card_data) for p in card_data.rglob("*"))
+    result = run_cli("palm-experiments", *rows, "--work", card, "--scale", f"data={card_data}", f"minilm={half}")
+    assert "prepared: " in result.stdout
+    assert sorted(p.relative_to(card_data) for p in card_data.rglob("*")) == given  # palm-data did not run
+    assert "palm-data" not in (card / "prepare.log").read_text() and "palm-convert" in (card / "prepare.log").read_text()
+    converted = torch.load(card / "prepared" / "minilm" / "model.pt", weights_only=False)["model"]
+    run_cli("palm-convert", "bert", "--input", bert, "--output", tmp_path / "full")
+    full = torch.load(tmp_path / "full" / "model.pt", weights_only=False)["model"]
+    floats = [k for k, v in full.items() if v.is_floating_point()]
+    assert floats and converted.keys() == full.keys()
+    assert all(converted[k].dtype == torch.float32 for k in floats)
+    rounded = {k for k in floats if torch.equal(converted[k], full[k].half().float())}
+    # the heads a BertModel file lacks are initialised by the converter (seeded), not read: equal, and not rounded
+    assert set(floats) - rounded == {"lm_head.dense.weight", "next_sentence_head.weight"}
+    assert all(torch.equal(converted[k], full[k]) for k in set(floats) - rounded)
+    assert "encoder.stack.embeddings.tokens.weight" in rounded
+    assert not all(torch.equal(converted[k], full[k]) for k in floats)  # the rounding is there: the test can see it

