@@ -330,3 +330,23 @@ def test_inference_inputs_that_are_all_too_long_are_skipped_not_fatal(two_dictio
     tokens = [torch.tensor([4, 5, 6, 7, 2])]
     dataset = task.build_dataset_for_inference(tokens, [5])
     assert len(task.filter_indices_by_size(torch.arange(1).numpy(), dataset, (2, 2), True)) == 0
+
+
+def test_a_source_the_dictionary_cannot_read_is_named_in_its_warning(caplog):
+    """The warning of an empty or unreadable source says which input it is (in process: mutmut's selection reads
+    this; the fairseq-interactive test above sees the same lines through a process)."""
+    import torch
+    from fairseq.data import Dictionary
+
+    from palm_plugin.modules.dictionary_check import warn_if_unknown
+
+    dictionary = Dictionary()
+    hello = dictionary.add_symbol("hello")
+    tail = ": the output will not depend on it; check the input, and its tokenizer and BPE, which must be the ones " \
+           "the model was trained with"
+    with caplog.at_level("WARNING", logger="palm_plugin.modules.dictionary_check"):
+        warn_if_unknown(" \t", torch.tensor([dictionary.eos()]), dictionary)
+        warn_if_unknown("zebra " * 20, torch.tensor([dictionary.unk()] * 20 + [dictionary.eos()]), dictionary)
+        warn_if_unknown("hello zebra", torch.tensor([hello, dictionary.unk(), dictionary.eos()]), dictionary)
+    assert [r.getMessage() for r in caplog.records] == [
+        "an input is empty" + tail, f"the input {('zebra ' * 10)!r} has no symbol of the dictionary" + tail]
