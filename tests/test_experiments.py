@@ -190,10 +190,53 @@ def tiny_bert_with_minilm_vocabulary(directory):
     return directory
 
 
+def check_the_card_path_of_the_real_weights_call(tmp_path, prepared, data, bert):
+    """The card path of the real-weights call (docs/real_weights.md): a data folder holding only the fine-tuning
+    pairs, beside the prepared WordPiece folders of a run here, prepares without palm-data (nothing is added to it),
+    and the float16 checkpoint the call carries converts to a float32 model.pt holding exactly its rounded values."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    half = tmp_path / "half"
+    shutil.copytree(bert, half)
+    weights = load_file(bert / "model.safetensors")
+    save_file({k: (v.half() if v.is_floating_point() else v) for k, v in weights.items()}, half / "model.safetensors")
+    card_data, card = tmp_path / "card_data", tmp_path / "card"
+    for form in ("tok", "raw"):
+        (card_data / form).mkdir(parents=True)
+        for split in ("chitchat10k.train", "chitchat.valid", "chitchat.test"):
+            for side in ("src", "tgt"):
+                shutil.copy(data / form / f"{split}.{side}", card_data / form)
+    for name in ("gen-wordpiece", "pretrain-wordpiece", "text-wordpiece"):
+        shutil.copytree(prepared / name, card / "prepared" / name)
+    given = sorted(p.relative_to(card_data) for p in card_data.rglob("*"))
+    result = run_cli("palm-experiments", "--quick", "--only", "real", "--rows", "real/v2_ae", "real/ckpt",
+                     "--prepare-only", "--work", card, "--scale", f"data={card_data}", f"minilm={half}")
+    assert "prepared: " in result.stdout
+    assert sorted(p.relative_to(card_data) for p in card_data.rglob("*")) == given  # palm-data did not run
+    log = (card / "prepare.log").read_text()
+    assert "palm-data" not in log and "palm-convert" in log and "fairseq-preprocess" not in log, log[-2000:]
+    converted = torch.load(card / "prepared" / "minilm" / "model.pt", weights_only=False)["model"]
+    run_cli("palm-convert", "bert", "--input", bert, "--output", tmp_path / "full")
+    full = torch.load(tmp_path / "full" / "model.pt", weights_only=False)["model"]
+    floats = [k for k, v in full.items() if v.is_floating_point()]
+    assert floats and converted.keys() == full.keys()
+    assert all(converted[k].dtype == torch.float32 for k in floats)
+    rounded = {k for k in floats if torch.equal(converted[k], full[k].half().float())}
+    # the heads a BertModel file lacks are initialised by the converter (seeded), not read: equal, and not rounded
+    assert set(floats) - rounded == {"lm_head.dense.weight", "next_sentence_head.weight"}
+    assert all(torch.equal(converted[k], full[k]) for k in set(floats) - rounded)
+    assert "encoder.stack.embeddings.tokens.weight" in rounded
+    assert not all(torch.equal(converted[k], full[k]) for k in floats)  # the rounding is there: the test can see it
+
+
 @pytest.mark.slow
 def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
     """palm-experiments --quick on palm-data made from small real text: every row of every experiment trains and
-    is evaluated with real fairseq processes; tables, JSON and chart are written; a rerun reuses every run."""
+    is evaluated with real fairseq processes; tables, JSON and chart are written; a rerun reuses every run; its
+    prepared WordPiece data then takes the card path of the real-weights call."""
     data, work = small_palm_data, tmp_path / "work"
     minilm = tiny_bert_with_minilm_vocabulary(tmp_path / "bert")
     arguments = ["--quick", "--work", work, "--scale", f"data={data}", f"minilm={minilm}", "--jobs", 2]
@@ -228,6 +271,7 @@ def test_quick_every_row_end_to_end(tmp_path, small_palm_data):
     assert real["tokens"] == "wordpiece" and real["unigram_ppl"] == report["unigram_wordpiece"]["ppl"]
     assert {(r["tokens"], r["sentences"]) for r in map(json.loads, map(Path.read_text, (work / "runs").glob(
         "gen-minilm*/result.json")))} == {(report["unigram_wordpiece"]["tokens"], PRESETS["quick"].eval_pairs)}
+    check_the_card_path_of_the_real_weights_call(tmp_path, work / "prepared", data, minilm)
 
 
 def test_work_folder_keeps_its_scale(tmp_path):
