@@ -109,16 +109,17 @@ def test_quick_path_of_the_card_command(tmp_path, small_palm_data):
     assert not Path(small_palm_data / "pretrain").exists()  # the shared fixture is left as it was
 
 
-def card_call(index):
-    """The arguments of the index-th palm-experiments card call of docs/paper_tables_gpu_plan.md."""
-    text = (REPO / "docs" / "paper_tables_gpu_plan.md").read_text()
-    start = [m.start() for m in re.finditer("timeout 540 python3 -m palm_tools.experiments.cli", text)][index]
+def card_call(index, page="paper_tables_gpu_plan.md", start="timeout 540 python3 -m palm_tools.experiments.cli"):
+    """The arguments of the index-th palm-experiments card call of docs/PAGE (an indented command that begins with
+    ``start`` and goes on over lines that end with a backslash)."""
+    text = (REPO / "docs" / page).read_text()
+    at = [m.start() for m in re.finditer(re.escape(start), text)][index]
     lines = []
-    for line in text[start:].splitlines():
+    for line in text[at:].splitlines():
         lines.append(line.strip().rstrip("\\"))
         if not line.endswith("\\"):
             break
-    return shlex.split(" ".join(lines))[5:]
+    return shlex.split(" ".join(lines))[len(shlex.split(start)):]
 
 
 def test_the_next_seed_card_call_plans_only_its_seed_and_estimates_from_the_committed_seeds(capsys):
@@ -249,18 +250,6 @@ def test_a_work_folder_refuses_data_other_than_its_runs_were_made_from(tmp_path)
                                                                  "tok/chitchat.test.tgt"}  # the record kept
 
 
-def real_card_call():
-    """The palm-experiments arguments of the real-weights card call of docs/real_weights.md."""
-    text = (REPO / "docs" / "real_weights.md").read_text()
-    start = text.index("timeout 560 python3 -m palm_tools.experiments.cli")
-    lines = []
-    for line in text[start:].splitlines():
-        lines.append(line.strip().rstrip("\\"))
-        if not line.endswith("\\"):
-            break
-    return shlex.split(" ".join(lines))[5:]
-
-
 def test_the_real_weights_card_call_plans_its_seed_in_the_committed_folder(capsys):
     """The second card call of docs/real_weights.md, with --plan-only: the committed results/real_gpu folder accepts
     its settings (scale.json: 3,000 continued pre-training updates, the card's data folder), and one seed is the four
@@ -269,7 +258,8 @@ def test_the_real_weights_card_call_plans_its_seed_in_the_committed_folder(capsy
     from palm_tools.experiments import cli
 
     before = sorted(p.name for p in (REPO / "results" / "real_gpu").iterdir())
-    assert cli.main(real_card_call() + ["--plan-only"]) == 0
+    argv = card_call(0, "real_weights.md", "timeout 560 python3 -m palm_tools.experiments.cli")
+    assert cli.main(argv + ["--plan-only"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("plan: 11 of 11 runs to run (6 gen, 4 pretrain, 1 unigram), in results/real_gpu;")
     assert sorted(p.name for p in (REPO / "results" / "real_gpu").iterdir()) == before
