@@ -201,6 +201,10 @@ def test_a_presets_rows_stay_when_tasks_are_chosen_and_new_rows_without_a_time_a
     from palm_tools.experiments import cli
 
     work = tmp_path / "w"
+    with pytest.raises(SystemExit):
+        cli.main(["--plan-only", "--prepare-only", "--work", str(work)])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("palm-experiments: error: --plan-only and "
+                                                                "--prepare-only: give one of them")
     common = ["--preset", "gpu", "--work", str(work), "--plan-only", "--jobs", "1", "--scale", f"data={tmp_path / 'd'}"]
     assert cli.main(common + ["--tasks", "gen"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("plan: 64 of 64 runs to run (39 gen, 24 "

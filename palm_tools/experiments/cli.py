@@ -131,12 +131,13 @@ def parse_args(argv=None):
                         help="change the preset's values")
     parser.add_argument("--list-scale", action="store_true", help="print the scale keys, values and meanings; exit")
     parser.add_argument("--only", nargs="+", action="extend", choices=[e.key for e in EXPERIMENTS],
-                        help="run these experiments")
+                        help="run these experiments, every row of each (instead of a preset's rows)")
     parser.add_argument("--rows", nargs="+", action="extend", metavar="EXPERIMENT/ROW",
                         help="run only these rows (e.g. unilm2/ae unilm2/ae_par; every key: " +
                         " ".join(f"{e.key}/{r.key}" for e in EXPERIMENTS for r in e.rows) + ")")
     parser.add_argument("--tasks", nargs="+", action="extend", choices=[GEN, SEL],
-                        help="run only these downstream tasks")
+                        help="run only these downstream tasks (default: every task of each experiment; --preset "
+                             "gpu: gen, also with --only or --rows)")
     parser.add_argument("--work", type=Path, help="run folder (default: work/experiments/PRESET[-quick]); reused")
     parser.add_argument("--out", type=Path, help="output prefix: .md, .json, .png (default: docs/paper_tables for "
                         "the default preset, else WORK/paper_tables)")
