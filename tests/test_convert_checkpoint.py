@@ -306,6 +306,12 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
                              r"file holds part of the model, .* convert the model's complete weights$"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
 
+    # no token embedding (checked before any name is mapped): the message names the file and the parameter
+    torch.save({k: v for k, v in bert.state_dict().items() if k != "embeddings.word_embeddings.weight"},
+               source / "pytorch_model.bin")
+    with pytest.raises(SystemExit, match=r"^error: .*pytorch_model\.bin: no embeddings\.word_embeddings\.weight$"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+
     torch.save(state, source / "pytorch_model.bin")
     with pytest.raises(SystemExit, match=r"pytorch_model\.bin: unknown parameter 'encoder\.layer\.0\.attention\.self\.mystery\.weight'"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])

@@ -212,11 +212,14 @@ def test_unsafe_bin_is_refused_and_never_run(tmp_path):
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
 
 
-def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path):
+def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path, capsys):
     config = tiny_bert_config()
     reference = randomize(transformers.BertForMaskedLM(config), seed=14).eval()
     source = write_bert_dir(tmp_path / "bert", reference, config)
-    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out"), "--max-positions", "150"])
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out"), "--max-positions", "150",
+                  "--num-segments", "4"])
+    # both resized tables are named, at the end of the line that says where each default came from
+    assert "; resized positions 64 -> 150, segments 2 -> 4\n" in capsys.readouterr().err
     model, _ = load_converted(tmp_path / "out")
     table = model.stack.embeddings.positions.weight
     original = reference.bert.embeddings.position_embeddings.weight
@@ -274,6 +277,18 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     assert by_arch.keys() == back.keys() and all(torch.equal(by_arch[k], back[k]) for k in back)
     with pytest.raises(SystemExit, match=r"checkpoint_roberta\.pt: a 'roberta' model; export writes unilm models"):
         convert.main(["export", "--input", str(ours / "checkpoint_roberta.pt"), "--output", str(tmp_path / "no")])
+    # fine-tuned with sentence_prediction, a checkpoint carries a classification head, which HF's BERT has no place
+    # for: the export leaves it out and writes the same files as without it
+    model, _ = load_converted(ours)
+    model.register_classification_head("sentence_classification_head", num_classes=3)
+    tuned = torch.load(ours / "model.pt", weights_only=True)
+    tuned["model"] = model.state_dict()
+    assert any(name.startswith("classification_heads.") for name in tuned["model"])
+    torch.save(tuned, ours / "checkpoint_classifier.pt")
+    convert.main(["export", "--input", str(ours / "checkpoint_classifier.pt"), "--output", str(tmp_path / "classifier")])
+    classifier = load_file(tmp_path / "classifier" / "model.safetensors")
+    assert classifier.keys() == back.keys() and all(torch.equal(classifier[k], back[k]) for k in back)
+    assert (tmp_path / "classifier" / "config.json").read_text() == (tmp_path / "back" / "config.json").read_text()
 
 
 
@@ -290,7 +305,7 @@ def test_a_relative_position_table_alone_makes_a_unilm2_dictionary(tmp_path):
     assert symbols[-1] == "<pseudo>"
 
 
-def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path):
+def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path, capsys):
     """A model with a fairseq dictionary (here converted from fairseq's RoBERTa) has no WordPiece vocab.txt: the
     exported vocabulary is the dictionary itself, ids unchanged, and transformers' AutoModel gives our features."""
     from safetensors import safe_open
@@ -301,7 +316,11 @@ def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path):
     torch.save({"model": roberta.state_dict(), "cfg": {"model": vars(args)}}, tmp_path / "r.pt")
     convert.main(["roberta", "--input", str(tmp_path / "r.pt"), "--dict", str(tmp_path / "dict.txt"),
                   "--output", str(tmp_path / "ours")])
+    capsys.readouterr()
     convert.main(["export", "--input", str(tmp_path / "ours" / "model.pt"), "--output", str(tmp_path / "back")])
+    # no tokenizer_config.json beside the checkpoint (RoBERTa's has none): none written, and the summary says so
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'back'} (config.json, vocab.txt, model.safetensors)\n"
+    assert not (tmp_path / "back" / "tokenizer_config.json").exists()
     model, ours = load_converted(tmp_path / "ours")
     vocab = (tmp_path / "back" / "vocab.txt").read_text().splitlines()
     assert len(vocab) == len(ours) and vocab[4:-1] == ours.symbols[4:-1] and vocab[-1] == "[MASK]"
@@ -457,6 +476,14 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
         with pytest.raises(SystemExit, match=rf"config\.json: layer_norm_eps {settings.get('layer_norm_eps', 1e-05)} / "
                                              rf"hidden_act '{settings.get('hidden_act', 'gelu')}': fairseq's RoBERTa has"):
             convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    # a config.json without layer_norm_eps is run by HF at RobertaConfig's default, 1e-12, not fairseq's 1e-5: refused
+    # (it converted before, into a model that differed from HF's by up to 1.2e-4)
+    (source / "config.json").write_text(json.dumps({k: v for k, v in config.to_dict().items() if k != "layer_norm_eps"}))
+    assert transformers.RobertaConfig.from_pretrained(source).layer_norm_eps == 1e-12
+    with pytest.raises(SystemExit) as refused:
+        convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    assert str(refused.value).endswith(f"{source / 'config.json'}: layer_norm_eps 1e-12 (not in the file: transformers' "
+                                       f"default) / hidden_act 'gelu': fairseq's RoBERTa has 1e-5 and gelu")
     # no token-type table (it is optional in HF's layout): the positions are taken as they are
     (source / "config.json").write_text(json.dumps(config.to_dict()))
     save_file({k: v for k, v in weights.items() if "token_type" not in k}, source / "model.safetensors")

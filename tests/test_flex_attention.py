@@ -11,7 +11,7 @@ import argparse
 import numpy as np
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_mask
+from torch.nn.attention.flex_attention import BlockMask, create_mask
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
 from palm_plugin.data.collate import pad_rows
@@ -149,6 +149,22 @@ def test_block_mask_skips_the_tiles_the_dense_mask_hides(case):
     skipped, full = int((visible == 0).sum()), int((visible == flex_attention.BLOCK_SIZE ** 2).sum())
     assert flex_attention.block_counts(block_mask) == {
         "total": visible.numel(), "skipped": skipped, "partial": visible.numel() - skipped - full, "full": full}
+
+
+def test_block_counts_of_a_mask_without_full_tiles():
+    """A BlockMask may carry no full tiles at all (full_kv_num_blocks None: BlockMask.from_kv_blocks without them,
+    every computed tile runs the mask_mod): then none is counted as full and the rest are partial."""
+    fields, _ = CASES["left-to-right"]
+    computed = dense_tiles(mask_from_fields(**fields)) > 0  # (B, tiles, tiles)
+    kv_indices = torch.argsort((~computed).int(), dim=-1, stable=True).to(torch.int32)  # computed tiles first
+    block_mask = BlockMask.from_kv_blocks(computed.sum(-1, dtype=torch.int32)[:, None], kv_indices[:, None],
+                                          BLOCK_SIZE=flex_attention.BLOCK_SIZE,
+                                          mask_mod=flex_attention.MaskFields(**fields).mask_mod(),
+                                          seq_lengths=(LENGTH, LENGTH))
+    assert block_mask.full_kv_num_blocks is None
+    assert torch.equal(block_mask.to_dense()[:, 0].bool(), computed)
+    assert flex_attention.block_counts(block_mask) == {
+        "total": computed.numel(), "skipped": int((~computed).sum()), "partial": int(computed.sum()), "full": 0}
 
 
 def test_a_wrong_mask_is_far_outside_the_tolerance(stacks):

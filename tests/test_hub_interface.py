@@ -138,6 +138,13 @@ def test_from_pretrained_reads_checkpoint_best_of_a_directory(tmp_path):
     # generation options reach the generator: at most max_len_b tokens
     for length in (1, 3):
         assert 0 < len(hub.generate("w1 w2 w3 w4", beam=2, max_len_b=length).split()) <= length
+    # options out of range are refused as the Python caller wrote them (beam=0), not as command-line flags
+    with pytest.raises(ValueError, match=r"^beam=0: outside \[1, infinity\) \(a size or a count\); give a value in "
+                                         r"that range$"):
+        hub.generate("w1 w2", beam=0)
+    with pytest.raises(ValueError, match=r"^nbest=3 is above beam=2: beam search keeps only 2 hypotheses; give "
+                                         r"nbest <= beam$"):
+        hub.score("w1 w2", "w2", beam=2, nbest=3)
     assert_score_recomputes_beam_search(hub, ["w1 w2 w3 w4", "w5 w6"])
 
 

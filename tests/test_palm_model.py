@@ -408,7 +408,13 @@ def test_fine_tuning_tasks_of_fairseq_get_no_mlm_head():
     palm_tiny(args)
     dictionary = make_dictionary()
     task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    assert PalmModel.build_model(PalmConfig.from_namespace(args), task).mlm_head is None
+    model = PalmModel.build_model(PalmConfig.from_namespace(args), task)
+    assert model.mlm_head is None
+    # asking such a model for MLM logits says why there are none (not an AttributeError on None)
+    src_tokens = torch.tensor([[5, 6, 7, dictionary.eos()]])
+    with pytest.raises(ValueError, match=r"^this PALM model has no MLM head: it is built only for the "
+                                         r"continuation_pair task$"):
+        model(src_tokens, torch.tensor([4]), masked_tokens=src_tokens.eq(6))
 
 
 def test_copy_attention_dim_sets_the_size_of_w_m_and_w_s():
@@ -417,11 +423,15 @@ def test_copy_attention_dim_sets_the_size_of_w_m_and_w_s():
     assert copy.memory_projection.weight.shape == (24, 64) and copy.query_projection.weight.shape == (24, 64)
 
 
+@pytest.mark.parametrize("return_fc", [False, True])
 @pytest.mark.parametrize("return_all_hiddens", [False, True])
-def test_one_padding_check_encoder_returns_what_fairseqs_encoder_returns(return_all_hiddens):
+def test_one_padding_check_encoder_returns_what_fairseqs_encoder_returns(return_all_hiddens, return_fc):
     """--syncs-at-start's encoder (one host sync) against fairseq's forward: every field of the output, the
-    per-layer states and given token embeddings included."""
+    per-layer states and given token embeddings included. ``return_fc``: layers as fairseq's
+    TransformerEncoderBase(..., return_fc=True) builds them, returning ``(x, fc_result)``."""
     model = build(seed=6).eval()
+    for layer in model.encoder.layers:
+        layer.return_fc = return_fc
     dictionary = model.encoder.dictionary
     tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (3, 6), generator=torch.Generator().manual_seed(9))
     tokens[:, -1] = dictionary.eos()
@@ -438,6 +448,7 @@ def test_one_padding_check_encoder_returns_what_fairseqs_encoder_returns(return_
     plain, one_check = outputs
     assert plain.keys() == one_check.keys()
     assert len(plain["encoder_states"]) == (3 if return_all_hiddens else 0)
+    assert [fc is not None for fc in plain["fc_results"]] == [return_fc] * (2 if return_all_hiddens else 0)
     for key in plain:
         assert len(plain[key]) == len(one_check[key]), key
         for expected, value in zip(plain[key], one_check[key]):

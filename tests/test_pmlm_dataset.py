@@ -141,6 +141,21 @@ def test_collater_pads_every_field():
     assert batch["ntokens"] == sum(len(s["source"]) for s in samples)
 
 
+def test_collater_of_one_sample_is_a_batch_of_one_row():
+    # A last batch may hold a single example: it is a real batch (only an empty list collates to {}), equal to its
+    # row in a batch with a shorter example (the longest sample first, so that batch has no extra padding).
+    dataset, items, dictionary, *_ = make_dataset()
+    longest, shorter = dataset[3], dataset[2]
+    single, pair = dataset.collater([longest]), dataset.collater([longest, shorter])
+    assert single["nsentences"] == 1 and single["id"].tolist() == [3]
+    assert single["ntokens"] == len(longest["source"])
+    for key in ("src_tokens", "position_ids", "segment_ids", "steps", "kinds"):
+        assert torch.equal(single["net_input"][key], pair["net_input"][key][:1])
+    assert torch.equal(single["net_input"]["src_tokens"][0], longest["source"])
+    assert torch.equal(single["target"], pair["target"][:1])
+    assert dataset.collater([]) == {}
+
+
 def test_ae_only_items_have_nothing_appended():
     dataset, items, *_ = make_dataset(append_pseudo=False)
     for index, original in enumerate(items):

@@ -116,9 +116,12 @@ def convert_hf_roberta(args):
         vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
         merges = merges_path.read_text(encoding="utf-8")
     state = {re.sub(r"^roberta\.", "", k): v for k, v in state.items()}
-    if config.get("layer_norm_eps", 1e-5) != 1e-5 or config.get("hidden_act", "gelu") != "gelu":
-        raise ConversionError(f"{config_path}: layer_norm_eps {config.get('layer_norm_eps')} / hidden_act "
-                              f"{config.get('hidden_act')!r}: fairseq's RoBERTa has 1e-5 and gelu")
+    # an absent key means transformers' RobertaConfig default, which HF runs the file with: 1e-12 and gelu
+    epsilon, activation = config.get("layer_norm_eps", 1e-12), config.get("hidden_act", "gelu")
+    if epsilon != 1e-5 or activation != "gelu":
+        said = "" if "layer_norm_eps" in config else " (not in the file: transformers' default)"
+        raise ConversionError(f"{config_path}: layer_norm_eps {epsilon}{said} / hidden_act {activation!r}: fairseq's "
+                              f"RoBERTa has 1e-5 and gelu")
     by_id = sorted(vocab.items(), key=lambda item: item[1])
     size = len(by_id)
     if [i for _, i in by_id] != list(range(size)) or [t for t, _ in by_id[:4]] != GPT2_SPECIALS or by_id[-1][0] != MASK:
