@@ -12,6 +12,11 @@ from palm_tools.experiments.logged_run import run_checked
 from palm_tools.experiments.rows import REAL_MODELS, SEL
 
 
+# palm-data's chitchat pairs that prepare reads: in its pieces (they choose the test pairs) and as raw text
+PAIR_FILES = tuple(f"{form}/{split}.{side}" for form in ("tok", "raw") for split in (
+    "chitchat10k.train", "chitchat.valid", "chitchat.test") for side in ("src", "tgt"))
+
+
 def _stage(folder, build):
     """Build ``folder`` in a temporary sibling and rename it when complete; reuse it when it exists."""
     if folder.exists():
@@ -66,8 +71,7 @@ def inputs(plan):
     chitchat pairs in palm-data's pieces (they choose the test pairs) and as raw text; palm-data's dictionary and
     pre-training text for rows in its pieces; for real-weights pre-trainings, the raw pre-training text unless
     WORK/prepared already holds it in WordPiece (a card is given that, not palm-data's output)."""
-    names = [f"{form}/{split}.{side}" for form in ("tok", "raw") for split in (
-        "chitchat10k.train", "chitchat.valid", "chitchat.test") for side in ("src", "tgt")]
+    names = list(PAIR_FILES)
     rows = [row for e in plan.experiments for row in e.rows]
     if any(row.model not in REAL_MODELS for row in rows):
         names += ["dict.txt", "bin/sotu/train.bin", str(plan.pretrain_text.relative_to(plan.data) / "train.bin")
@@ -75,7 +79,7 @@ def inputs(plan):
     if (any(row.pretrain and row.pretrain != "minilm" for row in rows if row.model in REAL_MODELS)
             and not plan.wordpiece_pretrain_text.exists()):
         names.append("pretrain/train.txt" if plan.scale.corpus == "all" else "raw/sotu.train.txt")
-    return [name for name in names if name]
+    return list(dict.fromkeys(name for name in names if name))
 
 
 def prepare(plan, log):
@@ -181,9 +185,7 @@ def wordpiece_pretraining_text(plan, target, log):
 
 # the files of the data folder the runs read (each that exists): the dictionary, the fine-tuning pairs in both forms,
 # the pre-training text
-DATA_FILES = ("dict.txt", *(f"{form}/{split}.{side}" for form in ("tok", "raw") for split in (
-    "chitchat10k.train", "chitchat.valid", "chitchat.test") for side in ("src", "tgt")), "bin/pretrain/train.bin",
-    "bin/sotu/train.bin", "pretrain/train.txt")
+DATA_FILES = ("dict.txt", *PAIR_FILES, "bin/pretrain/train.bin", "bin/sotu/train.bin", "pretrain/train.txt")
 
 
 def check_data_files(plan):
