@@ -15,6 +15,9 @@ from palm_tools.experiments.rows import REAL_MODELS, SEL
 # palm-data's chitchat pairs that prepare reads: in its pieces (they choose the test pairs) and as raw text
 PAIR_FILES = tuple(f"{form}/{split}.{side}" for form in ("tok", "raw") for split in (
     "chitchat10k.train", "chitchat.valid", "chitchat.test") for side in ("src", "tgt"))
+# the files of the data folder the runs read (each that exists, recorded by check_data_files): the dictionary, the
+# fine-tuning pairs in both forms, the pre-training text
+DATA_FILES = ("dict.txt", *PAIR_FILES, "bin/pretrain/train.bin", "bin/sotu/train.bin", "pretrain/train.txt")
 
 
 def _stage(folder, build):
@@ -182,10 +185,6 @@ def wordpiece_pretraining_text(plan, target, log):
                                        plan.minilm_dir / "dict.txt", "--destdir", target, "--workers", 2], log)
     (target / "train.wp").unlink()
 
-
-# the files of the data folder the runs read (each that exists): the dictionary, the fine-tuning pairs in both forms,
-# the pre-training text
-DATA_FILES = ("dict.txt", *PAIR_FILES, "bin/pretrain/train.bin", "bin/sotu/train.bin", "pretrain/train.txt")
 
 
 def check_data_files(plan):
