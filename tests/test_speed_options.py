@@ -166,6 +166,31 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
             built_with(corpus, key, ["--compile-copy-attention", "--no-copy"])
 
 
+def test_compiled_decoder_layers_share_one_graph_past_the_recompile_limit():
+    """fixes/compiled_decoder_layers.py: ten of fairseq's decoder layers compiled in place as --compile-layers does
+    (PALM base has more than torch's recompile limit of 8) reuse the first layer's graph, each layer's output equal
+    to the uncompiled layer's. Without the fix each layer is guarded on its own incremental-state id: the second
+    layer recompiles (the stance raises), and the ninth onwards would run uncompiled."""
+    from fairseq.models.transformer import TransformerConfig
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = TransformerConfig()
+    cfg.encoder.embed_dim = cfg.decoder.embed_dim = 16
+    cfg.decoder.ffn_embed_dim, cfg.decoder.attention_heads = 32, 2
+    layers = [TransformerDecoderLayerBase(cfg).eval() for _ in range(10)]
+    x = torch.randn(7, 3, 16, requires_grad=True)  # (target, batch, dim), as every layer after the first sees it
+    encoder_out = torch.randn(5, 3, 16)
+    expected = [layer(x, encoder_out, None)[0] for layer in layers]
+    for layer in layers:
+        layer.compile(backend="eager")  # dynamo's graphs alone: the guards are what is tested
+    for index, layer in enumerate(layers):
+        with torch.compiler.set_stance("fail_on_recompile" if index else "default"):
+            got = layer(x, encoder_out, None, incremental_state=None)[0]
+        torch.testing.assert_close(got, expected[index])
+
+
 def test_compiled_functions_take_other_batch_shapes_without_recompiling(monkeypatch):
     """compiled() (--compile-copy-attention's sums): shapes are symbolic from the first call, so a batch of other
     sizes (fairseq's change every update) reuses the code: with fullgraph, recompiling once per shape would stop

@@ -14,6 +14,7 @@ from palm_plugin.fixes import (
     bpe_files,
     checkpoint_copy,
     checkpoint_paths,
+    compiled_decoder_layers,
     cudnn_attention,
     data_checks,
     distributed,
@@ -51,6 +52,8 @@ FIXES = (
                 "fails deep inside the tokenizer"),
     (cudnn_attention, "--fp16/--bf16 on Hopper GPUs: cuDNN attention builds a graph per new batch shape, and "
                       "length-bucketed batches change shape every update"),
+    (compiled_decoder_layers, "--compile-layers compiles each decoder layer apart (the incremental-state id), and "
+                              "none past torch's recompile limit of 8"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),
