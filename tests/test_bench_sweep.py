@@ -39,7 +39,8 @@ def card_run():
 def quick_sweep(tmp_path_factory):
     """The card run's palm-bench part with --quick (tiny archs, one length, two sizes; the outputs moved here)."""
     out = tmp_path_factory.mktemp("sweep")
-    argv = card_run()["palm-bench"] + ["--quick", "--output-dir", str(out), "--profile-dir", str(out / "profiles")]
+    argv = card_run()["palm-bench"] + ["--quick", "--output-dir", str(out), "--profile-dir", str(out / "profiles"),
+                                       "--profile-levers", "torch_adamw"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: a second thread only waits for the first on a shared machine
     with warnings.catch_warnings():
@@ -68,7 +69,12 @@ def test_card_run_is_the_sweep_preset_beside_palm_base_precisions():
 def test_quick_sweep_writes_every_configuration_at_both_sizes(quick_sweep):
     out, record = quick_sweep
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert {p.name for p in (out / "profiles").glob("*.txt")} == {f"{key}.txt" for key in SPECS}
+    adamw = {row["key"] for row in record["sweep"] if row["variant"] == "torch_adamw" and row["status"] == "ok"}
+    assert adamw and {p.name for p in (out / "profiles").glob("*.txt")} == (
+        {f"{key}.txt" for key in SPECS} | {f"{key}_torch_adamw.txt" for key in adamw})
+    # a lever's profile is of its own update: fused AdamW's kernels where the plain row has fairseq's Adam loop
+    lever_profile = (out / "profiles" / f"{sorted(adamw)[0]}_torch_adamw.txt").read_text()
+    assert lever_profile.startswith(f"{sorted(adamw)[0]}_torch_adamw: ") and "_fused_adamw" in lever_profile
     saved = json.loads((out / "sweep.json").read_text())
     assert saved["complete"] and saved["missing"] == [] and len(saved["sweep"]) == len(record["sweep"])
     markdown = (out / "sweep.md").read_text()

@@ -201,6 +201,9 @@ def parse_args(argv=None):
     sweep.add_argument("--loader-workers", type=whole_number(0), help="data-loader workers of the loader_workers lever")
     sweep.add_argument("--profile-sequences", type=whole_number(1),
                        help="with --profile-dir: profile the plain update at --lever-length and this many sequences")
+    sweep.add_argument("--profile-levers", nargs="+", metavar="LEVER", choices=sorted(LEVERS), default=[],
+                       help="with --profile-dir: profile these levers' rows too, DIR/<configuration>_<lever>.txt "
+                       "(what a lever changes in the operators' times)")
     sweep.add_argument("--compile-backend", help="torch.compile backend of the compile lever (default inductor)")
     sweep.add_argument("--time-budget-min", type=number_between(0, math.inf, "a positive amount"),
                        help="skip the sweep rows not started after this many minutes (gpu-sweep: 17)")
@@ -227,6 +230,11 @@ def parse_args(argv=None):
         args.peak_tflops = H100_SXM_BF16_DENSE_TFLOPS
     if args.reference_length is None:
         args.reference_length = 512 if 512 in args.lengths else max(args.lengths)
+    unmeasured = sorted(set(args.profile_levers) - set(args.levers or ()))
+    if unmeasured or (args.profile_levers and not args.profile_dir):
+        parser.error(f"--profile-levers {' '.join(args.profile_levers)}: " + (
+            f"{', '.join(unmeasured)} not among --levers; name them in --levers too" if unmeasured
+            else "the profiles need a folder; give --profile-dir DIR"))
     return args  # fmt: skip
 
 

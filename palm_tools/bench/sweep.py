@@ -407,7 +407,9 @@ class Sweep:
             self.checkpoint()
             if self.args.profile_dir and stage == "sweep" and how == "requested" and (
                     length, sequences) == (self.args.lever_length, self.args.profile_sequences):
-                self._profile(spec, row)
+                self._profile(spec, row, spec.key)
+            elif self.args.profile_dir and stage == "lever" and variant in self.args.profile_levers:
+                self._profile(spec, row, f"{spec.key}_{variant}")
             return row
 
     def _measure(self, spec, built, length, micro, update_freq, loader, workers):
@@ -439,13 +441,13 @@ class Sweep:
                 "mfu_datasheet": flops / seconds / 1e12 / self.args.peak_tflops if self.args.peak_tflops else None,
                 "overflow_skips": step.overflows}  # fmt: skip
 
-    def _profile(self, spec, row):
+    def _profile(self, spec, row, name):
         step = self._last_step
-        header = (f"{spec.key}: {spec.label}\nlength {row['length']}, {row['sequences']} sequences per update "
+        header = (f"{name}: {spec.label}\nlength {row['length']}, {row['sequences']} sequences per update "
                   f"({row['micro_batch']} x {row['update_freq']}), {self.args.precision} on {self.args.device}; "
                   f"median update {row['median_s']:.4f} s")  # fmt: skip
         try:
             os.makedirs(self.args.profile_dir, exist_ok=True)
-            write_profile(step, os.path.join(self.args.profile_dir, f"{spec.key}.txt"), header)
+            write_profile(step, os.path.join(self.args.profile_dir, f"{name}.txt"), header)
         except Exception as error:
             record_failure(self.missing, spec.key, "profile", error)
