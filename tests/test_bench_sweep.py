@@ -246,6 +246,22 @@ def test_speed_card_calls_plan_what_issue_38_measures():
         assert f"::{test}" in selected, test
 
 
+def test_next_speed_card_call_profiles_what_the_last_card_left_open():
+    """Section 7's call for the next card: it parses, profiles the flex and compile lever rows (where flex's time goes;
+    the compiled decoder after the fix), measures flex beside its no-dropout baseline, and a row started just before
+    its time budget ends still ends inside its timeout."""
+    text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
+    line = next(line for line in text[text.index("## 7. The card run of issue 38"):].splitlines()
+                if line.startswith("timeout "))
+    timeout, command = re.match(r"^timeout (\d+) python3 -m palm_tools\.bench\.cli (.*?); tar ", line).groups()
+    args = benchmark.parse_args(shlex.split(command) + ["--plan-only"])
+    assert args.device == "cuda" and args.profile_levers == ["flex", "compile"] and args.profile_dir
+    _, levers, estimate, _ = benchmark.plan(args)
+    for config in ("pmlm_ae_par", "unilm_pretraining"):
+        assert f"{config}: no_attention_dropout, flex, compile, all" in levers
+    assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout) <= 540
+
+
 @pytest.mark.slow
 def test_speed_card_training_check_runs_quick_on_the_cpu(tmp_path, small_palm_data):
     """The first card call's palm-gpu-check with --quick --device cpu: pmlm and PALM fine-tuning in fp32, a second fp32
