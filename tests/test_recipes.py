@@ -47,6 +47,16 @@ def test_recipes_are_valid_bash():
         assert result.returncode == 0, f"{script}: {result.stderr}"
 
 
+def test_recipes_train_with_fused_adamw_on_gpus_and_fairseq_adam_on_the_cpu():
+    """The device options every recipe's fairseq-train takes (examples/common.sh training_device; the smoke runs take
+    the CPU's): fp16 with torch's fused AdamW where nvidia-smi counts GPUs, the measured faster step
+    (docs/gpu.md); fairseq's Adam, the faster on 2 CPU cores, with --cpu otherwise."""
+    script = (f"BENCHMARK=gigaword BIN={Path(sys.executable).parent} source {REPO}/examples/common.sh; "
+              "for n in 0 1 8; do NGPUS=$n; training_device; done")
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == ["--cpu --optimizer adam"] + ["--fp16 --optimizer torch_adamw"] * 2
+
+
 def test_real_run_stops_with_what_to_do(tmp_path):
     """Without SMOKE and with the default ROOT, a recipe gets through its set-up and a release that needs a manual
     step stops the download stage with the recipe's message (a failing test in the set-up would end the script

@@ -111,11 +111,11 @@ fairseq_train() {  # fairseq_train SAVE_DIR UPDATES ARGS...: the shared optimisa
     log "$save_dir: finished ($(cat "$save_dir/finished") updates)"; return 0
   fi
   local per_step=$(( BATCH_SIZE * (NGPUS > 0 ? NGPUS : 1) ))
-  local update_freq=$(( (TOTAL_BATCH + per_step - 1) / per_step )) device=(--cpu)
-  [[ "$NGPUS" != 0 ]] && device=(--fp16)
+  local update_freq=$(( (TOTAL_BATCH + per_step - 1) / per_step )) device=()
+  read -ra device <<< "$(training_device)"
   log "training into $save_dir: $updates updates, warm-up $WARMUP, lr $LR, $TOTAL_BATCH sequences per update"
   "$BIN/fairseq-train" "$WORK/bin" --user-dir "$USER_DIR" --arch "$ARCH" "$@" "${device[@]}" \
-    --optimizer adam --adam-betas "$ADAM_BETAS" --adam-eps "$ADAM_EPS" --weight-decay "$WEIGHT_DECAY" \
+    --adam-betas "$ADAM_BETAS" --adam-eps "$ADAM_EPS" --weight-decay "$WEIGHT_DECAY" \
     --clip-norm 1.0 --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$WARMUP" \
     --total-num-update "$updates" --max-update "$updates" --batch-size "$BATCH_SIZE" --update-freq "$update_freq" \
     --dropout 0.1 --attention-dropout 0.1 --save-dir "$save_dir" --save-interval-updates "$SAVE_INTERVAL" \
