@@ -254,6 +254,25 @@ def test_a_work_folder_refuses_data_other_than_its_runs_were_made_from(tmp_path)
                                                                  "tok/chitchat.test.tgt"}  # the record kept
 
 
+def test_a_work_folder_of_other_data_is_refused_before_anything_is_prepared(tmp_path, monkeypatch):
+    """palm-experiments checks the data record before prepare: a WORK/prepared made from the recorded data would
+    otherwise be reused (or palm-data run) for a seed of other data. prepare is replaced by a stop, so the
+    refusal must come first."""
+    from palm_tools.experiments import cli
+
+    data, work = tmp_path / "card_data", tmp_path / "work"
+    (data / "tok").mkdir(parents=True)
+    (data / "dict.txt").write_text("a 3\nb 2\n")
+    work.mkdir()
+    (work / "data.json").write_text(json.dumps({"dict.txt": hashlib.sha256(b"other\n").hexdigest()}))
+    monkeypatch.setattr(cli, "prepare", lambda *args: pytest.fail("prepare ran before the data check"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--preset", "gpu", "--work", str(work), "--out", str(tmp_path / "out"), "--only", "unilm",
+                  "--rows", "unilm/scratch", "--tasks", "gen", "--scale", f"data={data}", "--jobs", "1"])
+    assert str(stop.value).startswith(f"palm-experiments: {work}'s runs were made from other data than {data} "
+                                      f"(dict.txt differ")
+
+
 def test_the_real_weights_card_call_plans_its_seed_in_the_committed_folder(capsys):
     """The second card call of docs/real_weights.md, with --plan-only: the committed results/real_gpu folder accepts
     its settings (scale.json: 3,000 continued pre-training updates, the card's data folder), and one seed is the four
