@@ -217,6 +217,30 @@ def test_attention_with_boolean_masks_on_cuda_equals_float64_reference(kind, rel
     assert rows.max() < 5 * tolerance
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relative_bias_gradient_on_cuda_equals_float64_reference(dtype):
+    """UniLMv2's bias read from the table of every offset (masked_offset_bias) at pmlm's size (8 x 680 tokens, 12
+    heads, 512 positions): on CUDA the table's gradient comes from the one-hot products and the diagonal sums, on
+    the CPU from index_add_ in float64; values and gradient agree."""
+    from tests.test_unilm2_relative_position import _pmlm_like_positions
+    from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
+
+    generator = torch.Generator().manual_seed(5)
+    positions = _pmlm_like_positions(generator, batch=8, length=680, appended=168, max_positions=512)
+    mask = torch.rand(8, 680, 680, generator=generator) < 0.6
+    upstream = torch.randn(8, 12, 680, 680, generator=generator, dtype=torch.float64) * mask.unsqueeze(1)
+    bias = RelativePositionBias(12, 32, 128).double()
+    (expected,) = torch.autograd.grad((masked_offset_bias(bias.table(512), positions, positions, mask)
+                                       * upstream).sum(), bias.weight)
+    on_card = bias.to(CUDA)
+    values = masked_offset_bias(on_card.table(512).to(dtype), positions.to(CUDA), positions.to(CUDA), mask.to(CUDA))
+    assert values.dtype == dtype and values.stride(-1) == 1
+    (got,) = torch.autograd.grad((values * upstream.to(CUDA, dtype)).sum(), on_card.weight)
+    tolerance = {torch.float32: 1e-5, **HALF_TOLERANCE}[dtype]
+    assert relative_error(got, expected) < tolerance
+
+
 # ------------------------------------------------------------------------------------------------ (c), (d) decoding
 def unilm_case(arch):
     dictionary = tiny_dictionary()

@@ -13,7 +13,7 @@ from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
 from palm_plugin.fixes import saved_model_build
 from palm_plugin.modules import compiled_layers, unilm_transformer
 from palm_plugin.modules.copy_generator import PointerGenerator
-from palm_plugin.modules.relative_position import RelativePositionBias
+from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 from palm_plugin.optim.torch_adamw import TorchAdamW
 from palm_tools.bench.models import TRAIN_SPECS, build, load_batch
 from palm_tools.bench.train import TrainStep
@@ -272,11 +272,12 @@ def test_torch_adamw_updates_fairseqs_fp32_master_weights_under_bf16(corpus):
 
 
 def test_relative_bias_rows_from_the_table_equal_the_bias_computed_from_positions():
-    """Decoding reads the relative position bias from a table of every offset, computed once per batch of
-    sentences: the same values as bucketing each step's offsets (near, far, before and after the query)."""
+    """Training and decoding read the relative position bias from a table of every offset (decoding computes it
+    once per batch of sentences): the same values as bucketing each offset (near, far, before and after the query,
+    the table's two ends)."""
     torch.manual_seed(0)
     bias = RelativePositionBias(num_heads=3, num_buckets=32, max_distance=16)
     table = bias.table(100)
     query = torch.tensor([[0, 99], [50, 51]])
     keys = torch.tensor([[0, 1, 5, 20, 40, 98, 99], [0, 30, 49, 50, 51, 52, 99]])
-    assert torch.equal(RelativePositionBias.rows(table, query, keys), bias(query, keys))
+    assert torch.equal(masked_offset_bias(table, query, keys), bias(query, keys))

@@ -74,6 +74,52 @@ def test_bias_gradient_reaches_table():
     torch.testing.assert_close(bias.weight.grad, counts.expand(2, 8))
 
 
+def _pmlm_like_positions(generator, batch=3, length=37, appended=11, max_positions=64):
+    """Position ids as UniLMv2's pseudo-masked inputs have them: each row's text 0 .. n-1 (lengths unequal), then
+    appended tokens repeating the ids of masked ones, the rest padding's ids."""
+    rows = []
+    for row in range(batch):
+        text = length - appended - 3 * row
+        masked = torch.randperm(text, generator=generator)[:appended]
+        rows.append(torch.cat([torch.arange(text), masked, torch.full((3 * row,), 1)]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("mask_form", ["per row", "one for the batch", "none"])
+def test_masked_offset_bias_equals_bucketing_every_pair_in_values_and_gradient(mask_form):
+    """masked_offset_bias (the bias read from the table of every offset, the mask folded in), as the layers get it in
+    training: values equal to bucketing every (query, key) pair plus the additive mask (exactly), and the gradient of
+    the bucket weights equal to that path's in float64, through the CPU's scatter and through CUDA's one-hot
+    products (run here on the CPU), for pmlm-like positions with repeated ids and unequal lengths."""
+    from palm_plugin.modules import relative_position
+    from palm_plugin.modules.attention_masks import to_additive
+
+    generator = torch.Generator().manual_seed(3)
+    positions = _pmlm_like_positions(generator)
+    batch, length = positions.shape
+    mask = {"per row": torch.rand(batch, length, length, generator=generator) < 0.6,
+            "one for the batch": torch.rand(length, length, generator=generator) < 0.6, "none": None}[mask_form]
+    bias = RelativePositionBias(num_heads=4, num_buckets=16, max_distance=40).double()
+    upstream = torch.randn(batch, 4, length, length, generator=generator, dtype=torch.float64)
+
+    reference = bias(positions, positions)
+    if mask is not None:
+        reference = to_additive(mask, torch.float64).unsqueeze(-3) + reference  # as the SDPA path did
+    got = relative_position.masked_offset_bias(bias.table(64), positions, positions, mask)
+    assert got.shape == reference.shape and got.stride(-1) == 1
+    torch.testing.assert_close(got, reference, rtol=0, atol=0)
+
+    visible = torch.ones(batch, length, length, dtype=torch.bool) if mask is None else mask.expand(batch, -1, -1)
+    weights = upstream * visible.unsqueeze(1)  # attention's gradient is 0 where the mask hides a pair
+    (expected,) = torch.autograd.grad((bias(positions, positions) * weights).sum(), bias.weight)
+    (scattered,) = torch.autograd.grad((relative_position.masked_offset_bias(
+        bias.table(64), positions, positions, mask) * weights).sum(), bias.weight)
+    torch.testing.assert_close(scattered, expected, rtol=1e-12, atol=1e-12)
+    products = relative_position.offset_sums(weights, positions, positions, 2 * 64 - 1)
+    (through_products,) = torch.autograd.grad(bias.table(64), bias.weight, products)
+    torch.testing.assert_close(through_products, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_table_starts_as_the_authors_linear_layer_does():
     """UniLMv2's code holds the table in a bias-free nn.Linear that BERT's init draws from N(0, initializer_range);
     transformers' BertConfig gives that range (0.02). A table at N(0, 1) would put biases of several units on

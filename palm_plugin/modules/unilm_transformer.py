@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from palm_plugin.modules import flex_attention
 from palm_plugin.modules.attention_masks import to_additive
-from palm_plugin.modules.relative_position import RelativePositionBias
+from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,18 +222,11 @@ class UniLMTransformer(nn.Module):
         """
         if self.relative_position is None:
             return None if mask is None else (mask.unsqueeze(0) if mask.dim() == 2 else mask).unsqueeze(1)
-        if bias_table is None:
-            bias = self.relative_position(query_positions, key_positions).to(dtype)
-        else:
-            bias = RelativePositionBias.rows(bias_table, query_positions, key_positions).to(dtype)
-        # The bias comes as a permuted view (heads innermost); CUDA's fused attention kernels take a mask only with
-        # its last dimension contiguous, and on a permuted one fall back to the math path, which computes bf16 / fp16
-        # attention in fp32 (docs/benchmarks-gpu.md, section 5).
-        bias = bias.contiguous()
-        if mask is None:
-            return bias
-        mask = mask.unsqueeze(0) if mask.dim() == 2 else mask
-        return to_additive(mask, dtype).unsqueeze(1) + bias
+        table = self.bias_table() if bias_table is None else bias_table
+        # CUDA's fused attention kernels take a mask only with its last dimension contiguous, and otherwise fall back
+        # to the math path, which computes bf16 / fp16 attention in fp32 (docs/benchmarks-gpu.md, section 5):
+        # masked_offset_bias lays it out so
+        return masked_offset_bias(table.to(dtype), query_positions, key_positions, mask)
 
     def flex_mask(self, positions, mask, dtype) -> flex_attention.FlexMask:
         """What :meth:`attention_bias` gives the SDPA path, for FlexAttention: the block mask of ``mask`` (a
@@ -245,7 +238,7 @@ class UniLMTransformer(nn.Module):
         block_mask = flex_attention.block_mask(fields.mask_mod(), batch, length, positions.device)
         if self.relative_position is None:
             return flex_attention.FlexMask(block_mask)
-        table = self.relative_position.table(self.embeddings.positions.num_embeddings).to(dtype)
+        table = self.bias_table().to(dtype)
         # contiguous: the default positions are an expanded view, and the kernel is specialised on strides
         score_mod = flex_attention.relative_position_score_mod(table, positions.contiguous())
         return flex_attention.FlexMask(block_mask, score_mod)
