@@ -172,3 +172,31 @@ def test_palm_from_a_conversion_that_recorded_no_epsilon_takes_berts(converted, 
     torch.testing.assert_close(palm.encoder.layernorm_embedding.weight, weight, atol=0, rtol=0)
     with pytest.raises(ValueError, match=r"epsilon is 1e-12, this model's 1e-05: pass --layer-norm-eps 1e-12$"):
         build_palm(dictionary, roberta_path=str(older), **sizes)
+
+
+@pytest.mark.parametrize("task_cfg, token_type", [({"source_segment": 1, "target_segment": 0}, 1),
+                                                  ({"_name": "masked_lm"}, 0)],
+                         ids=["source-segment-1", "no-source-segment"])
+def test_palm_from_a_converted_bert_reads_the_source_segment_its_checkpoint_names(converted, tmp_path, task_cfg,
+                                                                                  token_type):
+    """PALM's encoder folds the source segment the checkpoint's task configuration names into its positions: with
+    segment 1 it computes what BERT computes with token type 1 everywhere; a configuration that names none (a task
+    without the option) is BERT's sentence A, token type 0."""
+    reference, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    cfg = OmegaConf.to_container(OmegaConf.create(state["cfg"]))
+    cfg["task"] = task_cfg
+    path = tmp_path / "model.pt"
+    torch.save({**state, "cfg": cfg}, path)
+    sizes = dict(encoder_layers=2, encoder_embed_dim=64, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
+                 encoder_max_positions=64)
+    palm = build_palm(dictionary, roberta_path=str(path), layer_norm_eps=1e-12, **sizes).eval()
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(6), lengths=(9, 9))[:, 1:]
+    ids, _ = bert_ids(dictionary, torch.cat([torch.full((2, 1), dictionary.bos()), tokens], dim=1))
+    with torch.no_grad():
+        expected = {t: reference(input_ids=ids, token_type_ids=torch.full_like(ids, t),
+                                 output_hidden_states=True).hidden_states[-1] for t in (0, 1)}
+        encoder_out = palm.encoder(tokens, src_lengths=torch.full((2,), tokens.size(1)))
+        states = encoder_out["encoder_out"][0].transpose(0, 1)
+    assert not torch.allclose(expected[0], expected[1], atol=1e-3)  # the two token types give different states
+    torch.testing.assert_close(states, expected[token_type], atol=1e-5, rtol=0)

@@ -286,6 +286,36 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     (source / "vocab.bak").rename(source / "vocab.txt")
 
+    # weights without their config.json (a folder copied in part): the one line says which file is missing
+    (source / "config.json").rename(source / "config.bak")
+    with pytest.raises(SystemExit) as exit_status:
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    assert str(exit_status.value) == f"error: {source / 'config.json'}: file not found (an HF directory holds config.json)"
+    (source / "config.bak").rename(source / "config.json")
+
+    # a pytorch_model.bin that loads but holds no state dict (a list of tensors, a dict of other values)
+    for content in ([torch.zeros(2)], {"embeddings.word_embeddings.weight": [0.0, 1.0]}):
+        torch.save(content, source / "pytorch_model.bin")
+        with pytest.raises(SystemExit) as exit_status:
+            convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+        assert str(exit_status.value) == f"error: {source / 'pytorch_model.bin'}: not a state dict of tensors"
+    torch.save(bert.state_dict(), source / "pytorch_model.bin")
+
+    # weights of more layers than config.json describes (the config.json of a smaller model of the family): the
+    # first parameter without a place is named, with the model it was converted for (unilm; unilm2 for UniLMv2)
+    config_text = (source / "config.json").read_text()
+    (source / "config.json").write_text(json.dumps(dict(json.loads(config_text), num_hidden_layers=1)))
+    with pytest.raises(SystemExit) as exit_status:
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    assert str(exit_status.value) == (f"error: {source / 'pytorch_model.bin'}: parameter for "
+                                      "'encoder.stack.layers.1.q_proj.weight' has no place in a unilm model")
+    write_bert_dir(tmp_path / "fused_1_layer", bert, tiny_bert_config(num_hidden_layers=1), fuse_unilm2_state(
+        bert.state_dict(), layers=2, heads=4, buckets=32, generator=torch.Generator()))
+    with pytest.raises(SystemExit, match=r"fused_1_layer/pytorch_model\.bin: parameter for "
+                                         r"'encoder\.stack\.layers\.1\.\w+\.weight' has no place in a unilm2 model$"):
+        convert.main(["bert", "--input", str(tmp_path / "fused_1_layer"), "--output", str(tmp_path / "out")])
+    (source / "config.json").write_text(config_text)
+
     (source / "vocab.txt").write_text("\n".join(VOCAB[:7] + [VOCAB[3]] + VOCAB[8:]) + "\n")  # line 8 repeats [CLS]
     with pytest.raises(SystemExit, match=r"vocab\.txt: line 8 \('\[CLS\]'\) is empty, has a space, or repeats"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])

@@ -184,6 +184,30 @@ def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "refused")])
 
 
+def test_a_checkpoint_with_four_token_types_keeps_them_all(tmp_path):
+    """config.json's type_vocab_size (here 4, neither BERT's 2 nor UniLM v1's 6) is the number of trained segment
+    rows: all are kept, so token type 3 gives transformers' hidden states, and a --num-segments that would drop
+    trained rows is refused."""
+    config = tiny_bert_config(type_vocab_size=4)
+    reference = randomize(transformers.BertModel(config), seed=26).eval()
+    source = write_bert_dir(tmp_path / "bert", reference, config)
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    model, dictionary = load_converted(tmp_path / "out")
+    assert model.cfg.num_segments == 4
+    assert torch.equal(model.stack.embeddings.segments.weight, reference.embeddings.token_type_embeddings.weight)
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(26))
+    ids, _ = bert_ids(dictionary, tokens)
+    real = tokens.ne(dictionary.pad())
+    token_types = (torch.arange(tokens.size(1)) % 4).expand_as(tokens)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=real.long(), token_type_ids=token_types).last_hidden_state
+        features, _ = model(tokens, segment_ids=token_types, features_only=True)
+    torch.testing.assert_close(features[real], expected[real], atol=1e-5, rtol=0)
+    with pytest.raises(SystemExit, match=r"--num-segments 3: the converted model needs at least 4 segment types \(the "
+                                         r"checkpoint's 4 trained rows, "):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "fewer"), "--num-segments", "3"])
+
+
 def test_unsafe_bin_is_refused_and_never_run(tmp_path):
     marker = tmp_path / "ran"
 
@@ -426,8 +450,9 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
     reference = randomize(transformers.RobertaForMaskedLM(config), seed=18).eval()
     reference.tie_weights()
     reference.save_pretrained(source)
-    convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "out")])
     out = tmp_path / "out"
+    out.mkdir()  # an output folder made beforehand (empty) is written into, as with mkdir -p
+    convert.main(["hf-roberta", "--input", str(source), "--output", str(out)])
     text = "the cat in the hat sat on the mat"
     bpe = encoders.build_bpe(argparse.Namespace(bpe="gpt2", gpt2_encoder_json=str(out / "encoder.json"),
                                                 gpt2_vocab_bpe=str(out / "vocab.bpe")))
@@ -512,6 +537,12 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
     (source / "vocab.json").write_text(json.dumps(vocab))
     with pytest.raises(SystemExit, match=r"vocab\.json: not RoBERTa's layout \(ids 0\.\.V-1, <s> <pad> </s> <unk> first"):
         convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    # a folder without its BPE merges (the tokenizer files downloaded in part): the one line names the file
+    (source / "merges.txt").unlink()
+    with pytest.raises(SystemExit) as refused:
+        convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    assert str(refused.value) == (f"error: {source / 'merges.txt'}: file not found (an HF RoBERTa directory holds "
+                                  "config.json, vocab.json, merges.txt and the weights)")
 
 
 @pytest.mark.slow

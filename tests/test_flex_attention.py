@@ -11,7 +11,7 @@ import argparse
 import numpy as np
 import pytest
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_mask
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask
 
 from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
 from palm_plugin.data.collate import pad_rows
@@ -277,3 +277,18 @@ def test_an_explicit_mask_goes_through_sdpa_with_a_warning(stacks):
             actual = stack(tokens, mask, positions)
     stack.attention_impl = "sdpa"
     assert torch.equal(actual, expected)
+
+
+def test_one_compiled_block_mask_builder_serves_every_kind_of_batch():
+    """On CUDA the block mask is built by a compiled create_block_mask (dynamic shapes), guarded on the tensors the
+    mask_mod reads: every batch's mask_mod (UniLM objectives, pmlm steps and kinds, the pseudo-mask seq2seq layout,
+    or no field at all) gives it tensors of the same dtypes and aliasing, so one compiled graph serves them all, as
+    the module promises; a field defaulted to another dtype would recompile (the stance raises). Dynamo's graphs
+    alone (backend eager), as the CPU cannot run inductor's CUDA kernels; their tiles equal the eager build's."""
+    build = torch.compile(create_block_mask, backend="eager", dynamic=True, fullgraph=True)
+    for index, (name, (fields, _)) in enumerate(CASES.items()):
+        mask_mod = flex_attention.MaskFields(**fields).mask_mod()
+        with torch.compiler.set_stance("fail_on_recompile" if index else "default"):
+            compiled = build(mask_mod, BATCH, None, LENGTH, LENGTH, device="cpu", BLOCK_SIZE=flex_attention.BLOCK_SIZE)
+        eager = flex_attention.block_mask(mask_mod, BATCH, LENGTH, "cpu")
+        assert torch.equal(compiled.to_dense(), eager.to_dense()), name

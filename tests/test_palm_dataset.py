@@ -109,6 +109,21 @@ def test_sentence_mode_by_hand():
     assert (index.truncated_sources, index.truncated_targets) == (1, 2)
 
 
+def test_fraction_mode_by_hand_keeps_a_source_token_when_its_share_rounds_to_zero():
+    """A source limit small next to the target's (2 / 30): a short fragment's source share rounds to 0 tokens, yet
+    every pair keeps at least one source token (and one target token), as the module docstring says."""
+    # document 1: sentences of 3 and 2 tokens; document 2: one of 40 tokens (cut to 32); document 3: one token.
+    sizes = np.array([4, 3, 1, 41, 1, 2])
+    index = build_pair_index(sizes, 2, 30, "fraction")
+    # fragments: 5 tokens (5 * 2/32 rounds to 0 -> 1 | 4), 2 tokens (0 -> 1 | 1), 32 of 40 tokens (2 | 30)
+    np.testing.assert_array_equal(index.source_start, [0, 3, 5])
+    np.testing.assert_array_equal(index.source_length, [1, 1, 2])
+    np.testing.assert_array_equal(index.target_start, [1, 4, 7])
+    np.testing.assert_array_equal(index.target_length, [4, 1, 30])
+    assert (index.truncated_sources, index.truncated_targets) == (0, 1)
+    assert (index.documents, index.documents_without_pairs) == (3, 1)
+
+
 class ListCorpus(torch.utils.data.Dataset):
     """An in-memory stand-in for fairseq's indexed dataset: items and their ``sizes``."""
 

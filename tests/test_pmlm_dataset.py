@@ -38,6 +38,20 @@ def test_layout_without_pseudo_part_or_without_ae():
     assert par_only["target"].tolist() == [-1, -1, -1, 12, -1]
 
 
+@pytest.mark.parametrize("given", [np.int32, np.uint8, bool])
+def test_segments_of_any_integer_dtype_come_back_as_int64(given):
+    """Segment ids handed over in another dtype (e.g. read from a compact array, or a boolean "second segment"
+    mask) come back as int64 like every other field, with or without the appended part, the values unchanged."""
+    tokens, steps, noised = np.array([11, 12, 13, 14]), np.array([-1, 0, -1, 1]), np.array([11, 99, 13, 99])
+    segments = np.array([0, 0, 1, 1]).astype(given)
+    plain = pseudo_masked_example(tokens, steps, noised, 77, append_pseudo=False, segments=segments)
+    full = pseudo_masked_example(tokens, steps, noised, 77, segments=segments)
+    assert plain["segments"].tolist() == [0, 0, 1, 1]
+    assert full["segments"].tolist() == [0, 0, 1, 1, 0, 0, 1, 1]  # step 0 is x2 (segment 0), step 1 is x4 (1)
+    for example in (plain, full):
+        assert {name: array.dtype for name, array in example.items()} == dict.fromkeys(example, np.dtype(np.int64))
+
+
 def make_dictionary(words=40):
     dictionary = Dictionary()
     for index in range(words):

@@ -201,6 +201,21 @@ def test_generator_with_cache_matches_recomputation_and_the_training_forward(arc
                     torch.testing.assert_close(a["positional_scores"], b["positional_scores"], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_decoding_a_batch_without_segments_names_the_task_to_use(arch):
+    """A batch from a task that gives no segment ids (fairseq's translation: src_tokens and src_lengths only) stops
+    with the message the user sees, word for word, naming the missing inputs and the task that provides them."""
+    dictionary = tiny_dictionary()
+    model = tiny_model(arch, dictionary)
+    src = sources(dictionary, [6, 4])
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+    generator = SequenceGenerator([model], dictionary, beam_size=2, max_len_b=4)
+    with pytest.raises(ValueError) as raised, torch.no_grad():
+        generator.generate([model], sample)
+    assert str(raised.value) == ("UniLM decoding needs source_segments and target_segment in net_input; "
+                                 "use --task unilm_seq2seq")
+
+
 def copy_data(directory, lines_per_split, seed=0):
     generator = torch.Generator().manual_seed(seed)
     raw = directory / "raw"
