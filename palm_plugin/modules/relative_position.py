@@ -131,8 +131,10 @@ class _MaskedOffsetBias(torch.autograd.Function):
         if mask is not None:  # a hidden pair reads an extra cell holding the most negative value
             index = index.masked_fill(~mask, width)
             table = torch.cat([table, table.new_full((heads, 1), torch.finfo(table.dtype).min)], dim=1)
-        # the backward needs the positions on CUDA, the index on the CPU (kept as int32: half the memory)
-        ctx.save_for_backward(*((query_positions, key_positions) if table.is_cuda else (index.int(),)))
+        # the backward needs the positions on CUDA, the index on the CPU (kept as int32: half the memory); nothing
+        # when no gradient is asked for (decoding)
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(*((query_positions, key_positions) if table.is_cuda else (index.int(),)))
         ctx.width = width
         return table[:, index].transpose(0, 1)
 
