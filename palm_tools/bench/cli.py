@@ -201,7 +201,8 @@ def parse_args(argv=None):
     sweep.add_argument("--loader-workers", type=whole_number(0), help="data-loader workers of the loader_workers lever")
     sweep.add_argument("--profile-sequences", type=whole_number(1),
                        help="with --profile-dir: profile the plain update at --lever-length and this many sequences")
-    sweep.add_argument("--profile-levers", nargs="+", metavar="LEVER", choices=sorted(LEVERS), default=[],
+    sweep.add_argument("--profile-levers", nargs="+", action="extend", metavar="LEVER", choices=sorted(LEVERS),
+                       default=[],
                        help="with --profile-dir: profile these levers' rows too, DIR/<configuration>_<lever>.txt "
                        "(what a lever changes in the operators' times)")
     sweep.add_argument("--compile-backend", help="torch.compile backend of the compile lever (default inductor)")
