@@ -97,30 +97,21 @@ def test_unknown_split_mode_is_named_with_the_choices():
         build_pair_index(np.array([4, 5, 1]), 8, 4, "words")
 
 
-def test_sentence_mode_by_hand():
+@pytest.mark.parametrize("sizes, limits, mode, pairs, truncated", [
     # document 1: sentences of 3, 4, 5 tokens; document 2: one sentence (no pair); document 3: 50 then 2 tokens.
-    sizes = np.array([4, 5, 6, 1, 3, 1, 51, 3])
-    index = build_pair_index(sizes, 8, 4, "sentence")
     # pairs: (s0+s1 | s2 truncated to 4), (s1 | s2 truncated), (s4 truncated to 8 | s5)
-    np.testing.assert_array_equal(index.source_start, [0, 3, 14])
-    np.testing.assert_array_equal(index.source_length, [7, 4, 8])
-    np.testing.assert_array_equal(index.target_start, [7, 7, 64])
-    np.testing.assert_array_equal(index.target_length, [4, 4, 2])
-    assert (index.truncated_sources, index.truncated_targets) == (1, 2)
-
-
-def test_fraction_mode_by_hand_keeps_a_source_token_when_its_share_rounds_to_zero():
-    """A source limit small next to the target's (2 / 30): a short fragment's source share rounds to 0 tokens, yet
-    every pair keeps at least one source token (and one target token), as the module docstring says."""
+    ([4, 5, 6, 1, 3, 1, 51, 3], (8, 4), "sentence", ([0, 3, 14], [7, 4, 8], [7, 7, 64], [4, 4, 2]), (1, 2)),
+    # a source limit small next to the target's (2 / 30): a short fragment's source share rounds to 0 tokens, yet
+    # every pair keeps at least one source token (and one target token), as the module docstring says.
     # document 1: sentences of 3 and 2 tokens; document 2: one of 40 tokens (cut to 32); document 3: one token.
-    sizes = np.array([4, 3, 1, 41, 1, 2])
-    index = build_pair_index(sizes, 2, 30, "fraction")
     # fragments: 5 tokens (5 * 2/32 rounds to 0 -> 1 | 4), 2 tokens (0 -> 1 | 1), 32 of 40 tokens (2 | 30)
-    np.testing.assert_array_equal(index.source_start, [0, 3, 5])
-    np.testing.assert_array_equal(index.source_length, [1, 1, 2])
-    np.testing.assert_array_equal(index.target_start, [1, 4, 7])
-    np.testing.assert_array_equal(index.target_length, [4, 1, 30])
-    assert (index.truncated_sources, index.truncated_targets) == (0, 1)
+    ([4, 3, 1, 41, 1, 2], (2, 30), "fraction", ([0, 3, 5], [1, 1, 2], [1, 4, 7], [4, 1, 30]), (0, 1)),
+], ids=["sentence", "fraction-share-rounds-to-zero"])
+def test_pair_index_by_hand(sizes, limits, mode, pairs, truncated):
+    index = build_pair_index(np.array(sizes), *limits, mode)
+    for name, expected in zip(("source_start", "source_length", "target_start", "target_length"), pairs):
+        np.testing.assert_array_equal(getattr(index, name), expected, err_msg=name)
+    assert (index.truncated_sources, index.truncated_targets) == truncated
     assert (index.documents, index.documents_without_pairs) == (3, 1)
 
 
