@@ -247,9 +247,10 @@ def test_speed_card_calls_plan_what_issue_38_measures():
 
 
 def test_next_speed_card_call_profiles_what_the_last_card_left_open():
-    """Section 7's call for the next card: it parses, profiles the flex and compile lever rows (where flex's time goes;
-    the compiled decoder after the fix), measures flex beside its no-dropout baseline, and a row started just before
-    its time budget ends still ends inside its timeout."""
+    """Section 7's call for the next card: it parses, runs the CUDA tests of the rebuilt copy kernels and the new bias
+    path, measures PALM's levers first, profiles the flex and compile lever rows (where flex's time goes; the compiled
+    decoder after the fix), measures flex beside its no-dropout baseline, and a row started just before its time
+    budget ends still ends inside its timeout."""
     text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
     lines = text[text.index("## 7. The card run of issue 38"):].splitlines()
     tests = next(line for line in lines if line.startswith("timeout ") and " pytest " in line)
@@ -262,9 +263,12 @@ def test_next_speed_card_call_profiles_what_the_last_card_left_open():
                        "tests/test_gpu.py", "-k", selection[selection.index("-k") + 1], cwd=REPO).stdout
     assert "::test_relative_bias_gradient_on_cuda_equals_float64_reference" in selected
     assert "::test_attention_with_boolean_masks_on_cuda_equals_float64_reference" in selected
+    assert "::test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory[dtype1-0.01]" in selected
     args = benchmark.parse_args(shlex.split(command) + ["--plan-only"])
     assert args.device == "cuda" and args.profile_levers == ["flex", "compile"] and args.profile_dir
     _, levers, estimate, _ = benchmark.plan(args)
+    # PALM's first, so that the time budget cannot cut them: the rebuilt copy kernels and the copy's cost when compiled
+    assert levers.startswith("levers: palm: triton_copy, compile, all; palm_nocopy: compile, all; ")
     for config in ("pmlm_ae_par", "unilm_pretraining"):
         assert f"{config}: no_attention_dropout, flex, compile, all" in levers
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)

@@ -232,7 +232,7 @@ class AdditiveAttentionScores(torch.autograd.Function):
       (:func:`~palm_plugin.modules.compiled_layers.compiled`); inductor makes each a reduction kernel (Triton on a
       GPU) that computes the activations where it sums them (checked in the code it generates for the CPU), so the
       memory traffic is that of the inputs and outputs. Batches with a dimension of size 1 take the blocked path.
-    - triton: hand-written kernels over tiles of target rows x source positions
+    - triton: hand-written kernels over two-dimensional tiles of float32 accumulators
       (:mod:`~palm_plugin.modules.copy_attention_triton`); one pass forward, two deterministic passes backward.
 
     The first two use ``tanh(x) = 2 sigmoid(2x) - 1`` (exactly; in float32 within 2e-7 of tanh), so with
