@@ -110,6 +110,49 @@ def test_pointer_generator_with_triton_equals_blocked_and_dense_reference(interp
 
 
 @needs_triton
+@pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the card, which the interpreter does not")
+def test_kernels_compile_for_the_h100_without_spills_or_reductions_in_their_loops(tmp_path):
+    """The interpreter accepts code the compiler may refuse: the kernels compiled here, without a GPU, for the card's
+    architecture (sm_90) at palm_base's attention size in bfloat16, down to the binary by the ptxas Triton ships.
+    No register spills; two special-function instructions a tanh (an ``ex2`` and a ``div.full``, not an IEEE
+    division); and, as the module says, no step of a loop reduces across threads: no shuffles or barriers, but the
+    one reduction after the query kernel's loop (the old kernels had 192 shuffles and 6 barriers in the forward
+    kernel alone, and ran slower than torch's blocked path on an H100)."""
+    import subprocess
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from palm_plugin.modules import copy_attention_triton as kernels
+
+    block_t, block_s, block_a = kernels.TILE
+    signatures = {  # name: (the pointers' dtypes in order, the tile's constants)
+        "_scores_kernel": (("bf16", "bf16", "bf16", "fp32"), {"BLOCK_T": block_t, "BLOCK_S": block_s}),
+        "_query_gradient_kernel": (("bf16", "bf16", "bf16", "fp32", "bf16", "fp32"),
+                                   {"BLOCK_T": block_t, "BLOCK_A": block_a}),
+        "_memory_gradient_kernel": (("bf16", "bf16", "bf16", "fp32", "bf16"), {"BLOCK_S": block_s, "BLOCK_A": block_a}),
+    }
+    for name, (pointers, tile) in signatures.items():
+        kernel = getattr(kernels, name)
+        constants = dict(tile, DIM=768)
+        signature = dict(zip(kernel.arg_names, [f"*{dtype}" for dtype in pointers] + ["i32", "i32"]))
+        signature.update({key: "constexpr" for key in constants})
+        compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+        ptx = compiled.asm["ptx"]
+        ptx_file = tmp_path / f"{name}.ptx"
+        ptx_file.write_text(ptx)
+        report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx_file, "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+        assert " 0 bytes spill stores, 0 bytes spill loads" in report, (name, report)
+        elements = block_t * (block_a if "gradient" in name else block_s) // (32 * compiled.metadata.num_warps)
+        assert ptx.count("ex2.approx") == ptx.count("div.full.f32") == elements, name  # one tanh per element a step
+        assert "div.rn.f32" not in ptx, name
+        reductions = 1 if name == "_query_gradient_kernel" else 0
+        assert ptx.count("shfl.sync") <= reductions and ptx.count("bar.sync") <= 2 * reductions, name
+
+
+@needs_triton
 @pytest.mark.skipif(IN_INTERPRETER, reason="the interpreter runs CPU tensors")
 def test_cpu_tensors_outside_the_interpreter_name_the_option_to_use():
     with pytest.raises(ValueError, match="run on CUDA .*use --copy-attention-impl blocked"):
