@@ -95,8 +95,12 @@ def test_bert_for_masked_lm_gives_the_same_hidden_states_and_logits(tmp_path):
     config = tiny_bert_config()
     reference = randomize(transformers.BertForMaskedLM(config)).eval()
     reference.tie_weights()
-    convert.main(["bert", "--input", str(write_bert_dir(tmp_path / "bert", reference, config)), "--output", str(tmp_path / "out")])
+    source = write_bert_dir(tmp_path / "bert", reference, config)
+    # no newline after the last token (a vocab.txt saved by hand): the last token is still a token, its row kept
+    (source / "vocab.txt").write_text("\n".join(VOCAB))
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     check_masked_lm(reference, tmp_path / "out")
+    assert (tmp_path / "out" / "vocab.txt").read_text() == "".join(token + "\n" for token in VOCAB)
 
 
 @pytest.mark.parametrize("old_layer_norm_names", [False, True])
@@ -380,6 +384,14 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"no_model\.pt: not a fairseq checkpoint \(no 'model' entry\)"):
         convert.main(["roberta", "--input", str(tmp_path / "no_model.pt"), "--dict", str(tmp_path / "d.txt"),
                       "--output", str(tmp_path / "out")])
+
+    # a checkpoint without its dict.txt (which fairseq keeps beside, not inside, the model): the one line names it
+    torch.save({"model": {}, "cfg": {}}, tmp_path / "no_dict.pt")
+    with pytest.raises(SystemExit) as exit_status:
+        convert.main(["roberta", "--input", str(tmp_path / "no_dict.pt"), "--dict", str(tmp_path / "d.txt"),
+                      "--output", str(tmp_path / "out")])
+    assert str(exit_status.value) == (f"error: {tmp_path / 'd.txt'}: file not found; pass the dict.txt the RoBERTa "
+                                      "model was trained with")
 
 
 @pytest.mark.slow

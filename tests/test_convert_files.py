@@ -76,8 +76,10 @@ def test_a_zipped_directory_with_only_tokenizer_json_converts(tmp_path):
 
 def test_s2s_ft_checkpoint_with_1_1_h_biases_and_training_buffers(tmp_path, capsys):
     """A UniLMv2 fine-tuned by the authors' s2s-ft: q_bias / v_bias stored (1, 1, H), the label smoothing buffer
-    and the prediction head's second name for the output embedding; the buffers are dropped and listed."""
-    config = tiny_bert_config(max_position_embeddings=200)
+    and the prediction head's second name for the output embedding; the buffers are dropped and listed. Its
+    config.json names the relative position settings (rel_pos_bins, max_rel_pos): a max_rel_pos other than the
+    released 128 buckets the distances as it says."""
+    config = tiny_bert_config(max_position_embeddings=200, rel_pos_bins=32, max_rel_pos=64)
     generator = torch.Generator().manual_seed(12)
     bert = randomize(transformers.BertForMaskedLM(config), seed=12)
     bert_state = {k[len("bert."):]: v for k, v in bert.state_dict().items() if k.startswith("bert.")}
@@ -101,7 +103,7 @@ def test_s2s_ft_checkpoint_with_1_1_h_biases_and_training_buffers(tmp_path, caps
     padding = tokens.eq(dictionary.pad())
     reference_state = {k: v.view(-1) if k.endswith(("q_bias", "v_bias")) else v for k, v in state.items()}
     with torch.no_grad():
-        expected = unilm2_reference_forward(reference_state, ids, padding, heads=4, buckets=32, max_distance=128)
+        expected = unilm2_reference_forward(reference_state, ids, padding, heads=4, buckets=32, max_distance=64)
         features, _ = model(tokens, segment_ids=torch.zeros_like(tokens), features_only=True)
     torch.testing.assert_close(features[~padding], expected[~padding], atol=1e-5, rtol=0)
     # an untied second output embedding is not a training buffer: refused
@@ -161,6 +163,13 @@ def test_what_config_json_says_is_what_the_conversion_uses(tmp_path, capsys):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert type(tokenizer).__name__ in ("BertTokenizer", "BertTokenizerFast")
     assert tokenizer.convert_tokens_to_ids(VOCAB) == list(range(len(VOCAB)))
+    # too few --num-segments for a file without type_vocab_size: the message counts transformers' default rows
+    types = transformers.BertConfig().type_vocab_size
+    with pytest.raises(SystemExit) as refused:
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "fewer"), "--num-segments", "1"])
+    assert str(refused.value) == (f"error: --num-segments 1: the converted model needs at least {types} segment types "
+                                  f"(the checkpoint's {types} trained rows, and the fine-tuning target's segment 0); "
+                                  f"drop --num-segments or give {types} or more")
 
     # a target segment id beyond the token-type table grows the table to hold it (the rows it had kept)
     (source / "config.json").write_text(json.dumps({**settings, "target_type_id": 3}))
@@ -271,6 +280,12 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     convert.main(["export", "--input", str(ours / "model.pt"), "--output", str(tmp_path / "back")])
     exported = json.loads((tmp_path / "back" / "config.json").read_text())
     assert exported["layer_norm_eps"] == 1e-5
+    # every setting of the model's function is written out, as transformers' save_pretrained wrote the original (a
+    # reader other than transformers does not know transformers' defaults)
+    published = json.loads((tmp_path / "hf" / "config.json").read_text())
+    function = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "pad_token_id")
+    assert {k: exported.get(k) for k in function} == {k: published[k] for k in function}
     # the class transformers' pipelines and AutoModel tooling read from "architectures"
     assert [getattr(transformers, name) for name in exported["architectures"]] == [type(reference)]
     assert (exported["source_type_id"], exported["target_type_id"]) == (0, 1)  # the segments fine-tuning used
@@ -341,6 +356,7 @@ def test_export_without_vocab_txt_keeps_the_dictionarys_order(tmp_path, capsys):
     convert.main(["roberta", "--input", str(tmp_path / "r.pt"), "--dict", str(tmp_path / "dict.txt"),
                   "--output", str(tmp_path / "ours")])
     capsys.readouterr()
+    (tmp_path / "back").mkdir()  # an output folder made beforehand (empty) is written into, as with mkdir -p
     convert.main(["export", "--input", str(tmp_path / "ours" / "model.pt"), "--output", str(tmp_path / "back")])
     # no tokenizer_config.json beside the checkpoint (RoBERTa's has none): none written, and the summary says so
     assert capsys.readouterr().out == f"wrote {tmp_path / 'back'} (config.json, vocab.txt, model.safetensors)\n"
@@ -404,8 +420,10 @@ def test_export_takes_the_symbols_the_tasks_added_from_the_embedding_size(tmp_pa
     assert export_dictionary(checkpoint, {}, weights(size + 1), args).symbols == words.symbols + [MASK_SYMBOL]
     assert export_dictionary(checkpoint, {}, weights(size + 2), args).symbols == words.symbols + [MASK_SYMBOL,
                                                                                                   PSEUDO_SYMBOL]
-    with pytest.raises(ConversionError, match=f"dict.txt: {size + 1} symbols, but .*checkpoint.pt has {size + 3} "):
+    with pytest.raises(ConversionError) as refused:
         export_dictionary(checkpoint, {}, weights(size + 3), args)
+    assert str(refused.value) == (f"{tmp_path / 'dict.txt'}: {size + 1} symbols, but {checkpoint} has {size + 3} "
+                                  "embedding rows: pass --dict with the dict.txt of the data it was trained on")
     # --dict names another file; without one and without dict.txt beside it, the data's dictionary of the source side
     elsewhere = tmp_path / "data"
     elsewhere.mkdir()
@@ -512,7 +530,11 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
     # no token-type table (it is optional in HF's layout): the positions are taken as they are
     (source / "config.json").write_text(json.dumps(config.to_dict()))
     save_file({k: v for k, v in weights.items() if "token_type" not in k}, source / "model.safetensors")
+    # merges.txt ending in a newline, as transformers' tokenizers save it: vocab.bpe is the file unchanged
+    merges = (source / "merges.txt").read_text() + "\n"
+    (source / "merges.txt").write_text(merges)
     convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "no_types")])
+    assert (tmp_path / "no_types" / "vocab.bpe").read_text() == merges
     typeless = safe_loading.load_state(str(tmp_path / "no_types" / "model.pt"))["model"]
     assert torch.equal(typeless["encoder.sentence_encoder.embed_positions.weight"],
                        weights["roberta.embeddings.position_embeddings.weight"])

@@ -151,6 +151,18 @@ def test_block_mask_skips_the_tiles_the_dense_mask_hides(case):
         "total": visible.numel(), "skipped": skipped, "partial": visible.numel() - skipped - full, "full": full}
 
 
+def test_the_cpu_builds_block_masks_without_compiling():
+    """On the CPU block_mask runs create_block_mask eagerly, as the module promises: compiling it would cost a
+    compilation per batch shape. Dynamo counts every graph it compiles; the shape is one no other test uses, so that
+    no graph compiled before could serve it."""
+    batch, length = 3, 133
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    block_mask = flex_attention.block_mask(lambda b, h, q, k: q >= k, batch, length, "cpu")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    causal = torch.ones(length, length, dtype=torch.bool).tril().expand(batch, -1, -1)
+    assert torch.equal(block_mask.to_dense()[:, 0].bool(), dense_tiles(causal) > 0)
+
+
 def test_block_counts_of_a_mask_without_full_tiles():
     """A BlockMask may carry no full tiles at all (full_kv_num_blocks None: BlockMask.from_kv_blocks without them,
     every computed tile runs the mask_mod): then none is counted as full and the rest are partial."""

@@ -220,3 +220,17 @@ def test_from_pretrained_of_a_missing_checkpoint_names_it_and_what_is_there(tmp_
         from_pretrained(str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"b\.pt: no such checkpoint"):
         from_pretrained(str(tmp_path), checkpoint_file="checkpoint_last.pt:b.pt")
+
+
+@pytest.mark.parametrize("arguments, name, kind", [
+    ({"model_name_or_path": None}, "model_name_or_path", "NoneType"),
+    ({"checkpoint_file": ["a.pt", "b.pt"]}, "checkpoint_file", "list"),  # an ensemble is one string, "a.pt:b.pt"
+    ({"data_name_or_path": None}, "data_name_or_path", "NoneType"),
+])
+def test_from_pretrained_names_the_argument_that_is_not_a_path(tmp_path, arguments, name, kind):
+    """A value that is no path stops before fairseq reads anything, with the keyword the user has to fix."""
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    with pytest.raises(TypeError, match=rf"^from_pretrained: {name} is a {kind}; give a path \(a str or a "
+                                        r"pathlib\.Path\)$"):
+        from_pretrained(**{"model_name_or_path": str(tmp_path), **arguments})

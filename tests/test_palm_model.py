@@ -240,6 +240,18 @@ def test_decoder_returns_the_attention_of_the_layer_asked_for():
             model.decoder, net["prev_output_tokens"], encoder_out=encoder_out, alignment_heads=1)
     torch.testing.assert_close(one_head["attn"][0], reference["attn"][0], atol=0, rtol=0)
     assert not torch.allclose(one_head["attn"][0], attention[None], atol=1e-3)
+    # full_context_alignment (fairseq's alignment training): no future mask, the states and attention fairseq's
+    # own forward computes with it, which differ from the causal ones
+    with torch.no_grad():
+        states, full = model.decoder(net["prev_output_tokens"], encoder_out=encoder_out, features_only=True,
+                                     full_context_alignment=True)
+        reference, expected = TransformerDecoderBase.forward(
+            model.decoder, net["prev_output_tokens"], encoder_out=encoder_out, features_only=True,
+            full_context_alignment=True)
+        causal, _ = model.decoder(net["prev_output_tokens"], encoder_out=encoder_out, features_only=True)
+    torch.testing.assert_close(states, reference, atol=0, rtol=0)
+    torch.testing.assert_close(full["attn"][0], expected["attn"][0], atol=0, rtol=0)
+    assert not torch.allclose(states, causal, atol=1e-3)
 
 
 def test_paper_second_stage_gives_the_mlm_head_no_gradient():
@@ -512,6 +524,26 @@ def test_checkpoints_keep_their_source_format():
     model = build(seed=2, no_source_bos=True)
     model.load_state_dict(build(seed=1).state_dict(), strict=True)
     assert model.encoder.source_bos
+
+
+def test_checkpoint_configuration_from_before_source_position_markers_has_none():
+    """A checkpoint saved before --source-position-markers existed has no such field, and fairseq builds its
+    architecture (palm_tiny) without the dataclass defaults: no dictionary row is a marker, so every word keeps its
+    embedding row and the trained weights load."""
+    from fairseq import models
+    from omegaconf import OmegaConf
+
+    trained = build(seed=1).eval()
+    saved = OmegaConf.to_container(OmegaConf.structured(trained.cfg))
+    del saved["source_position_markers"]
+    saved["_name"] = "palm_tiny"
+    dictionary = trained.encoder.dictionary
+    old = models.build_model(OmegaConf.create(saved), FakeTask(dictionary), from_checkpoint=True).eval()
+    assert old.encoder.embed_tokens.num_embeddings == len(dictionary)
+    old.load_state_dict(trained.state_dict(), strict=True)
+    last = torch.tensor([len(dictionary) - 1])  # <mask>, the last row: its own embedding, not <unk>'s
+    torch.testing.assert_close(old.encoder.embed_tokens(last), trained.encoder.embed_tokens.weight[last], atol=0,
+                               rtol=0)
 
 
 def test_checkpoint_configuration_from_before_layer_norm_eps_keeps_fairseqs_epsilon():

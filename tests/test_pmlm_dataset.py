@@ -254,3 +254,18 @@ def test_unshuffled_order_is_by_length_then_index_and_epochs_reach_the_token_dat
     dataset.dataset = EpochRecordingDataset(items)
     dataset.set_epoch(4)
     assert dataset.dataset.epochs == [4] and dataset.epoch == 4
+
+
+def test_shuffled_order_is_the_seeded_shuffle_sorted_stably_by_length():
+    """Training order: the permutation drawn from the dataset's seed, then sorted by length keeping that permutation's
+    order among equal lengths (so equal-length examples are batched in shuffled, not corpus or sort-internal, order).
+    Hundreds of examples over a few lengths: numpy's default argsort is unstable at that size and reorders ties."""
+    from fairseq.data import data_utils
+
+    lengths = np.random.default_rng(1).choice([8, 12, 16, 20, 30], size=600).tolist()
+    dataset, items, *_ = make_dataset(lengths=lengths)
+    with data_utils.numpy_seed(dataset.seed):
+        shuffled = np.random.permutation(len(items)).tolist()
+    expected = sorted(shuffled, key=lambda i: lengths[i])  # Python's sort is stable
+    assert dataset.ordered_indices().tolist() == expected
+    assert expected != sorted(range(len(items)), key=lambda i: (lengths[i], i))  # the shuffle shows in the ties

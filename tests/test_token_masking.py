@@ -53,3 +53,22 @@ def test_a_task_configs_fractions_are_the_fractions_drawn(leave_unmasked, random
     expected = np.array([1 - leave_unmasked - random_token, leave_unmasked, random_token])
     assert policy.mask_prob == 0.15
     assert np.abs(fractions - expected).max() < 0.015, fractions  # 3.5 standard deviations at 20000 draws
+
+
+@pytest.mark.parametrize("span_length_probs", [(0.8, 0.1, 0.1), (0.3, 0.7)])
+def test_span_lengths_follow_the_given_distribution(span_length_probs):
+    """Masked n-grams have the lengths ``span_length_probs`` gives (UniLM: 80% unigrams, 10% bigrams, 10% trigrams),
+    with two lengths as with three. Long sequences at a 1% masking rate: spans rarely touch, so each run of
+    selected positions is one span (the last of a sequence may be cut by the budget: 1 in about 150)."""
+    policy = TokenMaskingPolicy(mask_prob=0.01, span_length_probs=span_length_probs)
+    rng = np.random.default_rng(0)
+    runs = []
+    for _ in range(40):
+        selected = policy.select(np.ones(20000, dtype=bool), rng)
+        assert selected.sum() == 200
+        edges = np.diff(np.concatenate([[0], selected.astype(int), [0]]))
+        runs += (np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)).tolist()
+    fractions = np.bincount(runs, minlength=len(span_length_probs) + 1)[1:] / len(runs)
+    # about 5000 runs: one standard deviation is under 0.007; merged spans make the few longer runs
+    assert np.abs(fractions[:len(span_length_probs)] - span_length_probs).max() < 0.03, fractions
+    assert fractions[len(span_length_probs):].sum() < 0.02, fractions
