@@ -526,21 +526,29 @@ def test_checkpoints_keep_their_source_format():
     assert model.encoder.source_bos
 
 
-def test_checkpoint_configuration_from_before_source_position_markers_has_none():
-    """A checkpoint saved before --source-position-markers existed has no such field, and fairseq builds its
-    architecture (palm_tiny) without the dataclass defaults: no dictionary row is a marker, so every word keeps its
-    embedding row and the trained weights load."""
+def built_from_a_configuration_without(option):
+    """A palm_tiny model, and the one fairseq builds from its configuration saved without ``option`` (as a checkpoint
+    from before the option existed: fairseq builds an architecture name without the dataclass defaults), the first's
+    weights loaded into it strictly."""
     from fairseq import models
     from omegaconf import OmegaConf
 
     trained = build(seed=1).eval()
     saved = OmegaConf.to_container(OmegaConf.structured(trained.cfg))
-    del saved["source_position_markers"]
+    del saved[option]
     saved["_name"] = "palm_tiny"
-    dictionary = trained.encoder.dictionary
-    old = models.build_model(OmegaConf.create(saved), FakeTask(dictionary), from_checkpoint=True).eval()
-    assert old.encoder.embed_tokens.num_embeddings == len(dictionary)
+    old = models.build_model(OmegaConf.create(saved), FakeTask(trained.encoder.dictionary), from_checkpoint=True)
     old.load_state_dict(trained.state_dict(), strict=True)
+    return trained, old.eval()
+
+
+def test_checkpoint_configuration_from_before_source_position_markers_has_none():
+    """A checkpoint saved before --source-position-markers existed has no such field, and fairseq builds its
+    architecture (palm_tiny) without the dataclass defaults: no dictionary row is a marker, so every word keeps its
+    embedding row and the trained weights load."""
+    trained, old = built_from_a_configuration_without("source_position_markers")
+    dictionary = trained.encoder.dictionary
+    assert old.encoder.embed_tokens.num_embeddings == len(dictionary)
     last = torch.tensor([len(dictionary) - 1])  # <mask>, the last row: its own embedding, not <unk>'s
     torch.testing.assert_close(old.encoder.embed_tokens(last), trained.encoder.embed_tokens.weight[last], atol=0,
                                rtol=0)
@@ -551,17 +559,10 @@ def test_checkpoint_configuration_from_before_layer_norm_eps_keeps_fairseqs_epsi
     (palm_tiny) from a saved configuration without the dataclass defaults (fairseq.models.build_model merges them for
     the model name only): its LayerNorms keep fairseq's epsilon, the one it was trained with, and it computes what
     the trained model computed."""
-    from fairseq import models
     from fairseq.modules import LayerNorm
-    from omegaconf import OmegaConf
 
-    trained = build(seed=1).eval()
-    saved = OmegaConf.to_container(OmegaConf.structured(trained.cfg))
-    del saved["layer_norm_eps"]
-    saved["_name"] = "palm_tiny"
+    trained, old = built_from_a_configuration_without("layer_norm_eps")
     dictionary = trained.encoder.dictionary
-    old = models.build_model(OmegaConf.create(saved), FakeTask(dictionary), from_checkpoint=True).eval()
-    old.load_state_dict(trained.state_dict(), strict=True)
     assert {m.eps for m in old.modules() if isinstance(m, torch.nn.LayerNorm)} == {LayerNorm(8).eps}
     pad, eos = dictionary.pad(), dictionary.eos()
     src_tokens = torch.tensor([[5, 6, 7, 8, 9, eos], [10, 11, eos, pad, pad, pad]])
