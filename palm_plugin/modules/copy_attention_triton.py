@@ -39,9 +39,10 @@ import triton.language as tl
 from torch import Tensor
 
 # (BLOCK_T, BLOCK_S, BLOCK_A): the forward kernel's tile is BLOCK_T x BLOCK_S scores, the backward kernels' BLOCK_T x
-# BLOCK_A query and BLOCK_S x BLOCK_A memory gradients (powers of two, as Triton's blocks must be): 4096 float32
-# accumulators, 32 a thread of Triton's default 4 warps. Not yet tuned on a card.
-TILE = (64, 64, 64)
+# BLOCK_A query and BLOCK_S x BLOCK_A memory gradients (powers of two, as Triton's blocks must be) with a step's values
+# held ahead: half the forward's width, so that their registers let three programs share a multiprocessor, as the
+# forward's do (tests/test_copy_triton.py compiles them for the H100). Not yet tuned on a card.
+TILE = (64, 64, 32)
 # Whether triton.jit made the kernels below for its interpreter: TRITON_INTERPRET=1 when triton was imported (Triton's
 # own library functions are decorated then, so it cannot be switched later in a process).
 INTERPRETED = bool(triton.knobs.runtime.interpret)
@@ -73,6 +74,16 @@ def _scores_kernel(memory_t, query_t, weight, scores, steps, sources, DIM: tl.co
 
 
 @triton.jit
+def _step_values(features, grads, feature_mask, grad_mask, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    """A backward step's row of features ``(1, COLUMNS)``, as stored, and its gradients, one a tile row, broadcast to
+    the ``(ROWS, COLUMNS)`` tile: carried to the next step in the tile's own layout, they need no conversion (a
+    ``(ROWS, 1)`` column would be converted through shared memory at every step)."""
+    row = tl.load(features, mask=feature_mask, other=0.0)[None, :]
+    column = tl.load(grads, mask=grad_mask, other=0.0)[:, None]
+    return row, tl.broadcast_to(column, (ROWS, COLUMNS))
+
+
+@triton.jit
 def _query_gradient_kernel(memory, query, weight, grad_t, grad_query, weight_shares, steps, sources,
                            DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr):
     """dL/dq for one (sentence, target tile, feature tile), one source position at a time, and the tile's share
@@ -87,14 +98,19 @@ def _query_gradient_kernel(memory, query, weight, grad_t, grad_query, weight_sha
     grad_row = grad_t + b * sources * steps + t  # (B, S, T): g[., l] of the tile's rows at l * steps
     slopes = tl.zeros((BLOCK_T, BLOCK_A), dtype=tl.float32)  # sum_l g (1 - y^2)
     outputs = tl.zeros((BLOCK_T, BLOCK_A), dtype=tl.float32)  # sum_l g y
+    # each step's values are loaded a step ahead, so that their latency hides behind a step's work (Triton's
+    # pipeliner leaves these loads alone); g reads 0 past the rows: adds nothing
+    m, g = _step_values(memory_row, grad_row, (a < DIM) & (sources > 0), (t < steps) & (sources > 0), BLOCK_T, BLOCK_A)
     l = 0
     while l < sources:  # not range(): Triton 3.6's interpreter takes no run-time bound there (with numpy 2.4)
-        m = tl.load(memory_row + l * DIM, mask=a < DIM, other=0.0).to(tl.float32)
-        g = tl.load(grad_row + l * steps, mask=t < steps, other=0.0)[:, None]  # 0 past the rows: adds nothing
-        y = _tanh(q + m[None, :])
+        ahead = l + 1 < sources
+        m_next, g_next = _step_values(memory_row + (l + 1) * DIM, grad_row + (l + 1) * steps, (a < DIM) & ahead,
+                                      (t < steps) & ahead, BLOCK_T, BLOCK_A)
+        y = _tanh(q + m.to(tl.float32))
         gy = g * y
         outputs += gy
         slopes += g - gy * y
+        m, g = m_next, g_next
         l += 1
     w = tl.load(weight + a, mask=a < DIM, other=0.0).to(tl.float32)
     tl.store(grad_query + b * steps * DIM + t[:, None] * DIM + a[None, :],
@@ -114,12 +130,16 @@ def _memory_gradient_kernel(memory, query, weight, grad, grad_memory, steps, sou
     query_row = query + b * steps * DIM + a
     grad_row = grad + b * steps * sources + l
     slopes = tl.zeros((BLOCK_S, BLOCK_A), dtype=tl.float32)  # sum_t g (1 - y^2)
+    # a step ahead, as in _query_gradient_kernel
+    q, g = _step_values(query_row, grad_row, (a < DIM) & (steps > 0), (l < sources) & (steps > 0), BLOCK_S, BLOCK_A)
     t = 0
     while t < steps:  # not range(): as in _query_gradient_kernel
-        q = tl.load(query_row + t * DIM, mask=a < DIM, other=0.0).to(tl.float32)
-        g = tl.load(grad_row + t * sources, mask=l < sources, other=0.0)[:, None]
-        y = _tanh(m + q[None, :])
+        ahead = t + 1 < steps
+        q_next, g_next = _step_values(query_row + (t + 1) * DIM, grad_row + (t + 1) * sources, (a < DIM) & ahead,
+                                      (l < sources) & ahead, BLOCK_S, BLOCK_A)
+        y = _tanh(m + q.to(tl.float32))
         slopes += g - g * y * y
+        q, g = q_next, g_next
         t += 1
     w = tl.load(weight + a, mask=a < DIM, other=0.0).to(tl.float32)
     tl.store(grad_memory + b * sources * DIM + l[:, None] * DIM + a[None, :],
