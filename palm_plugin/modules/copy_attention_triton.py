@@ -31,7 +31,7 @@ change them every update). Offsets start from a 64-bit sentence index, so no pro
 The kernels run on CUDA tensors; under Triton's interpreter (``TRITON_INTERPRET=1`` when triton is imported, how
 tests/test_copy_triton.py runs them on a CPU, in a process of their own) on any tensors, slowly.
 """
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 import triton
