@@ -200,3 +200,39 @@ def test_palm_from_a_converted_bert_reads_the_source_segment_its_checkpoint_name
         states = encoder_out["encoder_out"][0].transpose(0, 1)
     assert not torch.allclose(expected[0], expected[1], atol=1e-3)  # the two token types give different states
     torch.testing.assert_close(states, expected[token_type], atol=1e-5, rtol=0)
+
+
+def test_palm_takes_the_layer_norm_epsilon_its_converted_checkpoint_records(converted, tmp_path):
+    """A converted checkpoint whose configuration records another LayerNorm epsilon (1e-5, as a BERT-family model
+    trained with it): PALM with that epsilon starts from it, PALM with BERT's 1e-12 is told to pass 1e-05, and the
+    option is adopted from the file when the command line does not set it."""
+    _, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    cfg = OmegaConf.to_container(OmegaConf.create(state["cfg"]))
+    cfg["model"]["layer_norm_eps"] = 1e-5
+    path = tmp_path / "model.pt"
+    torch.save({**state, "cfg": cfg}, path)
+    sizes = dict(encoder_layers=2, encoder_embed_dim=64, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
+                 encoder_max_positions=64)
+    palm = build_palm(dictionary, roberta_path=str(path), layer_norm_eps=1e-5, **sizes)
+    assert {m.eps for m in palm.encoder.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-5}
+    weight = state["model"]["encoder.stack.embeddings.layer_norm.weight"]
+    torch.testing.assert_close(palm.encoder.layernorm_embedding.weight, weight, atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"epsilon is 1e-05, this model's 1e-12: pass --layer-norm-eps 1e-05$"):
+        build_palm(dictionary, roberta_path=str(path), layer_norm_eps=1e-12, **sizes)
+    args = argparse.Namespace(roberta_path=str(path), layer_norm_eps=1e-12)
+    checkpoint_paths.check(args, ["--roberta-path", str(path)])
+    assert args.layer_norm_eps == 1e-5
+
+
+def test_palm_from_a_checkpoint_without_a_roberta_encoder_says_what_roberta_path_takes(tmp_path):
+    """A fairseq checkpoint (a 'model' entry) holding no RoBERTa encoder: the message names the file, the parameter
+    it looked for and what --roberta-path takes."""
+    path = tmp_path / "other.pt"
+    torch.save({"model": {"decoder.embed_tokens.weight": torch.zeros(3, 4)}, "cfg": {}}, path)
+    with pytest.raises(ValueError) as error:
+        build_palm(roberta_path=str(path), encoder_max_positions=64)
+    assert str(error.value) == (
+        f"{path}: no RoBERTa encoder in this checkpoint (expected 'encoder.sentence_encoder.embed_tokens.weight'); "
+        "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture, or the model.pt of "
+        "palm-convert bert")

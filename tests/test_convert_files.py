@@ -634,3 +634,31 @@ def test_every_option_of_every_command_says_what_it_does():
         for action in command._actions:
             if action.option_strings and action.dest != "help":
                 assert action.help and len(action.help) > 10, f"palm-convert {name} {action.option_strings[0]}"
+
+
+def test_hf_roberta_with_its_tied_output_embedding_saved_in_the_file(tmp_path):
+    """A weights file that holds lm_head.decoder.weight (as older transformers and pytorch_model.bin save it): equal
+    to the input embedding (tied, the usual case) it converts to what the file without it converts to; another
+    matrix (an untied head, which fairseq's RoBERTa has no place for) is refused with its name."""
+    from safetensors.torch import load_file, save_file
+
+    source = tmp_path / "hf"
+    source.mkdir()
+    size = tiny_gpt2_bpe(source)
+    config = transformers.RobertaConfig(vocab_size=size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, max_position_embeddings=66, layer_norm_eps=1e-5)
+    reference = randomize(transformers.RobertaForMaskedLM(config), seed=19)
+    reference.tie_weights()
+    reference.save_pretrained(source)
+    convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "without")])
+    weights = load_file(source / "model.safetensors")
+    assert "lm_head.decoder.weight" not in weights
+    embedding = weights["roberta.embeddings.word_embeddings.weight"]
+    save_file({**weights, "lm_head.decoder.weight": embedding.clone()}, source / "model.safetensors")
+    convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "tied")])
+    tied, without = (safe_loading.load_state(str(tmp_path / name / "model.pt"))["model"] for name in ("tied", "without"))
+    assert tied.keys() == without.keys() and all(torch.equal(tied[k], without[k]) for k in tied)
+    save_file({**weights, "lm_head.decoder.weight": embedding + 1}, source / "model.safetensors")
+    with pytest.raises(SystemExit, match=r"model\.safetensors: lm_head\.decoder\.weight is not tied to the input "
+                                         r"embedding$"):
+        convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])

@@ -107,6 +107,17 @@ def test_next_sentence_accuracy_is_logged_to_3_decimals():
     assert values["next_sentence_accuracy"] == 0.333
 
 
+def test_an_epochs_next_sentence_accuracy_weighs_each_update_by_its_rows():
+    """Epoch accuracy = correct rows / rows of the epoch: 1 of 1 then 0 of 3 is 1/4 (not the mean 1/2)."""
+    updates = [{"loss": 1.0, "nll_loss": 1.0, "sample_size": 1, "next_sentence_loss": 1.0,
+                "next_sentence_rows": rows, "next_sentence_correct": correct} for rows, correct in ((1, 1), (3, 0))]
+    with metrics.aggregate() as epoch:
+        for update in updates:
+            UniLMClozeCriterion.reduce_metrics([update])
+        values = epoch.get_smoothed_values()
+    assert values["next_sentence_accuracy"] == 0.25
+
+
 def test_pseudo_masked_lm_logs_the_loss_of_a_single_prediction():
     values = logged(PseudoMaskedLMCriterion, [{"loss": 3.0, "ae_loss": 1.0, "ae_count": 1, "par_loss": 2.0,
                                                "par_count": 1, "sample_size": 1}])

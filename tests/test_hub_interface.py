@@ -234,3 +234,56 @@ def test_from_pretrained_names_the_argument_that_is_not_a_path(tmp_path, argumen
     with pytest.raises(TypeError, match=rf"^from_pretrained: {name} is a {kind}; give a path \(a str or a "
                                         r"pathlib\.Path\)$"):
         from_pretrained(**{"model_name_or_path": str(tmp_path), **arguments})
+
+
+def save_untrained_checkpoint(root, name, arguments, drop=()):
+    """A tiny model (random weights) of ``arguments`` saved as fairseq-train saves one, its configuration without the
+    model options ``drop`` (as a checkpoint from before they existed), with the dictionaries beside it."""
+    import palm_plugin  # noqa: F401
+    from fairseq import checkpoint_utils, options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    words = "".join(f"w{i} {100 - i}\n" for i in range(30))
+    for dictionary in ("dict.src.txt", "dict.tgt.txt", "dict.txt"):
+        (root / dictionary).write_text(words)
+    args = options.parse_args_and_arch(options.get_training_parser(), [str(root), "--user-dir", str(USER_DIR), "--cpu",
+                                                                        *arguments])
+    cfg = convert_namespace_to_omegaconf(args)
+    torch.manual_seed(0)
+    model = tasks.setup_task(cfg.task).build_model(cfg.model)
+    saved = OmegaConf.to_container(cfg)
+    for option in drop:
+        del saved["model"][option]
+    checkpoint_utils.torch_persistent_save({"cfg": saved, "model": model.state_dict(), "args": None,
+                                            "extra_state": {}, "optimizer_history": [
+                                                {"criterion_name": "UniLMClozeCriterion", "best_loss": None}]},
+                                           str(root / name))
+    return model
+
+
+def test_from_pretrained_of_a_pretraining_checkpoint_says_to_fine_tune_it_first(tmp_path):
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    save_untrained_checkpoint(tmp_path, "pretrain.pt", ["--task", "unilm_pretraining", "--arch", "unilm_tiny",
+                                                        "--criterion", "unilm_cloze"])
+    with pytest.raises(ValueError) as error:
+        from_pretrained(str(tmp_path), checkpoint_file="pretrain.pt", data_name_or_path=str(tmp_path))
+    assert str(error.value) == (
+        f"{tmp_path}/pretrain.pt: a checkpoint of the task unilm_pretraining (pre-training), which neither generates "
+        "nor scores text; fine-tune it first (fairseq-train --task unilm_seq2seq, or translation for PALM, with "
+        "--finetune-from-model this checkpoint) and load that one")
+
+
+def test_a_unilm_checkpoint_from_before_attention_impl_loads_with_sdpa(tmp_path):
+    """fairseq builds an architecture name (unilm_tiny) from a saved configuration without the dataclass defaults: a
+    checkpoint saved before --attention-impl existed has no such field, and is built with the default, sdpa."""
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    saved = save_untrained_checkpoint(tmp_path, "old.pt", ["--task", "unilm_seq2seq", "--arch", "unilm_tiny",
+                                                           "--criterion", "unilm_cloze"], drop=("attention_impl",))
+    hub = from_pretrained(str(tmp_path), checkpoint_file="old.pt", data_name_or_path=str(tmp_path))
+    [model] = hub.models
+    assert model.stack.attention_impl == "sdpa"
+    assert all(torch.equal(value, saved.state_dict()[name]) for name, value in model.state_dict().items())
+    assert len(hub.generate("w1 w2 w3", beam=2, max_len_b=3).split()) <= 3

@@ -233,3 +233,32 @@ def assert_gradients_equal_dense_reference(impl, inputs=None):
     torch.testing.assert_close(module_loss, dense_loss, atol=1e-4, rtol=1e-5)
     for name, grad in dense_grads.items():
         torch.testing.assert_close(module_grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_incremental_decoding_projects_the_memory_once_per_sentence():
+    """Step by step (T = 1 each), W_m h is computed at the first step only, and each step equals the full pass."""
+    generator = make_generator()
+    states, encoder_out = make_inputs()
+    calls = []
+    handle = generator.memory_projection.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        full = generator(states, encoder_out)
+        assert len(calls) == 1
+        calls.clear()
+        incremental_state = {}
+        steps = [generator(states[:, t : t + 1], encoder_out, incremental_state) for t in range(states.size(1))]
+    finally:
+        handle.remove()
+    assert len(calls) == 1, len(calls)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-6, rtol=1e-5)
+
+
+def test_blocks_hold_one_row_when_a_row_exceeds_the_budget(monkeypatch):
+    """A row of S x A above the budget: each block is one (sentence, step) row, so the workspace is one row."""
+    monkeypatch.setitem(copy_generator.BLOCK_ELEMENTS, "cpu", 10)
+    memory = torch.zeros(2, 6, 5)  # a row holds 30 elements
+    blocks, workspace = copy_generator._blocks(memory, steps=3)
+    assert workspace.shape == (1, 1, 6, 5)
+    assert [(b.start, b.stop, t.start, t.stop) for b, t in blocks] == [
+        (b, b + 1, t, t + 1) for b in range(2) for t in range(3)
+    ]

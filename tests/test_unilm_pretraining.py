@@ -244,6 +244,17 @@ def test_the_smallest_sample_holds_sos_a_eos_b_eos():
         UniLMPretrainingDataset(sentences, d, 4, policy, mask, seed=3)
     dataset = UniLMPretrainingDataset(sentences, d, 5, policy, mask, seed=3)
     assert max(len(dataset[index]["tokens"]) for index in range(len(dataset))) <= 5
+    # B is a single token here: next sentence prediction still swaps it for another document's token half the time.
+    labels = []
+    for index in range(len(dataset)):
+        item = dataset[index]
+        if Objective(item["objective"]) == Objective.BIDIRECTIONAL:
+            labels.append(item["next_sentence"])
+            original = torch.where(item["target"] != d.pad(), item["target"], item["tokens"]).tolist()
+            assert len(original) == 5  # [SOS] a [EOS] b [EOS]
+            same = document_of(d, original[1]) == document_of(d, original[3])
+            assert same == (item["next_sentence"] != NOT_NEXT), (original, item["next_sentence"])
+    assert len(labels) > 10 and stats.binomtest(labels.count(NOT_NEXT), len(labels), 0.5).pvalue > 1e-3, labels
 
 
 def test_the_task_refuses_a_model_with_fewer_segment_types_than_its_six_objective_segments():
