@@ -147,3 +147,30 @@ def small_palm_data(tmp_path_factory):
     run_cli("palm-data", "--out", data, "--dialog-json", download / "dialog.json", "--pretrain-text",
             download / "pretrain.txt", "--vocab-size", 200, "--small-train-pairs", 300, "--workers", 1)
     return data
+
+
+def save_untrained_checkpoint(root, name, arguments, drop=()):
+    """A tiny model (random weights) of ``arguments`` saved as fairseq-train saves one, its configuration without the
+    model options ``drop`` (as a checkpoint from before they existed), with the dictionaries beside it."""
+    import palm_plugin  # noqa: F401
+    import torch
+    from fairseq import checkpoint_utils, options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    words = "".join(f"w{i} {100 - i}\n" for i in range(30))
+    for dictionary in ("dict.src.txt", "dict.tgt.txt", "dict.txt"):
+        (root / dictionary).write_text(words)
+    args = options.parse_args_and_arch(options.get_training_parser(), [str(root), "--user-dir", str(USER_DIR), "--cpu",
+                                                                        *arguments])
+    cfg = convert_namespace_to_omegaconf(args)
+    torch.manual_seed(0)
+    model = tasks.setup_task(cfg.task).build_model(cfg.model)
+    saved = OmegaConf.to_container(cfg)
+    for option in drop:
+        del saved["model"][option]
+    checkpoint_utils.torch_persistent_save({"cfg": saved, "model": model.state_dict(), "args": None,
+                                            "extra_state": {}, "optimizer_history": [
+                                                {"criterion_name": "UniLMClozeCriterion", "best_loss": None}]},
+                                           str(root / name))
+    return model

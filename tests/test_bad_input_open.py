@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, USER_DIR
+from tests.conftest import REPO, USER_DIR, save_untrained_checkpoint
 
 
 def last_line(capsys):
@@ -210,28 +210,12 @@ def test_a_checkpoint_decoded_with_another_familys_task_is_refused():
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """A tiny unilm_seq2seq model (random weights) saved as fairseq saves a checkpoint, and a pre-training one."""
-    import palm_plugin  # noqa: F401
-    from fairseq import checkpoint_utils, options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from omegaconf import OmegaConf
-
     from palm_plugin.models.hub_interface import from_pretrained
 
     root = tmp_path_factory.mktemp("hub")
-    words = "".join(f"w{i} {100 - i}\n" for i in range(30))
-    for name in ("dict.src.txt", "dict.tgt.txt", "dict.txt"):
-        (root / name).write_text(words)
     for name, arguments in (("seq2seq", UNILM), ("pretrain", ["--task", "unilm_pretraining", "--arch", "unilm_tiny",
                                                               "--criterion", "unilm_cloze"])):
-        args = options.parse_args_and_arch(options.get_training_parser(), [str(root), "--user-dir", str(USER_DIR),
-                                                                            "--cpu", *arguments])
-        cfg = convert_namespace_to_omegaconf(args)
-        torch.manual_seed(0)
-        model = tasks.setup_task(cfg.task).build_model(cfg.model)
-        checkpoint_utils.torch_persistent_save({"cfg": OmegaConf.to_container(cfg), "model": model.state_dict(),
-                                                "args": None, "extra_state": {}, "optimizer_history": [
-                                                    {"criterion_name": "UniLMClozeCriterion", "best_loss": None}]},
-                                               str(root / f"{name}.pt"))
+        save_untrained_checkpoint(root, f"{name}.pt", arguments)
     return from_pretrained(root, checkpoint_file="seq2seq.pt", data_name_or_path=str(root)), root
 
 

@@ -454,20 +454,26 @@ def tiny_gpt2_bpe(directory):
     return len(vocab)
 
 
+def saved_tiny_hf_roberta(source, seed):
+    """A tiny HF RoBERTa for masked LM (random weights, the output embedding tied, no dropout) saved by transformers
+    into the new folder ``source``, with its BPE files: its config and the model."""
+    source.mkdir()
+    config = transformers.RobertaConfig(vocab_size=tiny_gpt2_bpe(source), hidden_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=128, max_position_embeddings=66,
+                                        layer_norm_eps=1e-5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    reference = randomize(transformers.RobertaForMaskedLM(config), seed=seed).eval()
+    reference.tie_weights()
+    reference.save_pretrained(source)
+    return config, reference
+
+
 def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, capsys):
     from fairseq.data import encoders
     from omegaconf import OmegaConf
     from palm_plugin.models.palm import PalmModel
 
     source = tmp_path / "hf"
-    source.mkdir()
-    size = tiny_gpt2_bpe(source)
-    config = transformers.RobertaConfig(vocab_size=size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=128, max_position_embeddings=66, layer_norm_eps=1e-5,
-                                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    reference = randomize(transformers.RobertaForMaskedLM(config), seed=18).eval()
-    reference.tie_weights()
-    reference.save_pretrained(source)
+    config, reference = saved_tiny_hf_roberta(source, seed=18)
     out = tmp_path / "out"
     out.mkdir()  # an output folder made beforehand (empty) is written into, as with mkdir -p
     convert.main(["hf-roberta", "--input", str(source), "--output", str(out)])
@@ -550,7 +556,7 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
     (source / "config.json").write_text(json.dumps(config.to_dict()))
     embedding = "roberta.embeddings.word_embeddings.weight"
     save_file({**weights, embedding: weights[embedding][:-1]}, source / "model.safetensors")
-    with pytest.raises(SystemExit, match=rf"model\.safetensors: the token embedding does not have the {size} rows of "
+    with pytest.raises(SystemExit, match=rf"model\.safetensors: the token embedding does not have the {config.vocab_size} rows of "
                                          r".*vocab\.json"):
         convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
     save_file(weights, source / "model.safetensors")
@@ -643,13 +649,7 @@ def test_hf_roberta_with_its_tied_output_embedding_saved_in_the_file(tmp_path):
     from safetensors.torch import load_file, save_file
 
     source = tmp_path / "hf"
-    source.mkdir()
-    size = tiny_gpt2_bpe(source)
-    config = transformers.RobertaConfig(vocab_size=size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=128, max_position_embeddings=66, layer_norm_eps=1e-5)
-    reference = randomize(transformers.RobertaForMaskedLM(config), seed=19)
-    reference.tie_weights()
-    reference.save_pretrained(source)
+    saved_tiny_hf_roberta(source, seed=19)
     convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "without")])
     weights = load_file(source / "model.safetensors")
     assert "lm_head.decoder.weight" not in weights

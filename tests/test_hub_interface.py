@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import REPO, binarize_pairs, run_cli
+from tests.conftest import REPO, binarize_pairs, run_cli, save_untrained_checkpoint
 
 USER_DIR = REPO / "palm_plugin"
 
@@ -234,32 +234,6 @@ def test_from_pretrained_names_the_argument_that_is_not_a_path(tmp_path, argumen
     with pytest.raises(TypeError, match=rf"^from_pretrained: {name} is a {kind}; give a path \(a str or a "
                                         r"pathlib\.Path\)$"):
         from_pretrained(**{"model_name_or_path": str(tmp_path), **arguments})
-
-
-def save_untrained_checkpoint(root, name, arguments, drop=()):
-    """A tiny model (random weights) of ``arguments`` saved as fairseq-train saves one, its configuration without the
-    model options ``drop`` (as a checkpoint from before they existed), with the dictionaries beside it."""
-    import palm_plugin  # noqa: F401
-    from fairseq import checkpoint_utils, options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from omegaconf import OmegaConf
-
-    words = "".join(f"w{i} {100 - i}\n" for i in range(30))
-    for dictionary in ("dict.src.txt", "dict.tgt.txt", "dict.txt"):
-        (root / dictionary).write_text(words)
-    args = options.parse_args_and_arch(options.get_training_parser(), [str(root), "--user-dir", str(USER_DIR), "--cpu",
-                                                                        *arguments])
-    cfg = convert_namespace_to_omegaconf(args)
-    torch.manual_seed(0)
-    model = tasks.setup_task(cfg.task).build_model(cfg.model)
-    saved = OmegaConf.to_container(cfg)
-    for option in drop:
-        del saved["model"][option]
-    checkpoint_utils.torch_persistent_save({"cfg": saved, "model": model.state_dict(), "args": None,
-                                            "extra_state": {}, "optimizer_history": [
-                                                {"criterion_name": "UniLMClozeCriterion", "best_loss": None}]},
-                                           str(root / name))
-    return model
 
 
 def test_from_pretrained_of_a_pretraining_checkpoint_says_to_fine_tune_it_first(tmp_path):
