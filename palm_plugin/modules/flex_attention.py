@@ -77,44 +77,59 @@ def mask_mod(padding_mask, objectives=None, source_lengths=None, target_lengths=
     :func:`~palm_plugin.modules.attention_masks.mask_from_fields` stated for one (query, key) pair, the kernel
     reading the per-example tensors by index.
 
-    One rule serves every mask, so that one compiled kernel does: UniLM's rule by the row's objective
-    (:func:`~palm_plugin.modules.attention_masks.unilm_mask`), and the pseudo-masked LM's by steps and kinds
-    (:func:`~palm_plugin.modules.attention_masks.pmlm_mask`; UniLMv2's seq2seq fine-tuning is its one-step-per-target
-    -token layout), and padding hidden (:func:`~palm_plugin.modules.attention_masks.hide_padding`). Fields a batch
-    lacks take the value under which their rule shows everything: objective BIDIRECTIONAL, every token CONTEXT.
+    The rule is the batch's family's alone, as in :func:`mask_from_fields`: the pseudo-masked LM's by steps and
+    kinds (:func:`~palm_plugin.modules.attention_masks.pmlm_mask`; UniLMv2's seq2seq fine-tuning is its
+    one-step-per-target-token layout), else UniLM's by the row's objective
+    (:func:`~palm_plugin.modules.attention_masks.unilm_mask`), else none; padding hidden
+    (:func:`~palm_plugin.modules.attention_masks.hide_padding`). The kernel evaluates the rule on every pair of a
+    partial tile, in the forward and twice in the backward, so it carries no other family's terms, and reads 32-bit
+    fields (the kernel's own index type: 64-bit comparisons take two instructions each on a GPU). A training run
+    sees one family, so it compiles one kernel.
 
     Args:
         padding_mask: ``(B, T)`` True at padding; the other fields as :func:`mask_from_fields` takes them.
     """
     padding = padding_mask
-    batch, length = padding.shape
     if steps is None and target_lengths is not None:
-        steps, kinds = pseudo_seq2seq_layout(source_lengths, target_lengths, length)
-    if objectives is None or steps is not None:  # mask_from_fields: steps and kinds take precedence
-        # BIDIRECTIONAL, and a source length never read; two tensors, not one: the compiled kernel is specialised
-        # on which of its inputs alias, and would be compiled again for batches whose fields do not
-        objectives, source_lengths = (padding.new_zeros(batch, dtype=torch.long) for _ in range(2))
-    steps = padding.new_zeros(batch, length, dtype=torch.long) if steps is None else steps
-    kinds = padding.new_zeros(batch, length, dtype=torch.long) if kinds is None else kinds  # CONTEXT
+        steps, kinds = pseudo_seq2seq_layout(source_lengths, target_lengths, padding.size(1))
+    if steps is not None:
+        rule = _pmlm_rule(steps.int(), torch.full_like(steps, CONTEXT, dtype=torch.int) if kinds is None
+                          else kinds.int())
+    elif objectives is not None:
+        rule = _unilm_rule(objectives.int(), source_lengths.int())
+    else:
+        rule = None
 
     def visible(b, h, q, kv):
-        # UniLM (section 2.2): the row's objective
+        shown = ~padding[b, kv] if rule is None else rule(b, q, kv) & ~padding[b, kv]
+        return torch.where(padding[b, q], q == kv, shown)  # padding keys hidden, a padding row sees itself only
+
+    return visible
+
+
+def _unilm_rule(objectives, source_lengths) -> Callable:
+    """UniLM (section 2.2): what a row of ``objectives[b]`` sees (bidirectional rows every key)."""
+    def rule(b, q, kv):
         objective, source = objectives[b], source_lengths[b]
         left_to_right = objective == LEFT_TO_RIGHT
         right_to_left = objective == RIGHT_TO_LEFT
         seq2seq = objective == SEQ2SEQ
-        unilm = (~(left_to_right | right_to_left | seq2seq) | (left_to_right & (kv <= q))
-                 | (right_to_left & (kv >= q)) | (seq2seq & ((kv < source) | ((q >= source) & (kv <= q)))))
-        # UniLMv2 (Figure 5): a CONTEXT key is visible to every row; an appended row also sees the ORIGINAL keys of
-        # earlier steps and the keys of its own step and kind
+        return (~(left_to_right | right_to_left | seq2seq) | (left_to_right & (kv <= q))
+                | (right_to_left & (kv >= q)) | (seq2seq & ((kv < source) | ((q >= source) & (kv <= q)))))
+
+    return rule
+
+
+def _pmlm_rule(steps, kinds) -> Callable:
+    """UniLMv2 (Figure 5): a CONTEXT key is visible to every row; an appended row also sees the ORIGINAL keys of
+    earlier steps and the keys of its own step and kind."""
+    def rule(b, q, kv):
         query_kind, key_kind, query_step, key_step = kinds[b, q], kinds[b, kv], steps[b, q], steps[b, kv]
-        pmlm = (key_kind == CONTEXT) | ((query_kind != CONTEXT) & (
+        return (key_kind == CONTEXT) | ((query_kind != CONTEXT) & (
             ((key_kind == ORIGINAL) & (key_step < query_step))
             | ((key_kind == query_kind) & (key_step == query_step))))
-        # padding keys hidden, a padding row sees itself only
-        return torch.where(padding[b, q], q == kv, unilm & pmlm & ~padding[b, kv])
 
-    return visible
+    return rule
 
 
 class MaskFields:
@@ -146,6 +161,9 @@ def relative_position_score_mod(table: torch.Tensor, positions: torch.Tensor) ->
         positions: ``(B, T)`` position ids of the sequence (queries and keys alike).
     """
     center = table.size(1) // 2
+    # 32-bit as the mask's fields; contiguous: the default positions are an expanded view, and the kernel is
+    # specialised on strides
+    positions = positions.int().contiguous()
 
     def score_mod(score, b, h, q, kv):
         return score + table[h, positions[b, kv] - positions[b, q] + center]

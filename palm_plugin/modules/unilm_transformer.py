@@ -239,8 +239,7 @@ class UniLMTransformer(nn.Module):
         if self.relative_position is None:
             return flex_attention.FlexMask(block_mask)
         table = self.bias_table().to(dtype)
-        # contiguous: the default positions are an expanded view, and the kernel is specialised on strides
-        score_mod = flex_attention.relative_position_score_mod(table, positions.contiguous())
+        score_mod = flex_attention.relative_position_score_mod(table, positions)
         return flex_attention.FlexMask(block_mask, score_mod)
 
     def forward(
