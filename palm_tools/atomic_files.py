@@ -37,6 +37,11 @@ def atomic_path(path):
         yield path
         return
     directory = os.path.dirname(path)
+    existing = directory
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):  # makedirs would say only "File exists"
+        raise NotADirectoryError(f"{path}: {existing} is a file, not a folder; give a path in a folder")
     os.makedirs(directory, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     os.close(handle)

@@ -51,7 +51,8 @@ def bert_dictionary(vocab, vocab_path, with_pseudo):
         index[token] = row
     for special in list(BERT_SPECIALS.values()) + ["[MASK]"]:
         if special not in index:
-            raise ConversionError(f"{vocab_path}: no {special} token; not a BERT WordPiece vocabulary")
+            raise ConversionError(f"{vocab_path}: no {special} token; not a BERT WordPiece vocabulary: use the "
+                                  "model's own")
     taken = {index[v] for v in BERT_SPECIALS.values()}
     symbols = [token if token != "[MASK]" else MASK for row, token in enumerate(vocab) if row not in taken]
     rows = [index[BERT_SPECIALS[s]] for s in ("<s>", "<pad>", "</s>", "<unk>")]
@@ -153,7 +154,8 @@ def convert_bert(args):
         print(f"dropped training-only buffers of the authors' fine-tuning code (s2s-ft): {', '.join(dropped)}",
               file=sys.stderr)
     if len(vocab) != embeddings.size(0):
-        raise ConversionError(f"{paths['vocab']}: {len(vocab)} tokens, but the embedding has {embeddings.size(0)} rows")
+        raise ConversionError(f"{paths['vocab']}: {len(vocab)} tokens, but the embedding has {embeddings.size(0)} rows; "
+                              "the folder's vocabulary must be the model's own")
     converted["encoder.stack.embeddings.tokens.weight"] = embeddings[rows]
     if "lm_head.bias" in converted:
         converted["lm_head.bias"] = converted["lm_head.bias"][rows]

@@ -41,7 +41,8 @@ def read_weight_file(path):
         try:
             return load_file(str(path))
         except (SafetensorError, OSError) as error:
-            raise ConversionError(f"{path}: not a readable safetensors file ({error})") from None
+            raise ConversionError(f"{path}: not a readable safetensors file ({error}); download it again (a download "
+                                  "cut short?)") from None
     state = read_state(str(path))
     if isinstance(state, dict) and "model" in state and not torch.is_tensor(state["model"]):
         raise ConversionError(f"{path}: this is a fairseq checkpoint, not an HF state dict; use the roberta command "
@@ -96,7 +97,7 @@ def read_vocabulary(directory):
     """WordPiece tokens in id order, from ``vocab.txt`` or else ``tokenizer.json``; and the file read."""
     path = directory / "vocab.txt"
     if path.is_file():
-        vocab = path.read_text(encoding="utf-8").split("\n")
+        vocab = _utf8_text(path).split("\n")
         if vocab and vocab[-1] == "":
             vocab.pop()
         return vocab, path
@@ -104,13 +105,26 @@ def read_vocabulary(directory):
     if not path.is_file():
         raise ConversionError(f"{directory / 'vocab.txt'}: file not found (nor tokenizer.json): --input must be "
                               "the model's HF folder, with its vocabulary")
-    model = json.loads(path.read_text(encoding="utf-8")).get("model") or {}
-    if model.get("type") != "WordPiece":
-        raise ConversionError(f"{path}: not a WordPiece tokenizer (model type {model.get('type')!r})")
+    try:
+        model = json.loads(_utf8_text(path)).get("model") or {}
+    except json.JSONDecodeError as error:
+        raise ConversionError(f"{path}: not valid JSON ({error}); use the model's own tokenizer.json") from None
+    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        raise ConversionError(f"{path}: not a WordPiece tokenizer (model type {model.get('type')!r}); palm-convert "
+                              "bert takes BERT-family models (an HF RoBERTa folder: palm-convert hf-roberta)")
     by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
-        raise ConversionError(f"{path}: the WordPiece ids are not 0..{len(by_id) - 1}")
+        raise ConversionError(f"{path}: the WordPiece ids are not 0..{len(by_id) - 1}; use the model's own "
+                              "tokenizer.json")
     return [token for token, _ in by_id], path
+
+
+def _utf8_text(path):
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConversionError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); use the model's own "
+                              "file, as published (UTF-8)") from None
 
 
 def read_bert(directory):

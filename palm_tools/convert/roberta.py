@@ -34,10 +34,16 @@ def convert_roberta(args):
         model_args = vars(state["args"])
     heads = (model_args or {}).get("encoder_attention_heads")
     if heads is None:
-        raise ConversionError(f"{args.input}: the checkpoint does not record encoder_attention_heads")
+        raise ConversionError(f"{args.input}: the checkpoint does not record encoder_attention_heads (in its cfg "
+                              "or args); pass the model.pt as fairseq saved it")
     tokens = weights.get("encoder.sentence_encoder.embed_tokens.weight")
     if tokens is None:
-        raise ConversionError(f"{args.input}: no encoder.sentence_encoder.embed_tokens.weight; not a RoBERTa checkpoint")
+        raise ConversionError(f"{args.input}: no encoder.sentence_encoder.embed_tokens.weight; not a RoBERTa checkpoint: "
+                              "pass the model.pt of a fairseq RoBERTa")
+    essential = ("encoder.sentence_encoder.embed_positions.weight", "encoder.sentence_encoder.layers.0.fc1.weight")
+    missing = [name for name in essential if name not in weights]
+    if missing:
+        raise ConversionError(f"{args.input}: missing {missing}; convert the model's complete weights")
     layers = 1 + max(
         int(m.group(1)) for m in (re.match(r"encoder\.sentence_encoder\.layers\.(\d+)\.", k) for k in weights) if m
     )
@@ -46,7 +52,8 @@ def convert_roberta(args):
     symbols = dictionary.symbols[dictionary.nspecial :]
     # RoBERTa's task appends <mask> to dict.txt; so do ours.
     if len(dictionary) + (MASK not in dictionary.indices) != tokens.size(0):
-        raise ConversionError(f"{args.dict}: {len(dictionary)} symbols (+ <mask>) do not match the {tokens.size(0)} embeddings of {args.input}")
+        raise ConversionError(f"{args.dict}: {len(dictionary)} symbols (+ <mask>) do not match the {tokens.size(0)} "
+                              f"embeddings of {args.input}; pass the dict.txt the RoBERTa model was trained with")
     padding = dictionary.pad()
     model_cfg = dict(
         encoder_layers=layers,

@@ -58,7 +58,8 @@ def bpe_config(kind, model, vocab_bpe=None, cased=None):
             try:
                 vocab = Path(model).read_text(encoding="utf-8").split()
             except OSError as e:
-                raise ReaderError(f"cannot read the WordPiece vocabulary {model}: {e.strerror}") from e
+                raise ReaderError(f"cannot read the WordPiece vocabulary {model}: {e.strerror}; pass the model's "
+                                  "vocab.txt with --model (palm-convert writes one)") from e
             uncased, source = lower_case(Path(model).parent, vocab)
             cased = not uncased
             print(f"encode: {'cased' if cased else 'lower-cased'} WordPiece (from {source})", file=sys.stderr)
@@ -93,7 +94,10 @@ def build_encoder(config):
 
 def check_kind(path, option, expected, bpe):
     """Stop unless the file ``path`` given as ``option`` is ``expected`` (a kind :func:`palm_plugin.tokenizer_files.tokenizer_file_kind` names)."""
-    mismatch = kind_mismatch(path, option, expected, bpe, SCHEME_OF)
+    try:
+        mismatch = kind_mismatch(path, option, expected, bpe, SCHEME_OF)
+    except OSError as e:  # a file that is there but cannot be read (its permissions)
+        raise ReaderError(f"cannot read {option} {path}: {e.strerror}; give a file you can read") from e
     if mismatch:
         raise ReaderError(mismatch)
 

@@ -77,7 +77,9 @@ def load_examples(args):
             refs = [read_lines(path) for path in args.ref]
             for path, stream in zip(args.ref, refs):
                 if ids[-1] >= len(stream):
-                    raise ScoreError(f"{args.generate} has sample id {ids[-1]} but {path} has {len(stream)} lines")
+                    raise ScoreError(f"{args.generate} has sample id {ids[-1]} but {path} has {len(stream)} lines: "
+                                     "--ref must be the references of the split fairseq-generate ran on (its "
+                                     "--gen-subset), one example a line")
             return hyps, [[stream[i] for i in ids] for stream in refs]
         missing = [i for i in ids if i not in generate_refs]
         if missing:

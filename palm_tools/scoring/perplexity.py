@@ -47,7 +47,8 @@ def perplexity_from_log(path, subset="valid"):
         raise ScoreError(f"{path} has no \"valid on '{subset}' subset\" line: is it a fairseq-validate log?")
     key = "nll_loss" if "nll_loss" in fields else "loss"
     if key not in fields:
-        raise ScoreError(f"{path}: the '{subset}' line logs no loss")
+        raise ScoreError(f"{path}: the last '{subset}' line logs no loss (it logs {', '.join(fields) or 'nothing'}); "
+                         "give the log as fairseq-validate or fairseq-train wrote it")
     result = {"ppl": 2 ** fields[key], "from": key, key: fields[key], "source": "log", "subset": subset}
     if "ppl" in fields:
         result["logged_ppl"] = fields["ppl"]

@@ -40,7 +40,8 @@ def story_files(stories_dirs, url_list=None):
             try:
                 names = sorted(n for n in os.listdir(directory) if n.endswith(".story"))
             except OSError as e:
-                raise ReaderError(f"cannot list the stories directory {directory}: {e.strerror}") from e
+                raise ReaderError(f"cannot list the stories directory {directory}: {e.strerror}; pass the cnn/stories "
+                                  "and dailymail/stories directories with --stories-dir") from e
             paths.extend(os.path.join(directory, n) for n in names)
         return paths
     paths = []

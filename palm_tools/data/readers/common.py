@@ -2,6 +2,7 @@
 import collections
 
 from palm_tools.atomic_files import atomic_open
+from palm_tools.text_files import not_utf8
 
 
 class ReaderError(Exception):
@@ -47,7 +48,12 @@ def read_text(path, encoding="utf-8"):
     except OSError as e:
         raise ReaderError(f"cannot read {path}: {e.strerror}") from e
     except UnicodeDecodeError as e:
-        raise malformed(f"{path} is not {encoding} text ({e.reason} at byte {e.start})") from e
+        what, todo = not_utf8(path)
+        if what == "not valid UTF-8":
+            raise malformed(f"{path} is not {encoding} text ({e.reason} at byte {e.start})") from e
+        # MS MARCO (train_v2.1.json.gz) and Gigaword's training files are released compressed: the step that gives
+        # the text, not "use the original file"
+        raise ReaderError(f"{path} is {what} ({e.reason} at byte {e.start}); {todo}") from e
 
 
 def write_pairs(prefix, pairs, counts, suffixes=("src", "tgt")):

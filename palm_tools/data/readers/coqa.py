@@ -3,7 +3,7 @@ questions and their free-form answers), the current question and the passage; th
 answer (``input_text``)."""
 import json
 
-from palm_tools.data.readers.common import ReaderError, malformed, read_text
+from palm_tools.data.readers.common import malformed, read_text
 
 
 def read_coqa(path, counts, max_history=None, separator=" [SEP] "):

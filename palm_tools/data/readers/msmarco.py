@@ -7,7 +7,7 @@ marked as used (``is_selected``), or all of them.
 """
 import json
 
-from palm_tools.data.readers.common import ReaderError, malformed, read_text
+from palm_tools.data.readers.common import malformed, read_text
 
 NO_ANSWER = "No Answer Present."
 
