@@ -563,3 +563,44 @@ def test_committed_reports_name_no_folder_of_this_machine():
     assert shown(REPO / "results" / "real" / "prepared") == "results/real/prepared"
     for path in sorted(p for p in (REPO / "docs").glob("paper_tables*") if p.suffix in (".md", ".json")):
         assert str(REPO) not in path.read_text(), path
+
+
+# ------------------------------------------------------------------------------------------- task data, ensembles
+def test_unilm_seq2seq_without_a_dictionary_names_the_missing_file(tmp_path):
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = parse_training(*UNILM)
+    args.data = str(tmp_path)
+    task = convert_namespace_to_omegaconf(args).task
+    for missing in ("src", "tgt"):
+        with pytest.raises(FileNotFoundError) as stopped:
+            tasks.setup_task(task)
+        assert str(stopped.value) == (f"{tmp_path}/dict.{missing}.txt: no dictionary; run fairseq-preprocess "
+                                      f"(translation layout) first")
+        (tmp_path / f"dict.{missing}.txt").write_text("w1 5\nw2 3\n")
+    assert tasks.setup_task(task).dictionary.symbols[4:6] == ["w1", "w2"]
+
+
+@pytest.mark.parametrize("second, message", [
+    ("missing.pt", "--path {tmp}/missing.pt: file not found; the checkpoints in {tmp}: a.pt, palm.pt"),
+    ("palm.pt", "--path {tmp}/palm.pt is a palm model (trained with --task translation), which --task unilm_seq2seq "
+                "cannot decode; decode it with --task translation"),
+], ids=["missing", "another-family"])
+def test_every_checkpoint_of_an_ensemble_is_checked(tmp_path, second, message):
+    """fairseq-generate --path a.pt:b.pt: the second file is checked as the first is, and named."""
+    import palm_plugin  # noqa: F401
+    from fairseq import options
+
+    torch.save(checkpoint_state(), tmp_path / "a.pt")
+    torch.save(checkpoint_state("translation", "palm_tiny"), tmp_path / "palm.pt")
+
+    def generate(paths):
+        return options.parse_args_and_arch(options.get_generation_parser(), [
+            str(tmp_path), "--user-dir", str(USER_DIR), "--task", "unilm_seq2seq", "--path",
+            os.pathsep.join(str(tmp_path / name) for name in paths)])
+
+    with pytest.raises(SystemExit) as stop:
+        generate(["a.pt", second])
+    assert stop.value.code == "error: " + message.format(tmp=tmp_path)
+    assert generate(["a.pt", "a.pt"]).path.count(os.pathsep) == 1

@@ -311,3 +311,54 @@ def test_data_pipeline_rows_time_each_task_own_batches(corpus):
     assert [row["key"] for row in rows] == [spec.key for spec in DATA_SPECS]
     for row in rows:
         assert len(row["rates"]) == 2 and row["tokens_per_s"] == row["examples_per_s"] * LENGTH > 0
+
+
+def run_quietly(argv):
+    """benchmark.run in this process, leaving logging and warnings as they were."""
+    with warnings.catch_warnings():
+        try:
+            return benchmark.run(argv)
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("other-settings", "cannot merge runs with different settings: size, batch_sequences, vocab_size, source_tokens; "
+                       "rerun with the record's settings (its 'settings' entry) or write a new record without "
+                       "--merge-into"),
+    ("a-table", "not a palm-bench record (it lacks settings, machine, training and decoding); give the .json a "
+                "palm-bench run wrote (--output-dir/--name)"),
+])
+def test_a_bad_merge_into_stops_before_anything_is_measured(tmp_path, monkeypatch, kind, message):
+    monkeypatch.setattr(benchmark, "measure_matmul", lambda *args, **kwargs: pytest.fail("measured"))
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(_record("palm-bench", {("palm", 512): 80.0}) if kind == "other-settings" else
+                                 {"table": "| a |"}))
+    before = record.read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        run_quietly(["--quick", "--merge-into", str(record), "--output-dir", str(tmp_path / "out")])
+    assert stop.value.code == f"palm-bench: --merge-into {record}: {message}"
+    assert record.read_bytes() == before and not list((tmp_path / "out").glob("*"))
+
+
+def test_a_run_cut_short_keeps_the_steps_it_measured_for_from_json(tmp_path, monkeypatch):
+    """The record is saved after each step, whole: a run stopped in its training step keeps its data-pipeline rows,
+    which --from-json renders as cut short; a write that fails leaves the record saved before."""
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(benchmark, "measure_matmul", lambda *args, **kwargs: _record("", {})["gemm"])
+    monkeypatch.setattr(benchmark, "measure_training", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run_quietly(["--quick", "--only", "data_masked_lm", "--no-decoding", "--output-dir", str(tmp_path / "cut")])
+    path = tmp_path / "cut" / "benchmark.json"
+    record = json.loads(path.read_text())
+    assert record["complete"] is False and [row["key"] for row in record["data"]] == ["masked_lm"]
+    saved = path.read_bytes()
+    with pytest.raises(TypeError):
+        bench_report.write_json(dict(record, training=[object()]), str(path))
+    assert path.read_bytes() == saved and sorted(p.name for p in path.parent.iterdir()) == ["benchmark.json"]
+    shown = run_quietly(["--from-json", str(path), "--output-dir", str(tmp_path / "shown")])
+    assert [row["tokens_per_s"] for row in shown["data"]] == [row["tokens_per_s"] for row in record["data"]]
+    table = (tmp_path / "shown" / "benchmark.md").read_text()
+    assert "**cut short: the rows measured before it stopped**" in table and "### Data pipeline" in table

@@ -3,6 +3,7 @@ the fairseq command lines the plan builds), the statistics and directions, the r
 row of every experiment end to end on tiny settings with real fairseq processes."""
 import dataclasses
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -341,3 +342,91 @@ def test_a_scored_runs_log_keeps_the_scoring_summary_not_every_pair(tmp_path):
     log.write_bytes(head + scoring)
     _drop_pair_lines(log, len(head))
     assert log.read_bytes() == head + b"INFO | loading\nINFO | Translated 2 sentences\n"
+
+
+@pytest.mark.parametrize("selection, message", [
+    (["--rows", "unilm/mix", "unilm/nosuch"], r"--rows unilm/nosuch: no such row; the rows are families/palm .* "
+                                              r"unilm2/scratch$"),
+    (["--only", "unilm", "--rows", "unilm2/ae"], r"--only unilm --rows unilm2/ae: no row is left to run: --rows must "
+                                                 r"name rows of the experiments --only names, and --tasks tasks they "
+                                                 r"have \(palm: gen; unilm2: gen, sel; .*\)"),
+    (["--only", "palm", "--tasks", "sel"], r"--only palm --tasks sel: no row is left to run: "),
+    (["--rows", "real/mix", "--tasks", "sel"], r"--rows real/mix --tasks sel: no row is left to run: "),
+], ids=["unknown-row", "rows-outside-only", "task-outside-only", "task-outside-rows"])
+def test_a_selection_of_no_row_stops_before_anything_is_written(tmp_path, selection, message):
+    from palm_tools.experiments import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--quick", "--work", str(tmp_path / "work"), "--scale", f"data={tmp_path / 'data'}", *selection])
+    assert re.match("palm-experiments: " + message, stop.value.code), stop.value.code
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def fake_tools(tmp_path, monkeypatch):
+    """tool(NAME, LAST_LINE, STATUS): the console script NAME that palm-experiments runs is a shell script that prints
+    LAST_LINE and ends with STATUS at once (no data made, no training)."""
+    from palm_tools.experiments import logged_run
+
+    folder = tmp_path / "tools"
+    folder.mkdir()
+    monkeypatch.setattr(logged_run, "BIN", folder)
+
+    def tool(name, last_line, status):
+        (folder / name).write_text(f"#!/bin/sh\necho starting\necho '{last_line}'\nexit {status}\n")
+        (folder / name).chmod(0o755)
+    return tool
+
+
+def tiny_palm_data(data):
+    """palm-data's files that a --quick UniLM row on generation reads, a few short pairs each."""
+    for form in ("tok", "raw"):
+        (data / form).mkdir(parents=True)
+        for split in ("chitchat10k.train", "chitchat.valid", "chitchat.test"):
+            for side in ("src", "tgt"):
+                (data / form / f"{split}.{side}").write_text("".join(f"w{i} w{i + 1}\n" for i in range(4)))
+    (data / "dict.txt").write_text("".join(f"w{i} 1\n" for i in range(5)))
+    (data / "bin" / "sotu").mkdir(parents=True)
+    (data / "bin" / "sotu" / "train.bin").write_bytes(b"")
+
+
+def test_palm_experiments_plans_first_and_ends_with_what_failed(tmp_path, fake_tools, capsys):
+    """The plan and its estimate come before anything is prepared or run; the estimate is the earlier report's times
+    spread over --jobs, or the longest chain (a pre-training, then the fine-tuning that waits for it) when longer. A
+    failed data preparation ends with one line; failed runs are named with their log's last line, and the run ends
+    with exit 1 and how many failed."""
+    from palm_tools.experiments import cli
+
+    data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "tables"
+    (tmp_path / "tables.json").write_text(json.dumps({"run_seconds": {
+        "unigram": 60, "pre-unilm_mix-s1": 600, "gen-unilm-unilm_mix-s1": 300}}))
+    argv = ["--quick", "--rows", "unilm/mix", "--tasks", "gen", "--work", str(work), "--out", str(out), "--scale",
+            f"data={data}"]
+    plan = (f"plan: 3 of 3 runs to run (1 gen, 1 pretrain, 1 unigram), in {work}; estimate: about {{}} min with {{}} "
+            f"at once, from the times of 3 of these 3 runs ({tmp_path}/tables.json, or the same runs' finished seeds "
+            f"in WORK)")
+    assert cli.main(argv + ["--plan-only", "--jobs", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [plan.format(16, "1 process")]  # 960 s in a row
+    fake_tools("palm-data", "palm-data: error: no pre-training text here", 2)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv + ["--jobs", "2"])
+    # two processes: the pre-training and its fine-tuning, 900 s, outlast half of the 960 s
+    assert capsys.readouterr().out.splitlines() == [plan.format(15, "2 processes")]
+    assert stop.value.code.splitlines()[-1] == (
+        f"palm-experiments: data preparation failed: palm-data failed (exit 2): palm-data: error: no pre-training text "
+        f"here; see {work}/prepare.log; rerun when its cause is fixed (the data already prepared is reused)")
+    assert "starting" in stop.value.code.splitlines()  # the tool's last lines above it
+    assert not (work / "runs").exists()
+
+    tiny_palm_data(data)
+    fake_tools("fairseq-preprocess", "done", 0)
+    fake_tools("fairseq-train", "error: --lr 0: outside (0, infinity); give a value in that range", 1)
+    assert cli.main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    failed = next(i for i, line in enumerate(lines) if line.startswith("FAILED pre-unilm_mix-s1: "))
+    assert lines.index(plan.format(15, "2 processes")) < failed
+    assert lines[failed] == (f"FAILED pre-unilm_mix-s1: fairseq-train failed (exit 1): error: --lr 0: outside (0, "
+                             f"infinity); give a value in that range; see {work}/runs/pre-unilm_mix-s1/log.txt")
+    assert lines[-1] == "palm-experiments: 2 runs failed or were not run (the tables say which); rerun to retry"
+    assert "(not run: pre-unilm_mix-s1 failed)" in (tmp_path / "tables.md").read_text()
+    assert json.loads((work / "runs" / "unigram" / "result.json").read_text())["sentences"] > 0

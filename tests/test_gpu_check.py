@@ -180,3 +180,49 @@ def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_dat
         "gpu_check.json", "gpu_check.md", "junit.xml", "logs.tar.gz", "profile_bf16.txt", "profile_fp32.txt"]
     assert not [p for p in (out / "work").iterdir() if p.is_file()]
     assert result.stdout.rstrip().endswith((out / "gpu_check.md").read_text().rstrip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv, folders, message", [
+    (["--device", "cuda"], ["chitchat10k", "sotu"], "--device cuda: torch sees no CUDA device here (use --device cpu)"),
+    (["--device", "cpu"], ["sotu"], "{data}/bin/chitchat10k: not found; make it with: palm-data --out {data}"),
+    (["--device", "cpu"], ["chitchat10k"], "{data}/bin/sotu: not found; make it with: palm-data --out {data}"),
+], ids=["no-cuda", "no-chitchat", "no-sotu"])
+def test_gpu_check_without_its_device_or_data_stops_before_the_report_folder(tmp_path, capsys, monkeypatch, argv,
+                                                                            folders, message):
+    import torch
+
+    from palm_tools.experiments import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    data = tmp_path / "data"
+    for corpus in folders:
+        (data / "bin" / corpus).mkdir(parents=True)
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(["--out", str(tmp_path / "check"), "--data", str(data), "--parts", "training", "--configs",
+                        "palm_ft", "--sizes", "tiny", "--precisions", "fp32", "--run-timeout", "1", *argv])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(" error: " + message.format(data=data))
+    assert not (tmp_path / "check").exists()
+
+
+def test_gpu_check_prints_its_plan_and_bound_before_the_first_run(tmp_path, capsys, monkeypatch):
+    """8 runs, 3 at once: 3 rounds of at most --run-timeout 100 s each, 5 minutes."""
+    from palm_tools.experiments import gpu_check
+
+    class FirstRun(Exception):
+        pass
+
+    def training(args, work, log):
+        raise FirstRun(capsys.readouterr().out)
+
+    monkeypatch.setattr(gpu_check, "training", training)
+    for corpus in ("chitchat10k", "sotu"):
+        (tmp_path / "bin" / corpus).mkdir(parents=True)
+    with pytest.raises(FirstRun) as printed:
+        gpu_check.main(["--out", str(tmp_path / "check"), "--data", str(tmp_path), "--device", "cpu", "--configs",
+                        "palm_ft,unilm_s2s", "--sizes", "tiny,base", "--precisions", "fp32,bf16", "--parts",
+                        "training", "--jobs", "3", "--run-timeout", "100"])
+    assert str(printed.value).splitlines() == [
+        "[    0 s] plan: training; training: 8 fairseq-train runs (palm_ft, unilm_s2s x tiny, base x fp32, bf16; the "
+        "size's updates), 3 at once; tests/test_gpu.py: not run; estimate: at most 5 min of training (--run-timeout "
+        "100 s a run)"]

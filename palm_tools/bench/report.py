@@ -9,6 +9,8 @@ import json
 import statistics
 from typing import Dict, List, Optional
 
+from palm_tools.atomic_files import atomic_open
+
 MB = 2**20
 
 
@@ -334,7 +336,9 @@ def markdown(result: Dict) -> str:
 
 
 def write_json(result: Dict, path: str):
-    with open(path, "w") as f:
+    """Replace the record at ``path`` whole: it is rewritten after each step, and a run killed while writing it
+    must keep the steps saved before."""
+    with atomic_open(path) as f:
         json.dump(result, f, indent=1)
 
 

@@ -114,7 +114,11 @@ def select(only=None, rows=None, tasks=None):
         if (not only or experiment.key in only) and kept_rows and kept_tasks:
             chosen.append(dataclasses.replace(experiment, rows=kept_rows, tasks=kept_tasks))
     if not chosen:
-        sys.exit("palm-experiments: --only, --rows and --tasks leave no experiment to run")
+        given = " ".join(f"--{option} {' '.join(values)}" for option, values in (("only", only), ("rows", rows),
+                                                                                 ("tasks", tasks)) if values)
+        sys.exit(f"palm-experiments: {given}: no row is left to run: --rows must name rows of the experiments --only "
+                 f"names, and --tasks tasks they have (" + "; ".join(f"{e.key}: {', '.join(e.tasks)}"
+                                                                    for e in EXPERIMENTS) + ")")
     return tuple(chosen)
 
 
@@ -261,8 +265,10 @@ def main(argv=None):
         check_data_files(plan)  # before prepare reuses a WORK/prepared made from the recorded data; again after it
         try:
             prepare(plan, work / "prepare.log")
-        except RuntimeError as error:
-            sys.exit(f"palm-experiments: data preparation failed: {error}")
+        except RuntimeError as error:  # the tool's last lines, then what failed as the last line
+            failed, _, tail = str(error).partition("\n")
+            sys.exit(tail + "\n" * bool(tail) + f"palm-experiments: data preparation failed: {failed}; rerun when "
+                     f"its cause is fixed (the data already prepared is reused)")
         check_data_files(plan)
         if args.prepare_only:
             if plan.minilm_missing:
