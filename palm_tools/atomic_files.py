@@ -8,6 +8,7 @@ import contextlib
 import os
 import stat
 import tempfile
+from typing import Optional
 
 
 def _umask() -> int:
@@ -25,6 +26,15 @@ def _is_special(path) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def file_in_the_way(folder) -> Optional[str]:
+    """The file that stops ``folder`` from being made: ``folder`` itself or the nearest existing path above it, when
+    that is not a folder; None when ``folder`` exists or can be made below a folder."""
+    existing = os.path.abspath(os.fspath(folder))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return None if os.path.isdir(existing) else existing
+
+
 @contextlib.contextmanager
 def atomic_path(path):
     """Yield a temporary path in ``path``'s folder (created if missing); on success it is renamed onto ``path``
@@ -37,11 +47,9 @@ def atomic_path(path):
         yield path
         return
     directory = os.path.dirname(path)
-    existing = directory
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):  # makedirs would say only "File exists"
-        raise NotADirectoryError(f"{path}: {existing} is a file, not a folder; give a path in a folder")
+    in_the_way = file_in_the_way(directory)
+    if in_the_way:  # makedirs would say only "File exists"
+        raise NotADirectoryError(f"{path}: {in_the_way} is a file, not a folder; give a path in a folder")
     os.makedirs(directory, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     os.close(handle)

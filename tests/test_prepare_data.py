@@ -251,6 +251,11 @@ REFUSED = [  # id, the bad file's name and content (FOLDER: a folder; None: none
                                    "or more are needed: put a blank line between documents, or give more text", []),
     ("wiki-a-folder", "w", FOLDER, ["--pretraining-corpus", "all", "--wiki-xml", "{bad}"],
      "--wiki-xml {bad}: cannot read: Is a directory; give a readable file", []),
+    ("out-a-file", "o", b"x\n", ["--out", "{bad}"],
+     "--out {bad}: {bad} is a file, not a folder; give a new folder or the --out of an earlier palm-data run", []),
+    ("out-under-a-file", "o", b"x\n", ["--out", "{bad}/data"],
+     "--out {bad}/data: {bad} is a file, not a folder; give a new folder or the --out of an earlier palm-data run",
+     []),
     ("vocab-too-large", None, None, ["--vocab-size", 8000],
      "--vocab-size 8000 does not fit the training text; the text gives at most 109 pieces: give --vocab-size 109 or "
      "less, or more text", ["raw"]),

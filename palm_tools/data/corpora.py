@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from palm_tools.arguments import number_between, whole_number
+from palm_tools.atomic_files import file_in_the_way
 from palm_plugin.folder_lock import FolderInUseError, own_folder, release_folder
 from palm_tools.data.pretraining_corpus import stage_pretraining_corpus
 from palm_tools.data.sentence_split import split_sentences
@@ -444,6 +445,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args, given = parse_args(argv)
+    in_the_way = file_in_the_way(args.out)
+    if in_the_way:
+        print(f"palm-data: error: --out {args.out}: {in_the_way} is a file, not a folder; give a new folder or the "
+              f"--out of an earlier palm-data run", file=sys.stderr)
+        return 2
     try:
         own_folder(args.out, ".palm-data.lock", "palm-data", "two runs would build the same stages at once: wait for "
                    "it to end, or give this run another --out")
