@@ -312,11 +312,16 @@ def test_palm_convert_names_the_parameters_it_starts_untrained(tmp_path, capsys)
     source = write_bert_dir(tmp_path / "bert", transformers.BertModel(config), config)
     convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     assert capsys.readouterr().err.strip().splitlines()[-2:] == [
-        f"not in {source / 'pytorch_model.bin'}, initialised randomly: lm_head.bias, lm_head.dense.bias, "
-        "lm_head.dense.weight, lm_head.layer_norm.bias, lm_head.layer_norm.weight, next_sentence_head.bias, "
-        "next_sentence_head.weight",
+        f"not in {source / 'pytorch_model.bin'}, so as a new model starts them (weights at random, biases at 0, "
+        "LayerNorm scales at 1): lm_head.bias, lm_head.dense.bias, lm_head.dense.weight, lm_head.layer_norm.bias, "
+        "lm_head.layer_norm.weight, next_sentence_head.bias, next_sentence_head.weight",
         "no MLM head in this checkpoint (a sentence-embedding model?): the output layer that predicts tokens starts "
         "untrained, with its softmax weights tied to the input embeddings; fine-tuning trains it"]
+    state = torch.load(tmp_path / "out" / "model.pt", weights_only=False)["model"]  # what the line says they are
+    for name in ("lm_head.bias", "lm_head.dense.bias", "lm_head.layer_norm.bias", "next_sentence_head.bias"):
+        assert not state[name].any(), name
+    assert (state["lm_head.layer_norm.weight"] == 1).all()
+    assert state["lm_head.dense.weight"].std() > 0 and state["next_sentence_head.weight"].std() > 0
 
 
 def assert_refused(main, files, arguments, message, tmp_path, capsys, prefix):

@@ -77,7 +77,8 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
                               "; the file holds part of the model, or another one than config.json describes: "
                               "convert the model's complete weights")
     if missing:
-        print(f"not in {source_path}, initialised randomly: {', '.join(missing)}", file=sys.stderr)
+        print(f"not in {source_path}, so as a new model starts them (weights at random, biases at 0, LayerNorm "
+              f"scales at 1): {', '.join(missing)}", file=sys.stderr)
     if any(name.startswith("lm_head.") for name in missing):
         print("no MLM head in this checkpoint (a sentence-embedding model?): the output layer that predicts tokens "
               "starts untrained, with its softmax weights tied to the input embeddings; fine-tuning trains it",
