@@ -239,6 +239,11 @@ REFUSED = [  # id, the bad file's name and content (FOLDER: a folder; None: none
                                  "(column 3); correct the file (was it cut short?)", []),
     ("dialogs-a-list", "d.json", json.dumps(list(json.loads(DIALOGS).values())).encode(), ["--dialog-json", "{bad}"],
      "{bad}: expected a JSON object mapping conversation ids to conversations", []),
+    ("dialogs-one-conversation", "d.json", json.dumps(json.loads(DIALOGS)["c0"]).encode(), ["--dialog-json", "{bad}"],
+     "{bad}: conversation 'messages' has no 'messages' list of turns of {{\"text\": ...}} objects (it holds "
+     "[[{{\"text\": \"hello number 0 0\"}}], [{{\"text\": \"hello number 0 1 ...); give the conversations "
+     "in chitchat-dataset's layout, each under its id: {{\"ID\": {{\"messages\": [[{{\"text\": ...}}, ...], ...]}}}}",
+     []),
     ("dialogs-of-one-turn", "d.json", conversations(["hello"], []).encode(), ["--dialog-json", "{bad}"],
      "{bad}: no conversation with two turns or more, so no context/response pair; give conversations of at least "
      "two turns", []),

@@ -212,13 +212,17 @@ def load_conversations(args):
         raise DataError(f"{path}: expected a JSON object mapping conversation ids to conversations")
     conversations = []
     for conversation_id in sorted(data):
-        try:
-            turns = [" ".join(message["text"] for message in turn) for turn in data[conversation_id]["messages"]]
-        except (KeyError, TypeError) as error:
+        conversation = data[conversation_id]
+        messages = conversation.get("messages") if isinstance(conversation, dict) else None
+        if not (isinstance(messages, list) and all(
+                isinstance(turn, list) and all(isinstance(m, dict) and isinstance(m.get("text"), str) for m in turn)
+                for turn in messages)):
+            found = json.dumps(conversation, ensure_ascii=False)
             raise DataError(
-                f"{path}: conversation {conversation_id!r}: expected "
-                f'{{"messages": [[{{"text": ...}}, ...], ...]}}; missing or malformed field {error}'
-            ) from error
+                f"{path}: conversation {conversation_id!r} has no 'messages' list of turns of {{\"text\": ...}} "
+                f"objects (it holds {found[:60]}{' ...' if len(found) > 60 else ''}); give the conversations in "
+                f'chitchat-dataset\'s layout, each under its id: {{"ID": {{"messages": [[{{"text": ...}}, ...], ...]}}}}')
+        turns = [" ".join(message["text"] for message in turn) for turn in messages]
         conversations.append((conversation_id, [" ".join(turn.split()) for turn in turns]))
     if not any(len(turns) > 1 for _, turns in conversations):
         raise DataError(f"{path}: no conversation with two turns or more, so no context/response pair; give "
