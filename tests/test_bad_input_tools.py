@@ -246,7 +246,9 @@ CONVERT_CASES = [
     ("bert-vocab-token-clashes-with-fairseq", {"hf/config.json": "{}", "hf/model.safetensors": lambda p: _safetensors(p),
                                                "hf/vocab.txt": lines(*BERT_SPECIALS, "<s>")},
      ["bert", "--input", "{tmp}/hf", "--output", "{tmp}/out"],
-     r"^error: {tmp}/hf/vocab.txt: the token '<s>' clashes with a fairseq special symbol$"),
+     r"^error: {tmp}/hf/vocab.txt: the token '<s>' clashes with a fairseq special symbol \(BERT's \[CLS\] \[PAD\] "
+     r"\[SEP\] \[UNK\] become <s> <pad> </s> <unk>, and <pseudo> is added\); rename it in a copy of the folder "
+     r"\(e\.g\. to '<s>_': its row keeps its embedding\) and convert the copy$"),
     ("bert-vocab-of-another-size", {"hf/config.json": json.dumps(TINY_BERT), "hf/vocab.txt": lines(*BERT_SPECIALS),
                                     "hf/model.safetensors": lambda p: _safetensors(p, rows=3)},
      ["bert", "--input", "{tmp}/hf", "--output", "{tmp}/out"],

@@ -48,6 +48,7 @@ import torch
 
 from palm_plugin.modules import compiled_layers
 from palm_tools.arguments import number_between, whole_number
+from palm_tools.atomic_files import atomic_open
 from palm_tools.bench import report as bench_report
 from palm_tools.bench import sweep_report
 from palm_tools.bench.data import SyntheticCorpus
@@ -285,7 +286,7 @@ def run(argv=None) -> dict:
     table = report.markdown(result)
     print(table)
     bench_report.write_json(result, stem + ".json")
-    with open(stem + ".md", "w") as f:
+    with atomic_open(stem + ".md") as f:
         f.write(table + "\n" + report.METHOD)
     written = [stem + ".json", stem + ".md"]
     try:

@@ -59,7 +59,10 @@ def bert_dictionary(vocab, vocab_path, with_pseudo):
     rows += [index["[MASK]"] if s == MASK else index[s] for s in symbols]
     for symbol in symbols:
         if symbol in BERT_SPECIALS or symbol == PSEUDO:
-            raise ConversionError(f"{vocab_path}: the token {symbol!r} clashes with a fairseq special symbol")
+            raise ConversionError(f"{vocab_path}: the token {symbol!r} clashes with a fairseq special symbol (BERT's "
+                                  f"[CLS] [PAD] [SEP] [UNK] become <s> <pad> </s> <unk>, and <pseudo> is added); "
+                                  f"rename it in a copy of the folder (e.g. to '{symbol}_': its row keeps its "
+                                  f"embedding) and convert the copy")
     if with_pseudo:
         symbols.append(PSEUDO)
         rows.append(index["[MASK]"])

@@ -46,6 +46,7 @@ from palm_tools.experiments.gpu_profile import PROFILE_COUNTED, profile_worker, 
 from palm_tools.experiments.gpu_training import (BF16_TOLERANCE, COMPARED_WITH, CONFIGS, FP16_TOLERANCE,
                                                  PRECISION_FLAGS, SIZES, TOLERANCE, VARIANTS, training)
 from palm_tools.arguments import whole_number
+from palm_tools.atomic_files import atomic_open
 from palm_tools.experiments.logged_run import REPO
 
 PARTS = ["training", "tests", "profile"]
@@ -82,7 +83,7 @@ def numerics(args, work, log):
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 detail = (element.get("message") or "").splitlines()[0][:200] if element.get("message") else ""
         rows.append({"test": case.get("name"), "outcome": outcome, "detail": detail})
-    log(f"tests/test_gpu.py: " + ", ".join(f"{sum(r['outcome'] == o for r in rows)} {o}"
+    log("tests/test_gpu.py: " + ", ".join(f"{sum(r['outcome'] == o for r in rows)} {o}"
                                              for o in ("passed", "failed", "error", "skipped")))
     return rows
 
@@ -124,7 +125,7 @@ def markdown(report):
             lines.append(f"| {row['precision']} | {_number(row.get('ms_per_update'), '.1f')} | "
                          f"{_number(row.get('ms_between_updates'), '.1f')} | " +
                          " | ".join(str(calls.get(k, "")) for k in PROFILE_COUNTED) +
-                         (f" |" if row["exit"] == 0 else f" | (exit {row['exit']})"))
+                         (" |" if row["exit"] == 0 else f" | (exit {row['exit']})"))
         lines.append("")
     lines += ["## Numerics: tests/test_gpu.py", "", "| test | outcome | detail |", "|---|---|---|"]
     lines += [f"| {r['test']} | {r['outcome']} | {r['detail']} |" for r in report["tests"]]
@@ -251,9 +252,10 @@ def main(argv=None):
     report["seconds"] = time.time() - started
     with tarfile.open(args.out / "logs.tar.gz", "w:gz") as archive:
         archive.add(work, arcname="work")
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     text = markdown(report)
-    (args.out / "gpu_check.md").write_text(text)
+    for name, content in (("gpu_check.json", json.dumps(report, indent=1)), ("gpu_check.md", text)):
+        with atomic_open(args.out / name) as output:
+            output.write(content)
     print(text)
     return 0
 
