@@ -46,6 +46,25 @@ PALM = ["--task", "translation", "--arch", "palm_tiny", "--criterion", "label_sm
     (UNILM + ["--dropout", 1.2], r"--dropout 1.2: outside \[0, 1\)"),
     (["--task", "pmlm", "--arch", "unilm2_tiny", "--criterion", "pmlm_ae_par", "--min-block-length", 4,
       "--max-block-length", 3], r"--min-block-length 4 is above --max-block-length 3; give min <= max"),
+    # issue 39's second round: fairseq-train with the plugin's own options
+    (UNILM + ["--lr", -1], r"--lr -1.0: outside \(0, infinity\) \(a learning rate\)"),  # it exited 0, untrained
+    (UNILM + ["--optimizer", "adam", "--adam-eps", -1], r"--adam-eps -1.0: outside \[0, infinity\)"),
+    (UNILM + ["--optimizer", "torch_adamw", "--adam-betas", "0.9"],
+     r"--adam-betas '0.9': not a pair of numbers; give two numbers in \[0, 1\), e.g. '\(0.9, 0.98\)'$"),
+    (UNILM + ["--optimizer", "adam", "--adam-betas", "(0.9, 1.5)"], r"--adam-betas '\(0.9, 1.5\)': outside \[0, 1\)"),
+    (UNILM + ["--leave-unmasked-prob", 0.6, "--random-token-prob", 0.6],
+     r"--leave-unmasked-prob 0.6 and --random-token-prob 0.6 sum to 1.2: they are shares of the masked tokens \(the "
+     r"rest becomes <mask>\); give a sum <= 1$"),
+    (PALM + ["--copy-attention-dim", 0], r"--copy-attention-dim 0: outside \[1, infinity\)"),  # 0 meant the model size
+    (PALM + ["--no-copy", "--copy-attention-dim", 32],
+     r"--copy-attention-dim 32 sizes the copy layer, which --no-copy removes: leave out one$"),
+    (PALM + ["--reinit-encoder", "--save-dir", REPO / "tests" / "no-such-run"],  # it trained from scratch
+     r"--reinit-encoder re-initialises the encoder of the pre-trained PALM that --finetune-from-model loads, and this "
+     r"run loads no checkpoint \(its model starts random anyway\): add --finetune-from-model PALM.pt, or leave out "
+     r"--reinit-encoder$"),
+    (UNILM + ["--fp16", "--cpu"],
+     r"--fp16: fairseq's FP16Optimizer keeps its fp32 copy of the weights on a CUDA device, and this run has none "
+     r"\(--cpu\): train without --fp16 on the CPU \(or with --bf16\)$"),
 ])
 def test_numeric_options_out_of_range_stop_at_the_command_line(arguments, message):
     with pytest.raises(SystemExit) as stop:
@@ -604,3 +623,113 @@ def test_every_checkpoint_of_an_ensemble_is_checked(tmp_path, second, message):
         generate(["a.pt", second])
     assert stop.value.code == "error: " + message.format(tmp=tmp_path)
     assert generate(["a.pt", "a.pt"]).path.count(os.pathsep) == 1
+
+
+# ------------------------------------------------------------------------------------------- tasks, models, criteria
+@pytest.fixture(scope="module")
+def dictionaries(tmp_path_factory):
+    """A data folder of dictionaries only (every task's layout): enough to set up a task and build its model."""
+    root = tmp_path_factory.mktemp("dictionaries")
+    for name in ("dict.txt", "dict.src.txt", "dict.tgt.txt"):
+        (root / name).write_text("".join(f"w{i} {100 - i}\n" for i in range(30)))
+    return root
+
+
+def build_training(data, *arguments, model=True):
+    """The task, model and criterion of a fairseq-train command line, built as fairseq-train builds them (the task
+    alone without ``model``)."""
+    import palm_plugin  # noqa: F401
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [str(data), "--user-dir", str(USER_DIR), "--cpu",
+                                                                       *map(str, arguments)])
+    if not model:
+        return tasks.setup_task(args)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    return task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+
+
+PMLM = ["--task", "pmlm", "--arch", "unilm2_tiny", "--criterion", "pmlm_ae_par"]
+UNILM_PRE = ["--task", "unilm_pretraining", "--arch", "unilm_tiny", "--criterion", "unilm_cloze"]
+PALM_PRE = ["--task", "continuation_pair", "--arch", "palm_tiny", "--criterion", "palm_mlm_lm"]
+UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_tiny"
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    # a task, model and criterion that do not go together failed at the first batch (IndexError, KeyError, ...)
+    (PMLM[:2] + ["--arch", "palm_tiny"], ValueError,
+     f"--task pmlm makes batches for a unilm model, and --arch palm_tiny is a palm model: give a unilm arch "
+     f"({UNILM_ARCHS}), or train palm with --task continuation_pair (pre-training) or translation (fine-tuning)"),
+    (PALM_PRE[:2] + ["--arch", "unilm_tiny"], ValueError,
+     "--task continuation_pair makes batches for a palm model, and --arch unilm_tiny is a unilm model: give a palm "
+     "arch (palm, palm_base, palm_large, palm_tiny), or train unilm with --task unilm_pretraining, pmlm or "
+     "unilm_seq2seq"),
+    (UNILM[:2] + ["--arch", "palm_tiny", "--pseudo-masks"], ValueError,
+     f"--task unilm_seq2seq makes batches for a unilm model, and --arch palm_tiny is a palm model: give a unilm arch "
+     f"({UNILM_ARCHS}), or train palm with --task continuation_pair (pre-training) or translation (fine-tuning)"),
+    (UNILM[:4] + ["--criterion", "pmlm_ae_par"], ValueError,
+     "--criterion pmlm_ae_par is the loss of --task pmlm's pseudo-masked batches, not of --task unilm_seq2seq: train "
+     "the other UniLM tasks with --criterion unilm_cloze"),
+    (PALM_PRE[:4] + ["--criterion", "unilm_cloze"], ValueError,
+     "--criterion unilm_cloze is UniLM's loss (tasks unilm_seq2seq, unilm_pretraining, pmlm), not one for --task "
+     "continuation_pair: train PALM with --criterion palm_mlm_lm"),
+    (PALM[:4] + ["--criterion", "palm_mlm_lm", "-s", "src", "-t", "tgt"], ValueError,
+     "--criterion palm_mlm_lm is PALM's pre-training loss (--task continuation_pair), not one for --task "
+     "translation: fine-tune PALM with --criterion label_smoothed_cross_entropy"),
+    # values the plugin took and trained on, or failed on deep inside
+    (PALM_PRE + ["--lm-weight", 0], ValueError,  # a loss of 0: gnorm 0, exit 0
+     "--mlm-weight 0 and --lm-weight 0: stage joint would train nothing; give one of them a weight above 0"),
+    (PALM_PRE + ["--source-position-markers", 5], ValueError,  # it said to move <mask> before markers it lacks
+     "--source-position-markers 5: the dictionary has 0 source position markers (<unk-0>, <unk-1>, ... at its end, "
+     "as fairseq's examples/pointer_generator writes dict.txt): leave out --source-position-markers, or binarize "
+     "with a dictionary that ends with them"),
+    (PMLM + ["--tokens-per-sample", 4], ValueError,  # fairseq's TokenBlockDataset: "cannot reshape array of size 0"
+     "--tokens-per-sample 4: must be at least 5 ([SOS] S1 [EOS] S2 [EOS], a token on each side)"),
+    (PMLM + ["--tokens-per-sample", 128, "--max-positions", 64], ValueError,  # fairseq: "skip this example with ..."
+     "--tokens-per-sample 128: the model has 64 positions (--max-positions): give --tokens-per-sample 64 or less, or "
+     "raise --max-positions"),
+    (UNILM_PRE + ["--tokens-per-sample", 128, "--max-positions", 64], ValueError,
+     "--tokens-per-sample 128: the model has 64 positions (--max-positions): give --tokens-per-sample 64 or less, or "
+     "raise --max-positions"),
+    (PALM_PRE + ["--max-source-tokens", 100, "--encoder-max-positions", 64], ValueError,
+     "--max-source-tokens 100 + [EOS]: up to 101 tokens, and the model reads at most --encoder-max-positions 64: "
+     "lower --max-source-tokens or raise --encoder-max-positions"),
+    (UNILM_PRE + ["--span-length-probs", "0.5,0.1"], ValueError,  # it named no option
+     "--span-length-probs 0.5,0.1: 2 values summing to 0.6; give the probabilities of spans of 1, 2, 3, ... tokens, "
+     "none negative, that sum to 1"),
+    (UNILM_PRE + ["--objective-probs=-1,1,0.5,0.5"], ValueError,  # numpy at the first batch: "not non-negative"
+     "--objective-probs -1,1,0.5,0.5: 4 values summing to 1; give 4 probabilities of bidirectional, seq2seq, "
+     "left-to-right, right-to-left, none negative, that sum to 1"),
+    (PALM_PRE + ["--roberta-path", "missing.pt"], SystemExit,  # FileNotFoundError: [Errno 2]
+     "error: --roberta-path missing.pt: file not found; . holds no .pt file"),
+], ids=["pmlm-palm", "continuation_pair-unilm", "unilm_seq2seq-palm", "pmlm_ae_par-unilm_seq2seq",
+        "unilm_cloze-continuation_pair", "palm_mlm_lm-translation", "no-loss-weight", "no-markers",
+        "pmlm-tokens-per-sample", "pmlm-positions", "unilm_pretraining-positions", "continuation_pair-positions",
+        "span-length-probs", "negative-objective-prob", "roberta-path-missing"])
+def test_training_options_that_cannot_train_name_the_option(dictionaries, monkeypatch, arguments, error, message):
+    monkeypatch.chdir(dictionaries)
+    with pytest.raises(error) as stopped:
+        build_training(dictionaries, *arguments)
+    assert str(stopped.value.code if error is SystemExit else stopped.value) == message
+
+
+def test_options_of_the_other_unilm_seq2seq_layout_are_named_as_unread(dictionaries, caplog):
+    for layout in (["--target-mask-prob", 0.3, "--pseudo-mask-noise", "s2s_ft"], ["--pseudo-masks", "--mask-prob", 0.5],
+                   ["--pseudo-masks", "--target-mask-prob", 0.1], ["--mask-prob", 0.5]):
+        build_training(dictionaries, *UNILM, *layout, model=False)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "--target-mask-prob 0.3 and --pseudo-mask-noise s2s_ft: not read without --pseudo-masks (UniLM v1's layout "
+        "predicts --mask-prob 0.7 of the target): add --pseudo-masks, or leave them out",
+        "--mask-prob 0.5: not read with --pseudo-masks, which predicts every target token (the history's corrupted "
+        "share is --target-mask-prob 0.5): leave it out"]
+
+
+def test_block_options_are_named_as_unread_by_single_token_objectives(dictionaries, caplog):
+    for objective in ("ar", "ae_par"):
+        build_training(dictionaries, *PMLM, "--objective", objective, "--block-prob", 0.9, "--max-block-length", 3,
+                       model=False)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "--block-prob 0.9 and --max-block-length 3: not read with --objective ar, whose factorization steps are single "
+        "tokens (the spans of Algorithm 1 are ae_par's, ae's and par's): leave them out"]

@@ -6,7 +6,6 @@ from argparse import Namespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from fairseq.data import Dictionary
 from fairseq.dataclass.configs import GenerationConfig
 from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder
@@ -167,3 +166,96 @@ def test_ignore_without_blocking_or_unknown_symbol_is_refused():
         decode(CYCLE, beam=1, no_repeat_ngram_ignore=".")
     with pytest.raises(ValueError, match="zz not in the target dictionary"):
         decode(CYCLE, beam=1, no_repeat_ngram_size=3, no_repeat_ngram_ignore=".|zz")
+
+
+# ------------------------------------------------------------------------------------------- options no model meets
+PARSE_CASES = {
+    # fairseq asserted it at the first batch (min_len cannot be larger than max_len), naming neither option
+    "min-len-above-max-len-b": ("generation", ["--min-len", "50", "--max-len-b", "5"],
+                                "error: --min-len 50 is above --max-len-b 5, the longest output with --max-len-a 0: no "
+                                "hypothesis can end; give min_len <= max_len_b"),
+    "max-len-b-negative": ("generation", ["--max-len-b", "-3"],
+                           "error: --min-len 1 is above --max-len-b -3, the longest output with --max-len-a 0: no "
+                           "hypothesis can end; give min_len <= max_len_b"),
+    "with-max-len-a": ("generation", ["--min-len", "5", "--max-len-b", "3", "--max-len-a", "1"], None),
+    "match-source-len": ("generation", ["--min-len", "5", "--max-len-b", "3", "--match-source-len"], None),
+    # KeyError: 'target' on the first line
+    "interactive-score-reference": ("interactive", ["--score-reference"],
+                                    "error: --score-reference scores the references of a binarized split, and "
+                                    "fairseq-interactive reads none: score them with fairseq-generate "
+                                    "--score-reference (or the API's score(sources, targets))"),
+    # ignored
+    "interactive-prefix-size": ("interactive", ["--prefix-size", "1"],
+                                "error: --prefix-size 1 forces the first tokens of each reference, and "
+                                "fairseq-interactive reads none (it would be ignored): leave it out, or decode a "
+                                "binarized split with fairseq-generate"),
+    "generate-prefix-size": ("generation", ["--prefix-size", "1"], None),
+}
+
+
+@pytest.mark.parametrize("case", list(PARSE_CASES))
+def test_generation_options_no_hypothesis_can_meet_stop_at_the_command_line(case):
+    from fairseq import options
+
+    from tests.conftest import USER_DIR
+
+    parser, arguments, message = PARSE_CASES[case]
+    parser = options.get_interactive_generation_parser() if parser == "interactive" else options.get_generation_parser()
+
+    def parse():
+        return options.parse_args_and_arch(parser, ["data", "--user-dir", str(USER_DIR), "--task", "translation",
+                                                    *arguments])
+    if message is None:
+        parse()
+        return
+    with pytest.raises(SystemExit) as stop:
+        parse()
+    assert stop.value.code == message
+
+
+ALIGNMENT_CASES = {
+    "unilm": (["--task", "unilm_seq2seq", "--arch", "unilm_tiny", "--criterion", "unilm_cloze"],
+              "--print-alignment: a UniLM model has no encoder-decoder attention to align with (source and target "
+              "share one self-attention); decode without --print-alignment"),
+    "palm": (["--task", "translation", "-s", "src", "-t", "tgt", "--arch", "palm_tiny", "--criterion", "cross_entropy"],
+             "--print-alignment: this PALM model's encoder reads <s> before the source, so its attention is not over "
+             "the source tokens fairseq aligns; decode without --print-alignment (a PALM trained with --no-source-bos "
+             "prints them)"),
+    "palm-no-source-bos": (["--task", "translation", "-s", "src", "-t", "tgt", "--arch", "palm_tiny", "--criterion",
+                            "cross_entropy", "--no-source-bos"], None),
+}
+
+
+@pytest.mark.parametrize("family", list(ALIGNMENT_CASES))
+def test_print_alignment_is_refused_where_the_attention_is_no_alignment(tmp_path, family):
+    """fairseq failed on the first batch (IndexError for UniLM; KeyError for PALM, after printing part of the
+    output): its alignment reads the decoder's attention as columns of ``src_tokens``."""
+    from tests.conftest import save_untrained_checkpoint
+
+    arguments, message = ALIGNMENT_CASES[family]
+    model = save_untrained_checkpoint(tmp_path, "model.pt", arguments)
+    args = GenerationConfig()
+    args.print_alignment = "hard"
+    if message is None:
+        ToyTask(dictionary()).build_generator([model], args)
+        return
+    with pytest.raises(ValueError) as error:
+        ToyTask(dictionary()).build_generator([model], args)
+    assert str(error.value) == message
+
+
+def test_a_split_that_is_not_there_names_the_splits_that_are(tmp_path):
+    """unilm_seq2seq's --gen-subset / --valid-subset of a split fairseq-preprocess did not write."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        (tmp_path / name).write_text("w1 1\n")
+    for split in ("train", "valid"):
+        (tmp_path / f"{split}.src-tgt.src.idx").write_bytes(b"")
+    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path)))
+    with pytest.raises(FileNotFoundError) as error:
+        task.load_dataset("test")
+    assert str(error.value) == (
+        f"{tmp_path}/test.src-tgt.src.idx: dataset not found (fairseq-preprocess output); {tmp_path} holds train, "
+        f"valid: give one of those splits (--gen-subset, --valid-subset), or binarize 'test' into {tmp_path} with "
+        "fairseq-preprocess")

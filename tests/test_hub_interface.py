@@ -261,3 +261,82 @@ def test_a_unilm_checkpoint_from_before_attention_impl_loads_with_sdpa(tmp_path)
     assert model.stack.attention_impl == "sdpa"
     assert all(torch.equal(value, saved.state_dict()[name]) for name, value in model.state_dict().items())
     assert len(hub.generate("w1 w2 w3", beam=2, max_len_b=3).split()) <= 3
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory):
+    """An untrained unilm_tiny (512 positions) loaded by from_pretrained, and its folder (dictionaries beside it)."""
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    root = tmp_path_factory.mktemp("untrained")
+    save_untrained_checkpoint(root, "model.pt", ["--task", "unilm_seq2seq", "--arch", "unilm_tiny", "--criterion",
+                                                 "unilm_cloze"])
+    return from_pretrained(root, checkpoint_file="model.pt", data_name_or_path=root), root
+
+
+API_CASES = {
+    # fairseq set an unknown keyword on its configuration and ignored it
+    "hf-name": (lambda hub, root: hub.generate("w1", num_beams=4), TypeError,
+                "generate: unknown option 'num_beams' (did you mean 'beam'?); give fairseq-generate's options, with _ "
+                "for - (beam, nbest, lenpen, max_len_a, max_len_b, min_len, ...)"),
+    "score-typo": (lambda hub, root: hub.score("w1", "w2", lenpen_stlye="gnmt"), TypeError,
+                   "score: unknown option 'lenpen_stlye' (did you mean 'lenpen_style'?); give fairseq-generate's "
+                   "options, with _ for - (beam, nbest, lenpen, max_len_a, max_len_b, min_len, ...)"),
+    # fairseq's AssertionError: min_len cannot be larger than max_len, please adjust these!
+    "min-len-above-max-len-b": (lambda hub, root: hub.generate("w1", min_len=5, max_len_b=3), ValueError,
+                                "min_len=5 is above max_len_b=3, the longest output with max_len_a=0: no hypothesis "
+                                "can end; give min_len <= max_len_b"),
+    # ValueError: position id 512 exceeds the model's 512 positions; truncate the input (... --max-len-b)
+    "min-len-past-the-positions": (lambda hub, root: hub.generate("w1 w2", min_len=510, max_len_b=600), ValueError,
+                                   "--min-len 510: the longest source of this batch takes 4 of the model's 512 "
+                                   "positions, which leaves room for 507 tokens before </s>; give --min-len 507 or "
+                                   "less, or shorter sources (--max-source-positions)"),
+    # AttributeError: 'NoneType' object has no attribute 'device'
+    "generate-score-reference": (lambda hub, root: hub.generate("w1", score_reference=True), ValueError,
+                                 "generate: score_reference=True reads references, which generate has none of; score "
+                                 "pairs with score(sources, targets)"),
+    # ignored
+    "generate-prefix-size": (lambda hub, root: hub.generate("w1", prefix_size=1), ValueError,
+                             "generate: prefix_size=1 reads references, which generate has none of; leave it out"),
+    # fairseq dropped an override the checkpoint's configuration does not have
+    "override-typo": (lambda hub, root: _load(root, bpe_modle="x"), TypeError,
+                      "from_pretrained: bpe_modle: not an option of {root}/model.pt (task unilm_seq2seq, model "
+                      "UniLMModel), so it would have no effect; leave it out, or check its name (fairseq's options, "
+                      "with _ for -)"),
+    # omegaconf's ValidationError: Incompatible value 'None' for field of type 'str' (full_key: data)
+    "data-folder-missing": (lambda hub, root: _load(root, data_name_or_path=root / "missing"), FileNotFoundError,
+                            "data_name_or_path {root}/missing: no such folder; give the fairseq-preprocess output with "
+                            "the dictionaries (dict.*.txt), or leave it out to read them beside the checkpoint"),
+    # FileNotFoundError: DIR/dict.src.txt: no dictionary; run fairseq-preprocess (translation layout) first
+    "no-dictionary": (lambda hub, root: _load(root, data_name_or_path=root / "empty"), FileNotFoundError,
+                      "{root}/empty/dict.src.txt: no such dictionary; from_pretrained reads the dictionaries from "
+                      "data_name_or_path ({root}/empty): give the fairseq-preprocess output the checkpoint was trained "
+                      "with, or copy its dict.*.txt there"),
+}
+
+
+def _load(root, **options):
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    (root / "empty").mkdir(exist_ok=True)
+    return from_pretrained(root, checkpoint_file="model.pt", **{"data_name_or_path": str(root), **options})
+
+
+@pytest.mark.parametrize("case", list(API_CASES))
+def test_api_calls_no_model_can_answer_say_what_to_give(untrained, case):
+    hub, root = untrained
+    call, error, message = API_CASES[case]
+    with pytest.raises(error) as raised:
+        call(hub, root)
+    assert str(raised.value) == message.format(root=root)
+
+
+def test_generate_with_nbest_gives_that_many_hypotheses_of_each_input(untrained):
+    """It gave the best one only, whatever ``nbest`` said."""
+    hub, _ = untrained
+    best = hub.generate(["w1 w2", "w3"], beam=3, max_len_b=3)
+    three = hub.generate(["w1 w2", "w3"], beam=3, nbest=3, max_len_b=3)
+    assert [len(hypotheses) for hypotheses in three] == [3, 3]
+    assert [hypotheses[0] for hypotheses in three] == best
+    assert hub.generate("w1 w2", beam=2, nbest=2, max_len_b=3) == hub.generate(["w1 w2"], beam=2, nbest=2,
+                                                                                max_len_b=3)[0]

@@ -16,11 +16,13 @@ variant. Logged losses are in base 2 per predicted token.
 import math
 from dataclasses import dataclass, field
 
-import torch
 import torch.nn.functional as F
 from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask
+
+from palm_plugin.tasks.shared_dictionary import task_name
 
 
 @dataclass
@@ -49,6 +51,14 @@ class PalmMlmLmConfig(FairseqDataclass):
 class PalmMlmLmCriterion(FairseqCriterion):
     def __init__(self, task, stage, mlm_weight, lm_weight):
         super().__init__(task)
+        # another task's batches have no mlm_target: a KeyError at the first batch
+        if isinstance(task, FairseqTask) and not getattr(task, "trains_encoder_mlm", False):
+            raise ValueError(f"--criterion palm_mlm_lm is PALM's pre-training loss (--task continuation_pair), not one "
+                             f"for --task {task_name(task)}: fine-tune PALM with --criterion "
+                             "label_smoothed_cross_entropy")
+        if stage == "joint" and mlm_weight == 0 and lm_weight == 0:  # a loss of 0: nothing would be learned
+            raise ValueError("--mlm-weight 0 and --lm-weight 0: stage joint would train nothing; give one of them a "
+                             "weight above 0")
         if stage == "ae" and getattr(getattr(task, "cfg", None), "objective", None) == "unconditional":
             raise ValueError("--stage ae trains the encoder, and --objective unconditional gives it no source: train "
                              "stage ae with --objective continuation, then stage joint with --objective unconditional")

@@ -21,9 +21,12 @@ from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
+from fairseq.tasks import FairseqTask
 
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 from palm_plugin.modules.host_syncs import SYNCS_AT_START_HELP, count, flat_indices, select
+from palm_plugin.tasks.pmlm import PseudoMaskedLMTask
+from palm_plugin.tasks.shared_dictionary import task_name
 
 
 @dataclass
@@ -37,6 +40,10 @@ class PseudoMaskedLMCriterion(FairseqCriterion):
 
     def __init__(self, task, syncs_at_start=False):
         super().__init__(task)
+        # another task's batches have no factorization steps or kinds: a KeyError at the first batch
+        if isinstance(task, FairseqTask) and not isinstance(task, PseudoMaskedLMTask):
+            raise ValueError(f"--criterion pmlm_ae_par is the loss of --task pmlm's pseudo-masked batches, not of "
+                             f"--task {task_name(task)}: train the other UniLM tasks with --criterion unilm_cloze")
         self.syncs_at_start = syncs_at_start
 
     def forward(self, model, sample, reduce=True):

@@ -9,7 +9,10 @@ blocks an n-gram that holds one of the given tokens; fairseq's ``--no-repeat-ngr
 and the hub interface's ``generate(..., lenpen_style="gnmt")`` accept them; the plugin is imported inside
 ``options.get_parser``, before ``add_generation_args`` reads the dataclass) and makes ``FairseqTask.build_generator``
 apply them to the ``SequenceGenerator`` it builds, for fairseq's own tasks (PALM decodes with ``translation``) and the
-plugin's alike.
+plugin's alike. It also refuses, with what to do, the generation options that fairseq would run into an assertion or a
+traceback in the middle of decoding, or ignore: a ``--min-len`` above ``--max-len-b`` (:func:`length_problem`) and
+fairseq-interactive's ``--score-reference`` or ``--prefix-size`` when the command line is parsed, and
+``--print-alignment`` on models whose attention is no alignment to the source.
 """
 import dataclasses
 import logging
@@ -20,7 +23,9 @@ from typing import Optional
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from palm_plugin.errors import CommandError
 from palm_plugin.fixes.ngram_repeat_block import PrefixNGramRepeatBlock
+from palm_plugin.fixes.parsed_arguments import check_after_parsing
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +80,63 @@ class IgnoringNGramRepeatBlock(PrefixNGramRepeatBlock):
         return lprobs
 
 
+class GenerationOptionError(CommandError):
+    """Generation options that no hypothesis can satisfy."""
+
+
+def _flag(name, value):
+    return f"--{name.replace('_', '-')} {value}"
+
+
+def length_problem(args, named=_flag):
+    """``--min-len`` above the longest output ``--max-len-b`` allows when ``--max-len-a`` is 0 (the default), or None.
+    fairseq asserts it at the first batch (``min_len cannot be larger than max_len``), naming neither option.
+    ``named(name, value)`` writes an option as the user gave it (``--min-len 5``, or ``min_len=5`` in Python)."""
+    low, a, b = (getattr(args, name, None) for name in ("min_len", "max_len_a", "max_len_b"))
+    if getattr(args, "match_source_len", False) or a != 0 or not isinstance(b, int) or not isinstance(low, int):
+        return None
+    if low > b:
+        return (f"{named('min_len', low)} is above {named('max_len_b', b)}, the longest output with "
+                f"{named('max_len_a', 0)}: no hypothesis can end; give min_len <= max_len_b")
+    return None
+
+
+def _interactive_problem(args):
+    """The options that read references, which fairseq-interactive has none of, or None: --score-reference failed on
+    the first line (``KeyError: 'target'``), --prefix-size was ignored."""
+    if not hasattr(args, "buffer_size"):  # fairseq-interactive's own option
+        return None
+    if getattr(args, "score_reference", False):
+        return ("--score-reference scores the references of a binarized split, and fairseq-interactive reads none: "
+                "score them with fairseq-generate --score-reference (or the API's score(sources, targets))")
+    if getattr(args, "prefix_size", 0):
+        return (f"--prefix-size {args.prefix_size} forces the first tokens of each reference, and fairseq-interactive "
+                f"reads none (it would be ignored): leave it out, or decode a binarized split with fairseq-generate")
+    return None
+
+
+def _check_parsed(args):
+    message = length_problem(args) or _interactive_problem(args)
+    if message:
+        raise GenerationOptionError(message)
+
+
+def _check_alignment(models):
+    """--print-alignment reads the decoder's attention as an alignment to ``src_tokens``; refuse models where it is
+    none, before fairseq fails on the first batch (an IndexError or KeyError) after printing part of the output."""
+    from palm_plugin.models.palm import PalmModel
+    from palm_plugin.models.unilm import UniLMModel
+
+    for model in models:
+        if isinstance(model, UniLMModel):
+            raise ValueError("--print-alignment: a UniLM model has no encoder-decoder attention to align with (source "
+                             "and target share one self-attention); decode without --print-alignment")
+        if isinstance(model, PalmModel) and model.encoder.source_bos:
+            raise ValueError("--print-alignment: this PALM model's encoder reads <s> before the source, so its "
+                             "attention is not over the source tokens fairseq aligns; decode without "
+                             "--print-alignment (a PALM trained with --no-source-bos prints them)")
+
+
 def _apply(generator, args, dictionary) -> None:
     """Configure ``generator`` (built by fairseq from the generation options ``args``) with the plugin's options."""
     from fairseq.sequence_generator import SequenceGenerator
@@ -85,6 +147,8 @@ def _apply(generator, args, dictionary) -> None:
     ignore = getattr(args, "no_repeat_ngram_ignore", None)
     if not isinstance(generator, SequenceGenerator):  # --score-reference, sampling-free scorers: nothing to decode
         return
+    if getattr(args, "print_alignment", None):
+        _check_alignment(generator.model.models)
     if style == "gnmt" and not generator.normalize_scores:
         raise ValueError("--lenpen-style gnmt normalises scores: leave out --unnormalized")
     generator.gnmt_length_penalty = style == "gnmt"
@@ -124,6 +188,7 @@ def install():
         return
     _add_fields(GenerationConfig, PluginGenerationOptions)
     hydra_init()  # fairseq stored the config schema at import; store it again with the new fields
+    check_after_parsing("__palm_generation_options__", lambda args, argv: _check_parsed(args))
 
     def build_generator_with_options(self, models, args, *rest, **kwargs):
         generator = build_generator(self, models, args, *rest, **kwargs)

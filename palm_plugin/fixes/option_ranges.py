@@ -5,8 +5,11 @@ the logged loss falls), ``--mask-prob 0`` builds batches with nothing to predict
 end in a traceback deep inside batching or search. :func:`install` wraps ``fairseq.options.parse_args_and_arch``
 (every fairseq command parses there) and checks each option of :data:`RANGES` the command has, whichever task,
 criterion or model defines it (fairseq's ``label_smoothed_cross_entropy`` as the plugin's ``unilm_cloze``), and
-stops with the option, its range and why as the last line of output.
+stops with the option, its range and why as the last line of output. It also stops on options that contradict each
+other (fairseq takes both and one is ignored, or the run fails deep inside): ``--nbest`` above ``--beam``,
+``--no-copy`` with ``--copy-attention-dim``, ``--reinit-encoder`` with no checkpoint to load, ``--fp16`` on the CPU.
 """
+import ast
 import math
 
 from palm_plugin.errors import CommandError
@@ -41,6 +44,11 @@ RANGES = {
     "weight_decay": (0.0, True, math.inf, False, "a decay rate"),
     "warmup_updates": (0, True, math.inf, False, "a count"),
     "sampling_topp": (-1.0, True, 1.0, True, "a probability (-1: off)"),
+    # fairseq-train stops at once on an --lr at or below --stop-min-lr (-1) and exits 0 with nothing learned
+    "lr": (0.0, False, math.inf, False, "a learning rate"),
+    "adam_eps": (0.0, True, math.inf, False, "Adam's epsilon"),
+    # 0 was read as "the model size"
+    "copy_attention_dim": COUNT,
 }
 
 
@@ -84,12 +92,61 @@ def problem(args, named=_flag):
     if isinstance(beam, int) and isinstance(nbest, int) and nbest > beam:
         return (f"{named('nbest', nbest)} is above {named('beam', beam)}: beam search keeps only {beam} hypotheses; "
                 f"give nbest <= beam")
+    kept, random = getattr(args, "leave_unmasked_prob", None), getattr(args, "random_token_prob", None)
+    if isinstance(kept, float) and isinstance(random, float) and kept + random > 1:
+        return (f"{named('leave_unmasked_prob', kept)} and {named('random_token_prob', random)} sum to "
+                f"{kept + random:g}: they are shares of the masked tokens (the rest becomes <mask>); give a sum <= 1")
+    betas = _betas_problem(getattr(args, "adam_betas", None))
+    if betas:
+        return f"{named('adam_betas', repr(args.adam_betas))}: {betas}; give two numbers in [0, 1), e.g. '(0.9, 0.98)'"
+    if getattr(args, "no_copy", False) and getattr(args, "copy_attention_dim", None) is not None:
+        return (f"{named('copy_attention_dim', args.copy_attention_dim)} sizes the copy layer, which --no-copy "
+                "removes: leave out one")
+    return None
+
+
+def _betas_problem(betas):
+    """What is wrong with an ``--adam-betas`` (fairseq's ``adam`` and ``torch_adamw`` read it as a Python tuple),
+    or None."""
+    if betas is None:
+        return None
+    try:
+        values = ast.literal_eval(betas) if isinstance(betas, str) else betas
+    except (ValueError, SyntaxError):
+        return "not a Python pair"
+    if not (isinstance(values, (list, tuple)) and len(values) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+        return "not a pair of numbers"
+    if not all(0 <= v < 1 for v in values):
+        return "outside [0, 1) (the decay of Adam's moving averages)"
+    return None
+
+
+def training_problem(args):
+    """What in a fairseq-train command line cannot train as asked (options that contradict each other or the
+    machine), or None."""
+    from palm_plugin.fixes.saved_model_build import training_will_load_checkpoint
+
+    for part in ("encoder", "decoder"):
+        # (a --restore-file that is not there is checkpoint_paths' to name)
+        if getattr(args, f"reinit_{part}", False) and args.restore_file == "checkpoint_last.pt" and \
+                not training_will_load_checkpoint(args):
+            return (f"--reinit-{part} re-initialises the {part} of the pre-trained PALM that --finetune-from-model "
+                    f"loads, and this run loads no checkpoint (its model starts random anyway): add "
+                    f"--finetune-from-model PALM.pt, or leave out --reinit-{part}")
+    if getattr(args, "fp16", False) and not (args.bf16 or args.memory_efficient_fp16 or args.fp16_no_flatten_grads):
+        import torch
+
+        if args.cpu or not torch.cuda.is_available():
+            return ("--fp16: fairseq's FP16Optimizer keeps its fp32 copy of the weights on a CUDA device, and this run "
+                    f"has none ({'--cpu' if args.cpu else 'no CUDA device'}): train without --fp16 on the CPU (or "
+                    "with --bf16)")
     return None
 
 
 def check(args):
     """Stop the command on the first option of ``args`` outside its range."""
-    message = problem(args)
+    message = problem(args) or (training_problem(args) if hasattr(args, "update_freq") else None)
     if message:
         raise OptionRangeError(message)
 

@@ -16,7 +16,9 @@ batching by length (``max_tokens`` / ``batch_size``) and beam search are fairseq
 ``score`` uses the task's ``--score-reference`` scorer: fairseq's ``SequenceScorer`` for PALM (``translation``
 task), the one-pass reference scorer for UniLM (``unilm_seq2seq``).
 """
+import argparse
 import copy
+import difflib
 import math
 import os
 from typing import Dict, List, Union
@@ -25,7 +27,7 @@ import torch
 from fairseq import hub_utils, utils
 from fairseq.data import BaseWrapperDataset, data_utils
 from fairseq.tasks import FairseqTask
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from palm_plugin.fixes.data_checks import warn_if_truncated
 from palm_plugin.modules.dictionary_check import warn_if_unknown
@@ -63,8 +65,32 @@ def from_pretrained(
                                                  f"; {model_name_or_path} is not a directory" if found is None else
                                                  f"; {model_name_or_path} holds no .pt file")
                 + " (from_pretrained(DIR, checkpoint_file=NAME) takes fairseq-train's --save-dir and a file in it)")
+    # fairseq resolves a folder that is not there to None, and fails on a configuration field named data
+    data = os.path.abspath(os.path.join(model_name_or_path, data_name_or_path)) if data_name_or_path.startswith(
+        ".") else data_name_or_path
+    if not os.path.isdir(data):
+        raise FileNotFoundError(f"data_name_or_path {data}: no such folder; give the fairseq-preprocess output with "
+                                f"the dictionaries (dict.*.txt), or leave it out to read them beside the checkpoint")
+    overrides = set(kwargs)
     kwargs.setdefault("user_dir", os.path.dirname(palm_plugin.__file__))
-    loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+    try:
+        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+    except FileNotFoundError as error:  # the task's dictionary, named by fairseq or the task's own message
+        missing = error.filename or str(error).split(":")[0]
+        if os.path.abspath(os.path.dirname(missing)) != os.path.abspath(data):
+            raise
+        raise FileNotFoundError(
+            f"{missing}: no such dictionary; from_pretrained reads the dictionaries from data_name_or_path ({data}"
+            f"{', by default the checkpoint folder' if data_name_or_path == '.' else ''}): give the fairseq-preprocess "
+            f"output the checkpoint was trained with, or copy its dict.*.txt there") from None
+    unknown = sorted(overrides - _option_names(loaded["args"]) - {"generation_args", "archive_map"})
+    if unknown:
+        # fairseq overrides only the options the checkpoint's configuration has, and drops the others silently
+        path = os.path.join(model_name_or_path, checkpoint_file)
+        raise TypeError(
+            f"from_pretrained: {', '.join(unknown)}: not an option of {path} (task {loaded['task'].cfg._name}, model "
+            f"{type(loaded['models'][0]).__name__}), so it would have no effect; leave it out, or check its name "
+            f"(fairseq's options, with _ for -)")
     task = loaded["task"]
     if type(task).build_dataset_for_inference is FairseqTask.build_dataset_for_inference:
         raise ValueError(
@@ -81,6 +107,18 @@ def _path(value, name):
     raise TypeError(f"from_pretrained: {name} is a {type(value).__name__}; give a path (a str or a pathlib.Path)")
 
 
+def _option_names(cfg) -> set:
+    """Every option name of a loaded configuration, at any depth (fairseq's groups; an old checkpoint's Namespace)."""
+    names, nodes = set(), [OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False)]
+    while nodes:
+        node = nodes.pop()
+        node = vars(node) if isinstance(node, argparse.Namespace) else node
+        if isinstance(node, dict):
+            names.update(node)
+            nodes.extend(node.values())
+    return names
+
+
 def _texts(values, name):
     """``values`` as a list of strings and whether it was one string (HF's convention: a str is one item)."""
     if isinstance(values, str):
@@ -92,13 +130,36 @@ def _texts(values, name):
                     f"give text (the API tokenises it), e.g. {name}(\"a sentence\") or {name}([\"one\", \"two\"])")
 
 
-def _check_options(**options):
-    """The generation options' ranges, as on the command line (``beam=0`` is refused with what to give)."""
+def _keyword(name, value):
+    """An option as a Python caller writes it: ``beam=0``."""
+    return f"{name}={value}"
+
+
+# Hugging Face's names of generation options that difflib does not match to fairseq's
+HF_NAMES = {"max_new_tokens": "max_len_b", "length_penalty": "lenpen", "num_return_sequences": "nbest",
+            "do_sample": "sampling", "top_k": "sampling_topk", "top_p": "sampling_topp"}
+
+
+def _check_options(function, generation, options, extra=()):
+    """The keywords of ``function`` (generate or score): generation options (fairseq would set an unknown one on its
+    configuration and ignore it), in their ranges and consistent with the loaded ones (``generation``), as on the
+    command line (``beam=0`` is refused with what to give)."""
     from types import SimpleNamespace
 
+    from fairseq.dataclass.configs import GenerationConfig
+
+    from palm_plugin.fixes.generation_options import length_problem
     from palm_plugin.fixes.option_ranges import problem
 
-    message = problem(SimpleNamespace(**options), named=lambda name, value: f"{name}={value}")
+    known = set(GenerationConfig.__dataclass_fields__) | set(generation) | set(extra)
+    for name in options:
+        if name not in known:
+            close = HF_NAMES.get(name) or next(iter(difflib.get_close_matches(name, sorted(known), n=1)), None)
+            raise TypeError(f"{function}: unknown option {name!r}{f' (did you mean {close!r}?)' if close else ''}; "
+                            "give fairseq-generate's options, with _ for - (beam, nbest, lenpen, max_len_a, max_len_b, "
+                            "min_len, ...)")
+    message = problem(SimpleNamespace(**options), named=_keyword) or length_problem(
+        SimpleNamespace(**{**generation, **options}), named=_keyword)
     if message:
         raise ValueError(message)
 
@@ -130,18 +191,25 @@ class PluginHubInterface(hub_utils.GeneratorHubInterface):
 
     @torch.inference_mode()
     def generate(self, inputs: Union[str, List[str], List[torch.LongTensor]], beam: int = 5, verbose=False, **kwargs):
-        """Strings in, strings out (the best hypothesis of each, detokenised); token tensors in, fairseq's
-        hypothesis dicts out (``GeneratorHubInterface.generate``). Keywords are generation options (``beam``,
-        ``lenpen``, ``lenpen_style``, ``no_repeat_ngram_size``, ``no_repeat_ngram_ignore``, ``min_len``,
-        ``max_len_b``, ...)."""
-        _check_options(beam=beam, **kwargs)
+        """Strings in, strings out (the best hypothesis of each, detokenised; with ``nbest`` above 1, a list of the
+        ``nbest`` best of each); token tensors in, fairseq's hypothesis dicts out (``GeneratorHubInterface.generate``).
+        Keywords are generation options (``beam``, ``nbest``, ``lenpen``, ``lenpen_style``, ``no_repeat_ngram_size``,
+        ``no_repeat_ngram_ignore``, ``min_len``, ``max_len_b``, ...)."""
+        _check_options("generate", self.cfg.generation, dict(beam=beam, **kwargs), extra=(
+            "skip_invalid_size_inputs", "inference_step_args", "prefix_allowed_tokens_fn"))
+        for name in ("score_reference", "prefix_size"):  # fairseq-generate's references: a failure, or ignored
+            if kwargs.get(name):
+                raise ValueError(f"generate: {name}={kwargs[name]} reads references, which generate has none of; "
+                                 + ("score pairs with score(sources, targets)" if name == "score_reference" else
+                                    "leave it out"))
         if isinstance(inputs, (list, tuple)) and inputs and all(torch.is_tensor(t) for t in inputs):
             return super().generate(inputs, beam=beam, verbose=verbose, **kwargs)
         texts, one = _texts(inputs, "generate")
         tokens = [self.encode(text) for text in texts]  # once: encoding warns about an unreadable input
         warn_if_truncated(self.task, tokens)
-        outputs = [self.decode(hypos[0]["tokens"]) for hypos in
-                   super().generate(tokens, beam=beam, verbose=verbose, **kwargs)]
+        nbest = kwargs.get("nbest", self.cfg.generation.nbest)
+        outputs = [[self.decode(hypo["tokens"]) for hypo in hypos[:nbest]] if nbest > 1 else self.decode(
+            hypos[0]["tokens"]) for hypos in super().generate(tokens, beam=beam, verbose=verbose, **kwargs)]
         return outputs[0] if one else outputs
 
     def encode(self, sentence: str) -> torch.LongTensor:
@@ -159,7 +227,7 @@ class PluginHubInterface(hub_utils.GeneratorHubInterface):
             per pair: ``tokens`` (the target with </s>), ``positional_scores`` (natural-log probability of each),
             ``log_prob`` (their sum), ``score`` (their mean) and ``perplexity`` (``exp(-score)``, per token).
         """
-        _check_options(**kwargs)
+        _check_options("score", self.cfg.generation, kwargs)
         (sources, one), (targets, one_target) = _texts(sources, "score"), _texts(targets, "score")
         if one != one_target:
             raise TypeError("score: one source string but a list of targets, or the reverse; give two strings (one "

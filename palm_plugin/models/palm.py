@@ -220,6 +220,17 @@ class PalmModel(FairseqEncoderDecoderModel):
             raise ValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
         markers = safe_getattr(cfg, "source_position_markers", 0)
         num_embeddings = len(dictionary) - markers
+        # other symbols taken for markers would share the <unk> embedding and never be generated
+        present = 0
+        while f"<unk-{present}>" in dictionary:
+            present += 1
+        if markers != present and markers:
+            raise ValueError(
+                f"--source-position-markers {markers}: the dictionary has {present} source position markers (<unk-0>, "
+                "<unk-1>, ... at its end, as fairseq's examples/pointer_generator writes dict.txt): "
+                + (f"give --source-position-markers {present}" if present else
+                   "leave out --source-position-markers, or binarize with a dictionary that ends with them")
+            )
         mask = dictionary.index("<mask>") if "<mask>" in dictionary else None
         if mask is not None and mask >= num_embeddings:
             raise ValueError(

@@ -15,8 +15,10 @@ the model's ``--layer-norm-eps``, which must equal the checkpoint's. A relative 
 in PALM and is refused.
 """
 import logging
+import os
 
 from palm_plugin.fixes import safe_loading
+from palm_plugin.fixes.checkpoint_paths import read_checkpoint
 from palm_plugin.modules.dictionary_check import FINGERPRINT, DictionaryMismatchError
 
 logger = logging.getLogger(__name__)
@@ -82,6 +84,8 @@ def load_roberta_encoder(model, path: str) -> None:
     (:mod:`palm_plugin.modules.dictionary_check`); a checkpoint whose embedding has one row more than a dictionary
     without ``<mask>`` loses that row, as in fairseq's BART.
     """
+    if not os.path.isfile(path):  # a missing file or a folder: read_checkpoint names what is there to give
+        read_checkpoint(path, "--roberta-path")
     state = safe_loading.load_state(path)
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path}: not a fairseq checkpoint (no 'model' entry); pass the model.pt of a RoBERTa model")

@@ -63,6 +63,7 @@ class ContinuationPairTask(SharedDictionaryTask):
     """PALM's (context, continuation) pre-training task over one shared dictionary (with ``<mask>``)."""
 
     trains_encoder_mlm = True  # tells the palm model to build its MLM head
+    model_name = "palm"
 
     def __init__(self, cfg: ContinuationPairConfig, dictionary: Dictionary):
         super().__init__(cfg, dictionary)
@@ -102,6 +103,20 @@ class ContinuationPairTask(SharedDictionaryTask):
         self.datasets[split] = ContinuationPairDataset(
             sentences, pairs, self.dictionary, self.mask_idx, self.masking, self.cfg.seed, self.cfg.objective
         )
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        # fairseq stopped at the first longer pair, asking to skip such pairs (most sources fill the window)
+        source = f"--max-source-tokens {self.cfg.max_source_tokens}"
+        target = f"--max-target-tokens {self.cfg.max_target_tokens}"
+        if self.cfg.objective == "masked_span":  # the span is in the source
+            source += f" + {target} (--objective masked_span)"
+        for lengths, needed, limit, model_option in zip((source, target), self.max_positions(), model.max_positions(),
+                                                        ("--encoder-max-positions", "--decoder-max-positions")):
+            if needed > limit:
+                raise ValueError(f"{lengths} + [EOS]: up to {needed} tokens, and the model reads at most "
+                                 f"{model_option} {limit}: lower {lengths.split()[0]} or raise {model_option}")
+        return model
 
     def max_positions(self):
         source = self.cfg.max_source_tokens + (self.cfg.max_target_tokens if self.cfg.objective == "masked_span" else 0)

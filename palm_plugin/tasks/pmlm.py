@@ -36,7 +36,7 @@ from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_
 from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset
 from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
-from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
+from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask, check_positions
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,18 @@ class PseudoMaskedLMTask(SharedDictionaryTask):
 
     def __init__(self, cfg: PseudoMaskedLMConfig, dictionary: Dictionary):
         super().__init__(cfg, dictionary)
+        if cfg.tokens_per_sample < 5:  # fairseq's TokenBlockDataset failed on blocks of fewer than 2 tokens
+            raise ValueError(f"--tokens-per-sample {cfg.tokens_per_sample}: must be at least 5 ([SOS] S1 [EOS] S2 "
+                             "[EOS], a token on each side)")
         self.pseudo_idx = dictionary.add_symbol(PSEUDO_SYMBOL)
         predict_masked_slots, append_pseudo, spans = OBJECTIVES[cfg.objective]
+        unused = [f"--{name.replace('_', '-')} {getattr(cfg, name)}" for name in
+                  ("block_prob", "min_block_length", "max_block_length")
+                  if getattr(cfg, name) != getattr(PseudoMaskedLMConfig, name)]
+        if unused and not spans:  # fairseq takes them, and these objectives draw no blocks
+            logger.warning(f"{' and '.join(unused)}: not read with --objective {cfg.objective}, whose factorization "
+                           "steps are single tokens (the spans of Algorithm 1 are ae_par's, ae's and par's): leave "
+                           "them out")
         self.predict_masked_slots = predict_masked_slots
         self.append_pseudo = append_pseudo
         self.masking = BlockwiseMaskingPolicy(
@@ -133,6 +143,9 @@ class PseudoMaskedLMTask(SharedDictionaryTask):
             predict_masked_slots=self.predict_masked_slots,
             sentence_pairs=True,
         )
+
+    def build_model(self, cfg, from_checkpoint=False):
+        return check_positions(super().build_model(cfg, from_checkpoint), self.cfg.tokens_per_sample)
 
     def max_positions(self):
         return self.cfg.tokens_per_sample

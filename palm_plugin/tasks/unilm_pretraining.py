@@ -14,17 +14,22 @@ from omegaconf import II, MISSING
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 from palm_plugin.data.unilm_pretraining_dataset import NUM_OBJECTIVE_SEGMENTS, UniLMPretrainingDataset
-from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
+from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask, check_positions
 
 logger = logging.getLogger(__name__)
 
 
-def _floats(text, option):
-    """``"0.8,0.1,0.1"`` or ``"1/3,1/3,1/6,1/6"`` -> a tuple of floats."""
+def _floats(text, option, meaning, count=None):
+    """``"0.8,0.1,0.1"`` or ``"1/3,1/3,1/6,1/6"`` -> a tuple of ``count`` (or any number of) probabilities."""
     try:
-        return tuple(float(Fraction(x.strip())) for x in text.split(","))
+        values = tuple(float(Fraction(x.strip())) for x in text.split(","))
     except (ValueError, ZeroDivisionError):
         raise ValueError(f"{option}: expected comma-separated numbers or fractions, got {text!r}") from None
+    # a negative one failed in numpy's sampling at the first batch, and a sum other than 1 named no option
+    if (count and len(values) != count) or min(values) < 0 or abs(sum(values) - 1) > 1e-6:
+        raise ValueError(f"{option} {text}: {len(values)} values summing to {sum(values):g}; give "
+                         f"{count or 'the'} probabilities {meaning}, none negative, that sum to 1")
+    return values
 
 
 @dataclass
@@ -52,12 +57,10 @@ class UniLMPretrainingConfig(BertReplacementConfig):
 class UniLMPretrainingTask(SharedDictionaryTask):
     def __init__(self, cfg: UniLMPretrainingConfig, dictionary):
         super().__init__(cfg, dictionary)
-        self.masking = TokenMaskingPolicy.from_config(
-            cfg.mask_prob, cfg, span_length_probs=_floats(cfg.span_length_probs, "--span-length-probs")
-        )
-        self.objective_probs = _floats(cfg.objective_probs, "--objective-probs")
-        if len(self.objective_probs) != 4 or abs(sum(self.objective_probs) - 1) > 1e-6:
-            raise ValueError(f"--objective-probs needs four probabilities that sum to 1, got {cfg.objective_probs}")
+        span_length_probs = _floats(cfg.span_length_probs, "--span-length-probs", "of spans of 1, 2, 3, ... tokens")
+        self.masking = TokenMaskingPolicy.from_config(cfg.mask_prob, cfg, span_length_probs=span_length_probs)
+        self.objective_probs = _floats(
+            cfg.objective_probs, "--objective-probs", "of bidirectional, seq2seq, left-to-right, right-to-left", 4)
 
     @classmethod
     def setup_task(cls, cfg: UniLMPretrainingConfig, **kwargs):
@@ -95,7 +98,7 @@ class UniLMPretrainingTask(SharedDictionaryTask):
                 f"unilm_pretraining marks the objective with segment ids 0-5; the model has {model.cfg.num_segments} "
                 f"segment types: use a unilm_* arch (not unilm2_*) or --num-segments 6"
             )
-        return model
+        return check_positions(model, self.cfg.tokens_per_sample)
 
     def max_positions(self):
         return self.cfg.tokens_per_sample

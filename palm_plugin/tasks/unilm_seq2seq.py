@@ -96,6 +96,16 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         super().__init__(cfg, dictionary)
         if cfg.pseudo_masks:
             dictionary.add_symbol(PSEUDO_SYMBOL)
+        # the other layout's options, which fairseq takes and this layout does not read
+        other = ("mask_prob",) if cfg.pseudo_masks else ("target_mask_prob", "pseudo_mask_noise")
+        unused = [f"--{name.replace('_', '-')} {getattr(cfg, name)}" for name in other
+                  if str(getattr(cfg, name)) != str(getattr(UniLMSeq2SeqConfig, name))]
+        if unused and cfg.pseudo_masks:
+            logger.warning(f"{unused[0]}: not read with --pseudo-masks, which predicts every target token (the "
+                           f"history's corrupted share is --target-mask-prob {cfg.target_mask_prob}): leave it out")
+        elif unused:
+            logger.warning(f"{' and '.join(unused)}: not read without --pseudo-masks (UniLM v1's layout predicts "
+                           f"--mask-prob {cfg.mask_prob} of the target): add --pseudo-masks, or leave them out")
         self.masking = TokenMaskingPolicy.from_config(cfg.target_mask_prob if cfg.pseudo_masks else cfg.mask_prob, cfg)
 
     @classmethod
@@ -120,8 +130,14 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
             prefix = os.path.join(data, f"{split}.{pair}.")
             if os.path.exists(prefix + f"{src}.idx"):
                 return prefix
+        suffix = f".{src}-{tgt}.{src}.idx"
+        found = sorted(name[: -len(suffix)] for name in os.listdir(data) if name.endswith(suffix)) if os.path.isdir(
+            data) else []
         raise FileNotFoundError(
-            f"{os.path.join(data, f'{split}.{src}-{tgt}.{src}')}.idx: dataset not found (fairseq-preprocess output)"
+            f"{os.path.join(data, f'{split}.{src}-{tgt}.{src}')}.idx: dataset not found (fairseq-preprocess output); "
+            + (f"{data} holds {', '.join(found)}: give one of those splits (--gen-subset, --valid-subset), or "
+               if found else "")
+            + f"binarize '{split}' into {data} with fairseq-preprocess"
         )
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
@@ -188,6 +204,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """fairseq-interactive passes ``src_tokens`` and ``src_lengths`` only: add the segments of this task."""
         net_input = sample["net_input"]
+        self._check_room_for_min_len(generator, models, net_input["src_tokens"])
         if "target_segment" not in net_input:
             if "objectives" in net_input or "target_lengths" in net_input:
                 raise RuntimeError(
@@ -202,6 +219,22 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
                 (src_tokens.size(0),), self.cfg.target_segment, dtype=torch.long, device=src_tokens.device
             )
         return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+
+    def _check_room_for_min_len(self, generator, models, src_tokens):
+        """A hypothesis ends with </s> at the model's last position (:class:`UniLMIncrementalDecoder`), but --min-len
+        forbids </s> before its length: a source too long for it would take the decoder past its positions."""
+        min_len = getattr(generator, "min_len", 0)
+        if not min_len or getattr(generator, "match_source_len", False):
+            return
+        positions = min(model.max_positions() for model in models)
+        longest = int(src_tokens.ne(self.dictionary.pad()).sum(1).max())
+        room = positions - 1 - longest
+        if min_len > room:
+            raise ValueError(
+                f"--min-len {min_len}: the longest source of this batch takes {longest} of the model's {positions} "
+                f"positions, which leaves room for {room} tokens before </s>; give --min-len {room} or less, or "
+                f"shorter sources (--max-source-positions)"
+            )
 
     def max_positions(self):
         """The most positions a packed pair may take. fairseq resolves it with the model's positions and skips longer
