@@ -733,3 +733,79 @@ def test_block_options_are_named_as_unread_by_single_token_objectives(dictionari
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "--block-prob 0.9 and --max-block-length 3: not read with --objective ar, whose factorization steps are single "
         "tokens (the spans of Algorithm 1 are ae_par's, ae's and par's): leave them out"]
+
+
+# ------------------------------------------------------------------------------------------- fine-tuning another family
+@pytest.fixture(scope="module")
+def family_checkpoints(tmp_path_factory):
+    """Tiny untrained checkpoints of each family, as pre-training (or palm-convert bert: ``--arch unilm``) saves
+    them."""
+    root = tmp_path_factory.mktemp("families")
+    save_untrained_checkpoint(root, "unilm.pt", UNILM_PRE)
+    save_untrained_checkpoint(root, "pmlm.pt", PMLM)
+    save_untrained_checkpoint(root, "palm.pt", PALM_PRE)
+    # a converted MiniLM: the unilm arch with its own sizes
+    save_untrained_checkpoint(root, "converted.pt", UNILM_PRE[:2] + [
+        "--arch", "unilm", "--encoder-layers", "1", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "2", "--criterion", "unilm_cloze"])
+    torch.save({"cfg": {"model": {"_name": "roberta_base"}, "task": {"_name": "masked_lm"}}, "model": {}},
+               root / "roberta.pt")
+    return root
+
+
+@pytest.mark.parametrize("checkpoint, arguments, message", [
+    ("unilm.pt", PALM, f"is a unilm model (--arch unilm_tiny), and --arch palm_tiny is a palm model: give a unilm arch "
+                       f"({UNILM_ARCHS}); to start PALM's encoder from a BERT-family or UniLM v1 checkpoint, pass it "
+                       "as --roberta-path"),
+    ("converted.pt", PALM_PRE, f"is a unilm model (--arch unilm), and --arch palm_tiny is a palm model: give a unilm "
+                               f"arch ({UNILM_ARCHS}); to start PALM's encoder from a BERT-family or UniLM v1 "
+                               "checkpoint, pass it as --roberta-path"),
+    # --roberta-path refuses UniLMv2's relative position bias: no hint
+    ("pmlm.pt", PALM, "is a unilm model (--arch unilm2_tiny), and --arch palm_tiny is a palm model: give a unilm arch "
+                      f"({UNILM_ARCHS})"),
+    ("palm.pt", UNILM, "is a palm model (--arch palm_tiny), and --arch unilm_tiny is a unilm model: give a palm arch "
+                       "(palm, palm_base, palm_large, palm_tiny)"),
+    ("palm.pt", PMLM, "is a palm model (--arch palm_tiny), and --arch unilm2_tiny is a unilm model: give a palm arch "
+                      "(palm, palm_base, palm_large, palm_tiny)"),
+    ("roberta.pt", PALM, "is a roberta model (--arch roberta_base), and --arch palm_tiny is a palm model: give a "
+                         "roberta arch (roberta, roberta_prenorm, roberta_base, roberta_large, xlm); to start PALM's "
+                         "encoder from a RoBERTa checkpoint, pass it as --roberta-path"),
+], ids=["unilm-palm", "converted-palm", "unilm2-palm", "palm-unilm", "palm-unilm2", "roberta-palm"])
+def test_a_checkpoint_of_the_other_family_to_fine_tune_is_refused(family_checkpoints, checkpoint, arguments, message):
+    """fairseq-train --finetune-from-model: fairseq failed at loading, "please ensure that the architectures match"."""
+    path = family_checkpoints / checkpoint
+    with pytest.raises(SystemExit) as stop:
+        parse_training(*arguments, "--finetune-from-model", path)
+    assert stop.value.code == f"error: --finetune-from-model {path} {message}"
+
+
+@pytest.mark.parametrize("checkpoint, arguments", [
+    ("converted.pt", UNILM[:2] + ["--arch", "unilm_base", "--criterion", "unilm_cloze"]),  # a MiniLM of other sizes
+    ("converted.pt", UNILM[:2] + ["--pseudo-masks", "--arch", "unilm2_base", "--criterion", "unilm_cloze"]),
+    ("converted.pt", PMLM),
+    ("pmlm.pt", UNILM[:2] + ["--pseudo-masks", "--arch", "unilm2_base", "--criterion", "unilm_cloze"]),
+    ("unilm.pt", PMLM),
+    ("palm.pt", PALM),
+])
+def test_a_checkpoint_of_the_same_family_fine_tunes_under_any_of_its_archs(family_checkpoints, checkpoint, arguments):
+    args = parse_training(*arguments, "--finetune-from-model", family_checkpoints / checkpoint)
+    assert args.encoder_layers in (1, 2)  # the checkpoint's sizes, adopted
+
+
+# ------------------------------------------------------------------------------------------- fairseq under numpy 2
+def test_translation_batches_in_length_buckets():
+    """fairseq-train --task translation --num-batch-buckets N: fairseq 0.12 read ``np.compat.long`` and
+    ``np.percentile(interpolation=)``, which numpy 2 lacks (:mod:`palm_plugin.fixes.numpy_compat`); pmlm's
+    ``--sample-break-mode eos`` is in tests/test_pmlm_task.py."""
+    import palm_plugin  # noqa: F401
+    from fairseq.data import Dictionary, LanguagePairDataset
+
+    dictionary = Dictionary()
+    word = dictionary.add_symbol("w")
+    sentences = [torch.tensor([word] * n + [dictionary.eos()]) for n in (1, 2, 3, 5, 8, 13)]
+    sizes = np.array([len(s) for s in sentences])
+    dataset = LanguagePairDataset(sentences, sizes, dictionary, sentences, sizes, dictionary, num_buckets=2)
+    assert dataset.src.buckets.tolist() == [4, 14]  # the sizes at the 50th and 100th percentiles, the lower one
+    assert dataset.bucketed_num_tokens.tolist() == [4, 4, 4, 14, 14, 14]
+    batch = dataset.collater([dataset[i] for i in range(3)])
+    assert batch["net_input"]["src_tokens"].shape == (3, 4)  # padded to the bucket

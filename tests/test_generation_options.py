@@ -168,6 +168,45 @@ def test_ignore_without_blocking_or_unknown_symbol_is_refused():
         decode(CYCLE, beam=1, no_repeat_ngram_size=3, no_repeat_ngram_ignore=".|zz")
 
 
+class _SourceDecoder(_Decoder):
+    """Next-token log-probabilities depend on the source's first token and the previous token (a random table)."""
+
+    def __init__(self, d, seed):
+        FairseqIncrementalDecoder.__init__(self, d)
+        generator = torch.Generator().manual_seed(seed)
+        self.log_table = torch.randn(len(d), len(d), len(d), generator=generator).mul(2).log_softmax(-1)
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
+        first = encoder_out["src_tokens"][0][:, 0]
+        return self.log_table[first, prev_output_tokens[:, -1]].unsqueeze(1), {"attn": None}
+
+
+def _diverse_decode(model, d, sources, ids):
+    args = GenerationConfig()
+    args.beam, args.diverse_beam_groups, args.diverse_beam_strength, args.max_len_b = 4, 2, 2.0, 6
+    generator = ToyTask(d).build_generator([model], args)
+    sample = {"id": torch.tensor(ids), "net_input": {
+        "src_tokens": torch.tensor([[d.index(w), d.eos()] for w in sources]),
+        "src_lengths": torch.tensor([2] * len(sources))}}
+    return [[(h["tokens"].tolist(), round(float(h["score"]), 5)) for h in hypos]
+            for hypos in generator.generate([model], sample)]
+
+
+@pytest.mark.parametrize("ids", [[7, 3, 11, 5], [2, 0, 3, 1]], ids=["ids-past-the-batch", "ids-permuted"])
+def test_diverse_beam_search_of_a_batch_is_that_of_each_sentence_alone(ids):
+    """fairseq's DiverseBeamSearch indexed its per-batch diversity counts with the sample ids: an IndexError for ids
+    past the batch size, another sentence's counts for ids in another order (palm_plugin/fixes/diverse_beam_rows.py)."""
+    d = Dictionary()
+    for word in [f"w{i}" for i in range(12)]:
+        d.add_symbol(word)
+    model = FairseqEncoderDecoderModel(_Encoder(d), _SourceDecoder(d, seed=3)).eval()
+    sources = ["w0", "w5", "w9", "w2"]
+    batch = _diverse_decode(model, d, sources, ids)
+    alone = [_diverse_decode(model, d, [source], [0])[0] for source in sources]
+    assert len({len(hypos[0][0]) for hypos in alone}) > 1  # sentences finish at different steps
+    assert batch == alone
+
+
 # ------------------------------------------------------------------------------------------- options no model meets
 PARSE_CASES = {
     # fairseq asserted it at the first batch (min_len cannot be larger than max_len), naming neither option
@@ -213,6 +252,52 @@ def test_generation_options_no_hypothesis_can_meet_stop_at_the_command_line(case
     assert stop.value.code == message
 
 
+MODEL_OVERRIDE_CASES = {
+    # fairseq's overwrite_args_by_name dropped them: the model decoded as if they had not been given
+    "typo": ("unilm", "{'decoding_grahp': True}",
+             "error: --model-overrides 'decoding_grahp': not an option of {path} (task unilm_seq2seq, model "
+             "UniLMModel), so fairseq would ignore it; did you mean 'decoding_graph'? leave it out, or check its name "
+             "(fairseq's options, with _ for -)"),
+    "another-model's-option": ("palm", "{'decoding_graph': True, 'dropout': 0.0}",
+                               "error: --model-overrides 'decoding_graph': not an option of {path} (task translation, "
+                               "model PalmModel), so fairseq would ignore it; leave it out, or check its name "
+                               "(fairseq's options, with _ for -)"),
+    "known": ("unilm", "{'decoding_graph': True, 'dropout': 0.0}", None),
+}
+
+
+@pytest.mark.parametrize("case", list(MODEL_OVERRIDE_CASES))
+def test_model_overrides_the_checkpoint_lacks_stop_the_command(tmp_path, case):
+    """fairseq-generate's loading of --path with --model-overrides, in-process (fairseq-interactive's is the same)."""
+    import ast
+
+    from fairseq import checkpoint_utils, options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from tests.conftest import USER_DIR, save_untrained_checkpoint
+
+    family, overrides, message = MODEL_OVERRIDE_CASES[case]
+    arguments = (["--task", "unilm_seq2seq", "--arch", "unilm_tiny", "--criterion", "unilm_cloze"] if family == "unilm"
+                 else ["--task", "translation", "-s", "src", "-t", "tgt", "--arch", "palm_tiny"])
+    save_untrained_checkpoint(tmp_path, "model.pt", arguments)
+    path = str(tmp_path / "model.pt")
+    args = options.parse_args_and_arch(options.get_generation_parser(), [
+        str(tmp_path), "--user-dir", str(USER_DIR), *arguments[:arguments.index("--arch")], "--path", path,
+        "--model-overrides", overrides])
+    task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+
+    def load():
+        return checkpoint_utils.load_model_ensemble([path], arg_overrides=ast.literal_eval(args.model_overrides),
+                                                    task=task)
+    if message is None:
+        models, cfg = load()
+        assert cfg.model.decoding_graph is True and cfg.model.dropout == 0.0
+        return
+    with pytest.raises(SystemExit) as stop:
+        load()
+    assert stop.value.code == message.format(path=path)
+
+
 ALIGNMENT_CASES = {
     "unilm": (["--task", "unilm_seq2seq", "--arch", "unilm_tiny", "--criterion", "unilm_cloze"],
               "--print-alignment: a UniLM model has no encoder-decoder attention to align with (source and target "
@@ -244,15 +329,23 @@ def test_print_alignment_is_refused_where_the_attention_is_no_alignment(tmp_path
     assert str(error.value) == message
 
 
-def test_a_split_that_is_not_there_names_the_splits_that_are(tmp_path):
-    """unilm_seq2seq's --gen-subset / --valid-subset of a split fairseq-preprocess did not write."""
+@pytest.mark.parametrize("task_name", ["unilm_seq2seq", "translation"])
+def test_a_split_that_is_not_there_names_the_splits_that_are(tmp_path, task_name):
+    """--gen-subset / --valid-subset of a split fairseq-preprocess did not write: unilm_seq2seq's, and fairseq's
+    translation (PALM), which said "Dataset not found: test (DATA)"."""
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
     from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
 
     for name in ("dict.src.txt", "dict.tgt.txt"):
         (tmp_path / name).write_text("w1 1\n")
     for split in ("train", "valid"):
-        (tmp_path / f"{split}.src-tgt.src.idx").write_bytes(b"")
-    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path)))
+        for suffix in ("idx", "bin"):
+            (tmp_path / f"{split}.src-tgt.src.{suffix}").write_bytes(b"")
+    if task_name == "unilm_seq2seq":
+        task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path)))
+    else:
+        task = TranslationTask.setup_task(TranslationConfig(data=str(tmp_path), source_lang="src", target_lang="tgt"))
     with pytest.raises(FileNotFoundError) as error:
         task.load_dataset("test")
     assert str(error.value) == (

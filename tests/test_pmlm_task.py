@@ -177,3 +177,13 @@ def test_epochs_cycle_through_colon_separated_shards(tmp_path):
         shards.append(str(tmp_path / f"s{index}"))
     read = [load_sentences(":".join(shards), "train", epoch, dictionary)[0][0].item() for epoch in range(1, 8)]
     assert read == [words[(epoch - 1) % 3] for epoch in range(1, 8)]
+
+
+def test_blocks_of_single_lines_batch(data_dir):
+    """--sample-break-mode eos: fairseq 0.12's TokenBlockDataset reads ``np.compat.long``, which numpy 2 removed
+    (AttributeError: module 'numpy' has no attribute 'compat'); the plugin provides it
+    (:mod:`palm_plugin.fixes.numpy_compat`)."""
+    task, dataset = load(data_dir, "ae_par", sample_break_mode="eos", tokens_per_sample=40)
+    assert len(dataset) == 48  # one block a line: 36 lines and the 12 blank lines between documents
+    batch = dataset.collater([dataset[i] for i in range(4)])
+    assert batch["net_input"]["src_tokens"].size(0) == 4 and batch["target"].ne(task.dictionary.pad()).any()

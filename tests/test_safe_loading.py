@@ -127,6 +127,28 @@ def test_truncated_file_names_the_file(tmp_path):
         load_state(path)
 
 
+def test_a_file_cut_in_its_first_64_kb_is_named_as_truncated(tmp_path):
+    """torch's zip reader raises OSError "[Errno 22] Invalid argument", with no filename, for such a file; it is a
+    truncated checkpoint like any other, while an OSError naming a file (a missing one) stays itself."""
+    from fairseq import checkpoint_utils
+
+    from palm_plugin.fixes.checkpoint_paths import CheckpointPathError, read_checkpoint
+
+    path = tmp_path / "checkpoint_cut.pt"
+    torch.save({"model": {"w": torch.zeros(100_000)}, "args": None}, path)
+    path.write_bytes(path.read_bytes()[:20_000])
+    message = f"{path}: cannot read this file as a torch checkpoint: it is truncated or corrupt"
+    with pytest.raises(CorruptCheckpointError, match="Copy it again") as raised:
+        load_state(path)
+    assert str(raised.value).startswith(message)
+    with pytest.raises(CorruptCheckpointError, match=re.escape(message)):  # the API's from_pretrained
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    with pytest.raises(CheckpointPathError, match=re.escape(message)):  # --path, --restore-file, ...
+        read_checkpoint(str(path), "--path")
+    with pytest.raises(FileNotFoundError, match="nosuch.pt"):
+        load_state(tmp_path / "nosuch.pt")
+
+
 @pytest.mark.slow
 def test_generate_names_a_truncated_checkpoint(trained, tmp_path, cli):
     data = (trained / "ck" / "checkpoint_last.pt").read_bytes()

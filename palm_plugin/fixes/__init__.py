@@ -18,9 +18,12 @@ from palm_plugin.fixes import (
     cudnn_attention,
     data_checks,
     distributed,
+    diverse_beam_rows,
     ema_integer_state,
     generation_options,
+    model_overrides,
     ngram_repeat_block,
+    numpy_compat,
     option_help,
     option_ranges,
     quiet_warnings,
@@ -34,6 +37,8 @@ FIXES = (
     (safe_loading, "torch >= 2.6 weights-only loading refuses fairseq checkpoints; allow-list their types"),
     (checkpoint_copy, "checkpoint_last.pt / checkpoint_best.pt copied non-atomically: a killed run truncates them"),
     (data_checks, "an empty, cut-short or all-too-long split fails inside numpy or batch_by_size"),
+    (numpy_compat, "fairseq 0.12 reads np.compat.long and np.percentile(interpolation=), which numpy 2 lacks: "
+                   "--sample-break-mode eos and --num-batch-buckets fail at loading the data"),
     (ema_integer_state, "--store-ema stops at its first step on a model with an integer buffer"),
     (batch_remainder, "--required-batch-size-multiple drops the last batch (fairseq #5036)"),
     (option_help, "--help lists no task, model or criterion options"),
@@ -54,6 +59,9 @@ FIXES = (
                       "length-bucketed batches change shape every update"),
     (compiled_decoder_layers, "--compile-layers compiles each decoder layer apart (the incremental-state id), and "
                               "none past torch's recompile limit of 8"),
+    (model_overrides, "--model-overrides keys the checkpoint's configuration lacks (a typo) are dropped silently"),
+    (diverse_beam_rows, "--diverse-beam-groups reads its counts by sample id as a batch row: another sentence's "
+                        "counts, or an IndexError (fairseq #5069's cumulative diversity)"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),

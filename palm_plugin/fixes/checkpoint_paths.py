@@ -12,6 +12,9 @@ plugin is imported), and after parsing:
 
 * checks each checkpoint path given and stops with what to do as the last line of output: a directory (name the
   checkpoint file in it; an HF directory: convert it with ``palm-convert``), a missing file, an HF weights file;
+* stops when ``--finetune-from-model`` is a checkpoint of the other family (a UniLM one under a ``palm_*`` arch, a
+  PALM one under ``unilm_*``), where fairseq failed at loading with "ensure that the architectures match", and says
+  which archs take it (or ``--roberta-path``, which starts PALM's encoder from a BERT-family checkpoint);
 * for ``--finetune-from-model`` (and ``--path``: the task's fields only) of a checkpoint of the same model, adopts
   the checkpoint's sizes (:data:`SIZES`) and the task's segment ids and layout (:data:`TASK_FIELDS`: a checkpoint
   fine-tuned with ``--pseudo-masks`` decodes with it; after ``pmlm``, its S1 / S2 segments 0 / 1) that the command
@@ -170,7 +173,9 @@ def check(args, arguments):
     """Check the checkpoint paths of a parsed fairseq command line; adopt what a fine-tuned checkpoint fixes."""
     finetune = getattr(args, "finetune_from_model", None)
     if finetune:
-        adopt(args, arguments, read_checkpoint(finetune, "--finetune-from-model"), finetune)
+        state = read_checkpoint(finetune, "--finetune-from-model")
+        check_model_family(args, state, finetune)
+        adopt(args, arguments, state, finetune)
     roberta = getattr(args, "roberta_path", None)
     if roberta and os.path.isfile(roberta) and not _given(arguments, "layer_norm_eps"):
         state = read_checkpoint(roberta, "--roberta-path")
@@ -188,6 +193,34 @@ def check(args, arguments):
             check_decoding_task(args, state, path)
             if index == 0:
                 adopt(args, arguments, state, path, sizes=False)
+
+
+def check_model_family(args, state, path):
+    """Stop when ``--finetune-from-model`` is a checkpoint of another model than ``--arch``'s and one of them is the
+    plugin's (fairseq failed at loading, "please ensure that the architectures match", after a traceback). Models of
+    fairseq's own are left to fairseq: some load each other's checkpoints (transformer_align a transformer's)."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
+
+    def family(name):
+        return ARCH_MODEL_NAME_REGISTRY.get(name) or (name if name in MODEL_REGISTRY else None)
+
+    model_cfg = _config(state, "model")
+    arch, ours = model_cfg.get("_name") or model_cfg.get("arch"), getattr(args, "arch", None)
+    theirs, mine = family(arch), family(ours)
+    # DECODING_TASK's keys are the plugin's two families
+    if theirs is None or mine is None or theirs == mine or not {theirs, mine} & set(DECODING_TASK):
+        return
+    archs = [a for a, m in ARCH_MODEL_NAME_REGISTRY.items() if m == theirs]
+    hint = ""
+    # --roberta-path starts PALM's encoder from a RoBERTa or BERT-family checkpoint; UniLMv2's relative position
+    # bias has no place in it (palm_roberta_init)
+    if mine == "palm" and (theirs == "roberta" or theirs == "unilm" and
+                           "encoder.stack.relative_position.weight" not in state["model"]):
+        kind = "RoBERTa" if theirs == "roberta" else "BERT-family or UniLM v1"
+        hint = f"; to start PALM's encoder from a {kind} checkpoint, pass it as --roberta-path"
+    raise CheckpointPathError(
+        f"--finetune-from-model {path} is a {theirs} model (--arch {arch}), and --arch {ours} is a {mine} model: "
+        f"give a {theirs} arch ({', '.join(archs)}){hint}")
 
 
 def check_decoding_task(args, state, path):

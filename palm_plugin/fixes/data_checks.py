@@ -6,13 +6,17 @@ fairseq reads a split's ``.idx`` / ``.bin`` pair without checking it, and fails 
 - a ``.bin`` cut short (a copy or a download interrupted): "buffer is smaller than requested size" when the first
   example past the end is read, or a broken ``.idx``: an AssertionError or a struct error;
 - a split none of whose examples fit the model's positions: fairseq's training iterator drops the examples it
-  cannot take (with a warning) and then fails on an empty list in ``batch_by_size`` (IndexError).
-:func:`install` checks the pair when a dataset is opened, makes the destructors safe, and names the split and the
-options when every example is dropped. And a ``fairseq-interactive`` line that is empty or has no symbol of the
+  cannot take (with a warning) and then fails on an empty list in ``batch_by_size`` (IndexError);
+- a split that is not there (``--gen-subset nosuch``): ``translation``'s "Dataset not found: nosuch (DATA)" says
+  neither which splits there are nor what to do.
+:func:`install` checks the pair when a dataset is opened, makes the destructors safe, names the split and the
+options when every example is dropped, and names the splits there are when one is missing (:func:`missing_split`,
+which ``unilm_seq2seq`` raises too). And a ``fairseq-interactive`` line that is empty or has no symbol of the
 dictionary, which every model answers without a word, is warned about
 (:func:`palm_plugin.modules.dictionary_check.warn_if_unknown`), and so is one the task cuts to its source length
 (:func:`warn_if_truncated`).
 """
+import functools
 import os
 import struct
 
@@ -45,6 +49,36 @@ def check_split(path):
     if actual < needed:
         raise BinarizedDataError(f"{data_path}: {actual:,} bytes, but its index {index_path} needs {needed:,}: the "
                                  f"file was cut short (an interrupted copy or download?); {again}")
+
+
+def missing_split(data, split, source, target):
+    """The ``FileNotFoundError`` of a ``split`` of language pair ``source``-``target`` that ``data`` does not hold: it
+    names the splits fairseq-preprocess wrote there (either direction of the pair) and what to do."""
+    suffixes = (f".{source}-{target}.{source}.idx", f".{target}-{source}.{source}.idx")
+    found = sorted({name[: -len(suffix)] for name in (os.listdir(data) if os.path.isdir(data) else [])
+                    for suffix in suffixes if name.endswith(suffix)})
+    return FileNotFoundError(
+        f"{os.path.join(data, f'{split}.{source}-{target}.{source}')}.idx: dataset not found (fairseq-preprocess "
+        f"output); " + (f"{data} holds {', '.join(found)}: give one of those splits (--gen-subset, --valid-subset), "
+                        f"or " if found else "")
+        + f"binarize '{split}' into {data} with fairseq-preprocess"
+    )
+
+
+def _name_the_splits_there(load_langpair_dataset):
+    """Wrap ``translation``'s loader (PALM's task) so that a missing split raises :func:`missing_split`."""
+
+    @functools.wraps(load_langpair_dataset)
+    def load(data_path, split, src, src_dict, tgt, *args, **kwargs):
+        try:
+            return load_langpair_dataset(data_path, split, src, src_dict, tgt, *args, **kwargs)
+        except FileNotFoundError as error:
+            if not str(error).startswith("Dataset not found:"):
+                raise
+            raise missing_split(data_path, split, src, tgt) from None
+
+    load.__palm_plugin__ = True
+    return load
 
 
 def _safe_destructor(cls):
@@ -109,10 +143,13 @@ def _warn_on_unknown_lines(get_interactive_tokens_and_lengths):
 
 
 def install():
-    """Patch fairseq's MMapIndexedDataset, FairseqTask.filter_indices_by_size and
-    FairseqTask.get_interactive_tokens_and_lengths (idempotent)."""
+    """Patch fairseq's MMapIndexedDataset, FairseqTask.filter_indices_by_size,
+    FairseqTask.get_interactive_tokens_and_lengths and translation's load_langpair_dataset (idempotent)."""
     from fairseq.data.indexed_dataset import MMapIndexedDataset
-    from fairseq.tasks import FairseqTask
+    from fairseq.tasks import FairseqTask, translation
+
+    if not getattr(translation.load_langpair_dataset, "__palm_plugin__", False):
+        translation.load_langpair_dataset = _name_the_splits_there(translation.load_langpair_dataset)
 
     do_init = MMapIndexedDataset._do_init
     if getattr(do_init, "__palm_plugin__", False):

@@ -160,12 +160,15 @@ def load_state(path):
     Used by the plugin's own readers (``--roberta-path``, checkpoint converters) so that every file a user hands
     us goes through the same restricted unpickler. Raises :class:`UnsafeCheckpointError` for a pickle that
     references anything but tensors and fairseq's configuration types, :class:`CorruptCheckpointError` for a file
-    torch cannot parse, and ``FileNotFoundError`` for a missing one.
+    torch cannot parse (truncated ones included), and the ``OSError`` of a missing or unreadable one.
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except OSError:
-        raise  # missing or unreadable: the OS error names the file already
+    except OSError as error:
+        if error.filename is not None:
+            raise  # missing or unreadable: the OS error names the file already
+        # torch's zip reader raises "[Errno 22] Invalid argument", naming no file, for a file cut in its first ~64 KB
+        raise CorruptCheckpointError(_corruption_message(path, error)) from error
     except pickle.UnpicklingError as error:
         # a pickle that names a class or function torch does not allow; any other refusal is of bytes that are no
         # pickle at all ("Unsupported operand"): a corrupt file, not a dangerous one

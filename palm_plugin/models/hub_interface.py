@@ -16,7 +16,6 @@ batching by length (``max_tokens`` / ``batch_size``) and beam search are fairseq
 ``score`` uses the task's ``--score-reference`` scorer: fairseq's ``SequenceScorer`` for PALM (``translation``
 task), the one-pass reference scorer for UniLM (``unilm_seq2seq``).
 """
-import argparse
 import copy
 import difflib
 import math
@@ -27,9 +26,10 @@ import torch
 from fairseq import hub_utils, utils
 from fairseq.data import BaseWrapperDataset, data_utils
 from fairseq.tasks import FairseqTask
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 
 from palm_plugin.fixes.data_checks import warn_if_truncated
+from palm_plugin.fixes.model_overrides import option_names
 from palm_plugin.modules.dictionary_check import warn_if_unknown
 
 
@@ -83,7 +83,7 @@ def from_pretrained(
             f"{missing}: no such dictionary; from_pretrained reads the dictionaries from data_name_or_path ({data}"
             f"{', by default the checkpoint folder' if data_name_or_path == '.' else ''}): give the fairseq-preprocess "
             f"output the checkpoint was trained with, or copy its dict.*.txt there") from None
-    unknown = sorted(overrides - _option_names(loaded["args"]) - {"generation_args", "archive_map"})
+    unknown = sorted(overrides - option_names(loaded["args"]) - {"generation_args", "archive_map"})
     if unknown:
         # fairseq overrides only the options the checkpoint's configuration has, and drops the others silently
         path = os.path.join(model_name_or_path, checkpoint_file)
@@ -105,18 +105,6 @@ def _path(value, name):
     if isinstance(value, (str, os.PathLike)):
         return os.fspath(value)
     raise TypeError(f"from_pretrained: {name} is a {type(value).__name__}; give a path (a str or a pathlib.Path)")
-
-
-def _option_names(cfg) -> set:
-    """Every option name of a loaded configuration, at any depth (fairseq's groups; an old checkpoint's Namespace)."""
-    names, nodes = set(), [OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False)]
-    while nodes:
-        node = nodes.pop()
-        node = vars(node) if isinstance(node, argparse.Namespace) else node
-        if isinstance(node, dict):
-            names.update(node)
-            nodes.extend(node.values())
-    return names
 
 
 def _texts(values, name):

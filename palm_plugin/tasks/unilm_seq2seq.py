@@ -33,6 +33,7 @@ from palm_plugin.data.pseudo_seq2seq_dataset import NOISE_SCHEMES, PseudoSeq2Seq
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+from palm_plugin.fixes.data_checks import missing_split
 from palm_plugin.models.unilm_reference_scorer import UniLMReferenceScorer
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
@@ -130,15 +131,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
             prefix = os.path.join(data, f"{split}.{pair}.")
             if os.path.exists(prefix + f"{src}.idx"):
                 return prefix
-        suffix = f".{src}-{tgt}.{src}.idx"
-        found = sorted(name[: -len(suffix)] for name in os.listdir(data) if name.endswith(suffix)) if os.path.isdir(
-            data) else []
-        raise FileNotFoundError(
-            f"{os.path.join(data, f'{split}.{src}-{tgt}.{src}')}.idx: dataset not found (fairseq-preprocess output); "
-            + (f"{data} holds {', '.join(found)}: give one of those splits (--gen-subset, --valid-subset), or "
-               if found else "")
-            + f"binarize '{split}' into {data} with fairseq-preprocess"
-        )
+        raise missing_split(data, split, src, tgt)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         paths = utils.split_paths(self.cfg.data)
