@@ -1,5 +1,6 @@
 """Shared test helpers: paths, and real fairseq command-line processes with the plugin on their path."""
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,17 @@ def mutmut_stats_pass() -> bool:
     which functions each one calls, through trampolines that read a ContextVar, which torch.compile's fullgraph
     tracing cannot follow."""
     return os.environ.get("MUTANT_UNDER_TEST") == "stats"
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored():
+    """A tool's main run in this process (palm-experiments, palm-demo) installs SIGTERM / SIGHUP / SIGINT handlers;
+    left in place, the processes later tests fork (a multiprocessing pool) inherit them."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    yield
+    for signum, handler in saved.items():
+        if signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ WordPiece casing follows the vocabulary unless told otherwise (:func:`lower_case
 import json
 import multiprocessing
 import os
+import signal
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -107,6 +108,16 @@ def _init_worker(config):
     _encoder = build_encoder(config)
 
 
+def _start_worker(config):
+    """A pool worker: SIGTERM and SIGHUP end it, whatever handlers the parent had when it forked (the pool's
+    terminate sends SIGTERM to a worker waiting on the task queue's lock, which the pool holds by then; a Python
+    handler that does not exit, inherited from a host process, left that worker, and the parent joining it, waiting
+    forever)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    _init_worker(config)
+
+
 def _encode_line(line):
     """The encoded line, its words and how many of its pieces are [UNK]."""
     encoded = _encoder.encode(line.rstrip("\n"))
@@ -128,7 +139,7 @@ def encode_files(config, inputs, outputs, workers=1):
         seen[os.path.realpath(path)] = f"output {path}"
     counts = []
     _init_worker(config)
-    with multiprocessing.Pool(workers, _init_worker, (config,)) if workers > 1 else _Serial() as pool:
+    with multiprocessing.Pool(workers, _start_worker, (config,)) if workers > 1 else _Serial() as pool:
         for source, target in zip(inputs, outputs):
             try:
                 with open(source, encoding="utf-8-sig") as f, atomic_open(target) as out:  # -sig: no BOM piece
