@@ -25,6 +25,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from palm_plugin.errors import CommandError
 from palm_plugin.fixes.ngram_repeat_block import PrefixNGramRepeatBlock
+from palm_plugin.fixes.option_ranges import option_flag
 from palm_plugin.fixes.parsed_arguments import check_after_parsing
 
 logger = logging.getLogger(__name__)
@@ -84,11 +85,7 @@ class GenerationOptionError(CommandError):
     """Generation options that no hypothesis can satisfy."""
 
 
-def _flag(name, value):
-    return f"--{name.replace('_', '-')} {value}"
-
-
-def length_problem(args, named=_flag):
+def length_problem(args, named=option_flag):
     """``--min-len`` above the longest output ``--max-len-b`` allows when ``--max-len-a`` is 0 (the default), or None.
     fairseq asserts it at the first batch (``min_len cannot be larger than max_len``), naming neither option.
     ``named(name, value)`` writes an option as the user gave it (``--min-len 5``, or ``min_len=5`` in Python)."""

@@ -67,11 +67,12 @@ def _interval(low, low_in, high, high_in):
     return f"{'[' if low_in else '('}{end(low)}, {end(high)}{']' if high_in else ')'}"
 
 
-def _flag(name, value):
+def option_flag(name, value):
+    """An option as a command line writes it: ``--min-len 5``."""
     return f"--{name.replace('_', '-')} {value}"
 
 
-def problem(args, named=_flag):
+def problem(args, named=option_flag):
     """What is out of range in ``args`` (the first option found; lists such as ``--update-freq`` entry by entry),
     or None. ``named(name, value)`` writes an option as the user gave it (``--beam 0``, or ``beam=0`` in Python)."""
     for name, (low, low_in, high, high_in, meaning) in RANGES.items():
