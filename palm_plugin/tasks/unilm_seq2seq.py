@@ -220,6 +220,8 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         if not min_len or getattr(generator, "match_source_len", False):
             return
         positions = min(model.max_positions() for model in models)
+        if min_len <= positions - 1 - src_tokens.size(1):  # room even for the padded width: no host sync a batch
+            return
         longest = int(src_tokens.ne(self.dictionary.pad()).sum(1).max())
         room = positions - 1 - longest
         if min_len > room:
