@@ -291,6 +291,17 @@ API_CASES = {
                                    "--min-len 510: the longest source of this batch takes 4 of the model's 512 "
                                    "positions, which leaves room for 507 tokens before </s>; give --min-len 507 or "
                                    "less, or shorter sources (--max-source-positions)"),
+    # fairseq's AssertionError again: with --match-source-len the longest output is the batch's longest source
+    "min-len-above-the-source": (lambda hub, root: hub.generate(["w1 w2", "w3"], match_source_len=True, min_len=4),
+                                 ValueError,
+                                 "--min-len 4 with --match-source-len: the longest source of this batch counts 3 "
+                                 "tokens (with its </s>, as fairseq counts), the longest a hypothesis may be; give "
+                                 "--min-len 3 or less, or leave out --match-source-len"),
+    "min-len-above-max-len-a": (lambda hub, root: hub.generate(["w1 w2", "w3"], min_len=9, max_len_a=1, max_len_b=2),
+                                ValueError,
+                                "--min-len 9 is above --max-len-a 1 x 4 (this batch's source width) + --max-len-b 2 = "
+                                "6, the longest output of this batch; raise --max-len-a or --max-len-b, or give "
+                                "--min-len 6 or less"),
     # AttributeError: 'NoneType' object has no attribute 'device'
     "generate-score-reference": (lambda hub, root: hub.generate("w1", score_reference=True), ValueError,
                                  "generate: score_reference=True reads references, which generate has none of; score "
@@ -340,3 +351,25 @@ def test_generate_with_nbest_gives_that_many_hypotheses_of_each_input(untrained)
     assert [hypotheses[0] for hypotheses in three] == best
     assert hub.generate("w1 w2", beam=2, nbest=2, max_len_b=3) == hub.generate(["w1 w2"], beam=2, nbest=2,
                                                                                 max_len_b=3)[0]
+
+
+def test_match_source_len_caps_unilm_hypotheses_as_fairseqs_translation_does(untrained, tmp_path):
+    """fairseq caps a hypothesis at its source's src_lengths, which count the source and its </s> in translation
+    (PALM's task); a UniLM source also holds [SOS], which gave UniLM one token more than PALM."""
+    from palm_plugin.models.palm import PalmModel
+
+    save_untrained_checkpoint(tmp_path, "model.pt", ["--task", "translation", "-s", "src", "-t", "tgt", "--arch",
+                                                     "palm_tiny"])
+    palm = PalmModel.from_pretrained(str(tmp_path), checkpoint_file="model.pt")
+    unilm, _ = untrained
+    for hub in (palm, unilm):
+        for words in (2, 5):
+            source = [hub.encode(" ".join(f"w{i}" for i in range(words)))]
+
+            def lengths(**options):  # tokens before </s> (an untrained PALM may write <s>, which text leaves out)
+                return [len(h["tokens"]) - 1 for h in hub.generate(source, match_source_len=True, **options)[0]]
+            # --min-len at the cap forces hypotheses of exactly that length; one more is refused
+            assert lengths(beam=2, min_len=words + 1) == [words + 1] * 2
+            with pytest.raises(ValueError, match=f"counts {words + 1} tokens"):
+                lengths(min_len=words + 2)
+            assert max(lengths(beam=4)) <= words + 1

@@ -11,8 +11,9 @@ and the hub interface's ``generate(..., lenpen_style="gnmt")`` accept them; the 
 apply them to the ``SequenceGenerator`` it builds, for fairseq's own tasks (PALM decodes with ``translation``) and the
 plugin's alike. It also refuses, with what to do, the generation options that fairseq would run into an assertion or a
 traceback in the middle of decoding, or ignore: a ``--min-len`` above ``--max-len-b`` (:func:`length_problem`) and
-fairseq-interactive's ``--score-reference`` or ``--prefix-size`` when the command line is parsed, and
-``--print-alignment`` on models whose attention is no alignment to the source.
+fairseq-interactive's ``--score-reference`` or ``--prefix-size`` when the command line is parsed,
+``--print-alignment`` on models whose attention is no alignment to the source, and at each batch a ``--min-len`` above
+that batch's longest output (:func:`batch_length_problem`).
 """
 import dataclasses
 import logging
@@ -134,6 +135,36 @@ def _check_alignment(models):
                              "--print-alignment (a PALM trained with --no-source-bos prints them)")
 
 
+def batch_length_problem(generator, net_input):
+    """Why no hypothesis of this batch can reach ``--min-len``, or None. fairseq asserts ``min_len <= max_len`` at the
+    start of each batch (``min_len cannot be larger than max_len``, naming no option), where the longest output
+    depends on the batch: its longest source with ``--match-source-len``, else ``--max-len-a`` x the padded source
+    width + ``--max-len-b``, capped one below the model's decoder positions."""
+    tokens, low = net_input.get("src_tokens"), generator.min_len
+    if tokens is None:
+        return None
+    if generator.match_source_len:
+        lengths = net_input.get("src_lengths")
+        if lengths is None:
+            lengths = (tokens.ne(generator.eos) & tokens.ne(generator.pad)).sum(1)
+        longest = int(lengths.max())
+        if low > longest:
+            return (f"--min-len {low} with --match-source-len: the longest source of this batch counts {longest} "
+                    f"tokens (with its </s>, as fairseq counts), the longest a hypothesis may be; give --min-len "
+                    f"{longest} or less, or leave out --match-source-len")
+        return None
+    a, b, width = generator.max_len_a, generator.max_len_b, tokens.size(1)
+    limit, cap = int(a * width + b), generator.max_len - 1
+    if low <= min(limit, cap):
+        return None
+    if limit <= cap:
+        return (f"--min-len {low} is above --max-len-a {a} x {width} (this batch's source width) + --max-len-b {b} "
+                f"= {limit}, the longest output of this batch; raise --max-len-a or --max-len-b, or give --min-len "
+                f"{limit} or less")
+    return (f"--min-len {low} is above {cap}, the longest output the model's {generator.max_len} decoder positions "
+            f"allow; give --min-len {cap} or less")
+
+
 def _apply(generator, args, dictionary) -> None:
     """Configure ``generator`` (built by fairseq from the generation options ``args``) with the plugin's options."""
     from fairseq.sequence_generator import SequenceGenerator
@@ -206,6 +237,15 @@ def install():
         finally:
             self.len_penalty = alpha
 
+    generate = SequenceGenerator._generate
+
+    def generate_within_lengths(self, sample, *rest, **kwargs):
+        message = batch_length_problem(self, sample["net_input"])
+        if message:
+            raise ValueError(message)
+        return generate(self, sample, *rest, **kwargs)
+
     build_generator_with_options.__palm_plugin__ = True
     FairseqTask.build_generator = build_generator_with_options
     SequenceGenerator.finalize_hypos = finalize_hypos_with_gnmt
+    SequenceGenerator._generate = generate_within_lengths

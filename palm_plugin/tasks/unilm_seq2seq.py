@@ -211,6 +211,11 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
             net_input["target_segment"] = torch.full(
                 (src_tokens.size(0),), self.cfg.target_segment, dtype=torch.long, device=src_tokens.device
             )
+        if getattr(generator, "match_source_len", False):
+            # fairseq's generator caps each hypothesis at its src_lengths, which count the source and its </s> in
+            # fairseq's translation task; [SOS] would add one more (the model reads no src_lengths)
+            sample = {**sample, "net_input": {**net_input, "src_lengths": net_input["src_tokens"].ne(
+                self.dictionary.pad()).sum(1) - 1}}
         return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
 
     def _check_room_for_min_len(self, generator, models, src_tokens):
