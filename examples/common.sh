@@ -282,12 +282,58 @@ score() {
   done
 }
 
-main() {
-  [[ "$SMOKE" == 1 ]] && smoke_overrides
-  eval "$FROM_ENVIRONMENT"
-  mkdir -p "$WORK"
-  local stage
+# ------------------------------------------------------------------------------------------ checks, then the stages
+# Bad settings stop the recipe with one line that says what to give, before a stage runs: bash would otherwise read
+# a word as 0 in its arithmetic (TOTAL_BATCH=abc: a division by zero; EPOCHS=abc: --max-update 0, no limit at all).
+check_settings() {  # check_settings NAME...: each named setting that is set is a whole number of 1 or more
+  case "$MODEL" in palm | unilm | unilm2) ;; *) die "MODEL=$MODEL: choose palm, unilm or unilm2" ;; esac
+  [[ "$NGPUS" =~ ^[0-9]+$ ]] || die "NGPUS=$NGPUS: give the number of GPUs to train on (0: the CPU)"
+  [[ -z "${WARMUP_RATIO:-}" || "$WARMUP_RATIO" =~ ^(0|1|0?\.[0-9]+)$ ]] ||
+    die "WARMUP_RATIO=$WARMUP_RATIO: give the share of the updates that warm up, from 0 to 1 (e.g. 0.02)"
+  local name
+  for name in "$@"; do
+    [[ -z "${!name:-}" || "${!name}" =~ ^[1-9][0-9]*$ ]] || die "$name=${!name}: give a whole number of 1 or more"
+  done
+}
+
+# stage_inputs STAGE: lines "WRITER FILE", the files STAGE reads and the stage that writes each (a recipe with other
+# stages defines its own)
+stage_inputs() {
+  local split side
+  case "$1" in
+    tokenize | binarize)
+      local folder=raw writer=convert
+      [[ "$1" == binarize ]] && { folder=tok; writer=tokenize; }
+      for split in train valid test; do
+        for side in src tgt; do echo "$writer $WORK/$folder/$split.$side"; done
+      done ;;
+    train) echo "convert $WORK/raw/train.src"; echo "binarize $WORK/bin/dict.src.txt" ;;
+    decode) echo "binarize $WORK/bin/dict.src.txt"; echo "train $WORK/checkpoints/$CHECKPOINT" ;;
+    score) echo "decode $WORK/gen/test.out"; [[ "$METRICS" == ppl ]] || echo "convert $WORK/raw/test.tgt" ;;
+  esac
+}
+
+stages_between() {  # stages_between FIRST LAST "STAGES": the stages from FIRST to LAST
+  local stage on=0 between=()
+  for stage in $3; do
+    [[ "$stage" == "$1" ]] && on=1
+    (( on )) && between+=("$stage")
+    [[ "$stage" == "$2" ]] && break
+  done
+  echo "${between[*]}"
+}
+
+# run_stages "THE RECIPE'S STAGES": the stages of $STAGES in their order, each once its inputs are there
+run_stages() {
+  local stage writer file
   for stage in $STAGES; do
+    [[ " $1 " == *" $stage "* ]] || die "STAGES: there is no stage '$stage'; the stages are: $1"
+  done
+  for stage in $STAGES; do
+    while read -r writer file; do
+      [[ -e "$file" ]] || die "stage $stage reads $file, which is not there: run the stage $writer first" \
+        "(STAGES=\"$(stages_between "$writer" "$stage" "$1")\"), with the same MODEL and ROOT"
+    done < <(stage_inputs "$stage")
     log "stage $stage"
     if [[ "$stage" == download && "$SMOKE" == 1 ]]; then
       "$PYTHON" "$EXAMPLES/smoke_data.py" "$BENCHMARK" "$DOWNLOAD"
@@ -295,4 +341,12 @@ main() {
       "$stage"
     fi
   done
+}
+
+main() {
+  [[ "$SMOKE" == 1 ]] && smoke_overrides
+  eval "$FROM_ENVIRONMENT"
+  check_settings TOTAL_BATCH BATCH_SIZE EPOCHS MAX_UPDATE
+  mkdir -p "$WORK"
+  run_stages "download convert tokenize binarize train decode score"
 }

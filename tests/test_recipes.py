@@ -71,6 +71,68 @@ def test_real_run_stops_with_what_to_do(tmp_path):
     assert f"unpack summary.tar.gz (https://github.com/harvardnlp/sent-summary) into {tmp_path}/download" in result.stderr
 
 
+# recipe, settings, the last line. Each was a bash error, a Python traceback, a download of the wrong model's data
+# or a silent change: MODEL=bert went on to download, STAGES=trian said "trian: command not found", binarize before
+# tokenize ended in fairseq-preprocess's FileNotFoundError, TOTAL_BATCH=0 in "division by 0", EPOCHS=abc trained with
+# --max-update 0 (no limit), WARMUP_RATIO=2% warmed up over 0 updates.
+RECIPE_ERRORS = {
+    "model": ("cnndm", {"MODEL": "bert"}, "[cnndm/bert] error: MODEL=bert: choose palm, unilm or unilm2"),
+    "stage-typo": ("xsum", {"STAGES": "download trian"},
+                   "[xsum/palm] error: STAGES: there is no stage 'trian'; the stages are: download convert tokenize "
+                   "binarize train decode score"),
+    "binarize-first": ("gigaword", {"STAGES": "binarize"},
+                       "[gigaword/palm] error: stage binarize reads {work}-full/tok/train.src, which is not there: run the "
+                       "stage tokenize first (STAGES=\"tokenize binarize\"), with the same MODEL and ROOT"),
+    "decode-first": ("coqa", {"STAGES": "decode score", "MODEL": "unilm2"},
+                     "[coqa/unilm2] error: stage decode reads {work}/bin/dict.src.txt, which is not there: run the "
+                     "stage binarize first (STAGES=\"binarize train decode\"), with the same MODEL and ROOT"),
+    "score-first": ("cornell", {"STAGES": "score"},
+                    "[cornell/palm] error: stage score reads {work}-full/gen/test.out, which is not there: run the stage "
+                    "decode first (STAGES=\"decode score\"), with the same MODEL and ROOT"),
+    "total-batch": ("squad_qg", {"TOTAL_BATCH": "0"}, "[squad_qg/palm] error: TOTAL_BATCH=0: give a whole number of 1 or more"),
+    "epochs": ("msmarco", {"EPOCHS": "abc", "SMOKE": "0"}, "[msmarco/palm] error: EPOCHS=abc: give a whole number of 1 or more"),
+    "gpus": ("cnndm", {"NGPUS": "two", "SMOKE": "0"},
+             "[cnndm/palm] error: NGPUS=two: give the number of GPUs to train on (0: the CPU)"),
+    "warmup": ("xsum", {"WARMUP_RATIO": "2%"},
+               "[xsum/palm] error: WARMUP_RATIO=2%: give the share of the updates that warm up, from 0 to 1 (e.g. 0.02)"),
+    "pretrain-stage": ("pretrain", {"STAGES": "train", "MODEL": "unilm2"},
+                       "[pretrain/unilm2] error: stage train reads {work}/bin/dict.txt, which is not there: run the "
+                       "stage binarize first (STAGES=\"binarize train\"), with the same MODEL and ROOT"),
+    "pretrain-batch": ("pretrain", {"BATCH_SIZE": "-8", "SMOKE": "0"}, "[pretrain/palm] error: BATCH_SIZE=-8: give a whole number of 1 or more"),
+}
+
+
+@pytest.mark.parametrize("case", list(RECIPE_ERRORS))
+def test_bad_settings_and_stages_out_of_order_stop_before_any_stage_with_what_to_do(tmp_path, case):
+    benchmark, settings, message = RECIPE_ERRORS[case]
+    env = dict(os.environ, PYTHONPATH=python_path(), SMOKE="1", ROOT=str(tmp_path), BIN=str(Path(sys.executable).parent),
+               PYTHON=sys.executable)
+    env.update(settings)
+    result = subprocess.run(["bash", str(REPO / "examples" / benchmark / "run.sh")], env=env, capture_output=True,
+                            text=True, timeout=60)
+    work = tmp_path / env.get("MODEL", "palm")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == message.format(work=work)
+    assert "stage" not in result.stderr.replace(message.format(work=work), "")  # no stage began
+    assert not (tmp_path / "download").exists()
+
+
+def test_a_stage_left_out_stops_the_recipe_at_the_stage_that_needs_it(tmp_path):
+    """The check runs before each stage, after those before it: the earlier stages' files are kept."""
+    env = dict(os.environ, PYTHONPATH=python_path(), SMOKE="1", ROOT=str(tmp_path), BIN=str(Path(sys.executable).parent),
+               PYTHON=sys.executable, OMP_NUM_THREADS="1", STAGES="download convert tokenize train")
+    result = subprocess.run(["bash", str(REPO / "examples" / "gigaword" / "run.sh")], env=env, capture_output=True,
+                            text=True, timeout=300)
+    work = tmp_path / "palm-full"
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"[gigaword/palm] error: stage train reads {work}/bin/dict.src.txt, which is not there: run the stage binarize "
+        f"first (STAGES=\"binarize train\"), with the same MODEL and ROOT")
+    assert [line for line in result.stderr.splitlines() if line.startswith("[gigaword/palm] stage")] == [
+        f"[gigaword/palm] stage {stage}" for stage in ("download", "convert", "tokenize")]
+    assert line_count(work / "tok" / "train.src") == line_count(work / "raw" / "train.src") > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("benchmark,model,variant,metrics", RECIPES)
 def test_smoke_recipe_end_to_end(tmp_path, benchmark, model, variant, metrics):

@@ -151,6 +151,14 @@ train() {
   esac
 }
 
+stage_inputs() {  # as in common.sh, for these stages
+  case "$1" in
+    tokenize) echo "sentences $WORK/raw/train.txt"; echo "sentences $WORK/raw/valid.txt" ;;
+    binarize) echo "tokenize $WORK/tok/train.txt"; echo "tokenize $WORK/tok/valid.txt" ;;
+    train) echo "binarize $WORK/bin/dict.txt" ;;
+  esac
+}
+
 # ------------------------------------------------------------------------------------------------------------ main
 SAVE_INTERVAL="${SAVE_INTERVAL:-5000}"  # OURS: a checkpoint_last.pt every 5000 updates to resume from
 [[ "$SMOKE" == 1 ]] && smoke_overrides
@@ -158,8 +166,6 @@ SAVE_INTERVAL="${SAVE_INTERVAL:-5000}"  # OURS: a checkpoint_last.pt every 5000 
 [[ "$SMOKE" == 1 ]] && { AE_UPDATES=2; MAX_UPDATE=2; WARMUP=0; MAX_SOURCE=48; MAX_TARGET=16; TOKENS_PER_SAMPLE=64
                          SAVE_INTERVAL=1; }
 eval "$FROM_ENVIRONMENT"
+check_settings TOTAL_BATCH BATCH_SIZE MAX_UPDATE
 mkdir -p "$WORK"
-for stage in $STAGES; do
-  log "stage $stage"
-  "$stage"
-done
+run_stages "sentences tokenize binarize train"
