@@ -264,13 +264,16 @@ def test_next_speed_card_call_profiles_what_the_last_card_left_open():
     assert "::test_relative_bias_gradient_on_cuda_equals_float64_reference" in selected
     assert "::test_attention_with_boolean_masks_on_cuda_equals_float64_reference" in selected
     assert "::test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory[dtype1-0.01]" in selected
+    assert "::test_multi_tensor_optimizer_on_cuda_updates_as_fairseqs_loops_in_fewer_launches" in selected
     args = benchmark.parse_args(shlex.split(command) + ["--plan-only"])
     assert args.device == "cuda" and args.profile_levers == ["flex", "compile"] and args.profile_dir
     _, levers, estimate, _ = benchmark.plan(args)
-    # PALM's first, so that the time budget cannot cut them: the rebuilt copy kernels and the copy's cost when compiled
-    assert levers.startswith("levers: palm: triton_copy, compile, all; palm_nocopy: compile, all; ")
+    # PALM's first, so that the time budget cannot cut them: the rebuilt copy kernels and the copy's cost when compiled;
+    # in each configuration first, fairseq's loops that the multi-tensor optimizer fix replaces (no compiling: seconds)
+    assert levers.startswith("levers: palm: fairseq_loops, triton_copy, compile, all; palm_nocopy: fairseq_loops, "
+                             "compile, all; ")
     for config in ("pmlm_ae_par", "unilm_pretraining"):
-        assert f"{config}: no_attention_dropout, flex, compile, all" in levers
+        assert f"{config}: fairseq_loops, no_attention_dropout, flex, compile, all" in levers
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)
 
 

@@ -332,6 +332,44 @@ def test_fused_adamw_on_cuda_equals_the_for_loop(tmp_path):
         torch.testing.assert_close(fused[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
+class KernelLaunches(torch.profiler.profile):
+    """The CUDA kernels launched inside the block."""
+
+    def __init__(self):
+        super().__init__(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+
+    @property
+    def count(self):
+        return sum(e.count for e in self.key_averages() if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
+                                                                      "cuLaunchKernelEx", "cudaLaunchKernelExC"))
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["fp16", "bf16"], ids=["flat master copy (--fp16)", "per parameter (--bf16)"])
+def test_multi_tensor_optimizer_on_cuda_updates_as_fairseqs_loops_in_fewer_launches(tmp_path, precision):
+    """palm_plugin/fixes/multi_tensor_optimizer.py on CUDA: three clipped updates give the weights of fairseq's loops
+    (the norms to float32 rounding: the multi-tensor reduction sums in another order), in fewer kernel launches than
+    one a parameter."""
+    from palm_tools.bench.data import SyntheticCorpus
+    from tests.test_multi_tensor_optimizer import train
+    from tests.test_speed_options import built_with
+
+    corpus = SyntheticCorpus(str(tmp_path), 300)
+    built, batch = built_with(corpus, "unilm_seq2seq", precision=precision, device=CUDA)
+    initial = {name: value.clone() for name, value in built.model.state_dict().items()}
+    runs = {}
+    for loops in (True, False):
+        built.model.load_state_dict(initial)
+        runs[loops] = train(built, [batch, batch], loops, recorder=KernelLaunches)
+    (norms, masters, weights, loop_launches), (fix_norms, fix_masters, fix_weights, fix_launches) = runs[True], runs[
+        False]
+    torch.testing.assert_close(torch.stack(fix_norms), torch.stack(norms), rtol=1e-5, atol=0)
+    for ours, theirs in zip(fix_masters + fix_weights, masters + weights):
+        torch.testing.assert_close(ours, theirs)  # torch's tolerances of the dtype: a half-precision weight may round
+        # the other way
+    assert fix_launches.count + len(weights) < loop_launches.count, (fix_launches.count, loop_launches.count)
+
+
 # ----------------------------------------------------------------------------------------------- (f) copy layer, Triton
 @needs_cuda
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])

@@ -13,7 +13,8 @@ with ``--memory-limit-mb`` treats a warm-up peak above the limit as out-of-memor
 **Levers** (``--levers``, :data:`LEVERS`): at ``--lever-length`` and ``--lever-sequences``, each configuration is
 measured plain and with each lever that applies to it, one model at a time, side by side (the ratio in the report
 is to that plain row). Each lever is a command-line option of the plugin (or, for fairseq's baselines, the same
-thing done by the benchmark), off by default.
+thing done by the benchmark), off by default; ``fairseq_loops`` is the other way round: fairseq's own loops, which the
+plugin replaces.
 
 Rows go to ``result["sweep"]``; the record is saved after each row. ``--time-budget-min`` (counted from the start of
 the run, decoding included) skips the rows not started when it is spent (recorded as skipped), so that a card run
@@ -27,6 +28,7 @@ from typing import Callable, Dict, Optional
 import torch
 from fairseq.data import iterators
 
+from palm_plugin.fixes.multi_tensor_optimizer import use_fairseq_loops
 from palm_plugin.modules.compiled_layers import compile_layers
 from palm_tools.bench.models import TRAIN_SPECS, build, prepare_sample
 from palm_tools.bench.runlog import free_device_memory, log, record_failure, short_error, wanted
@@ -101,6 +103,9 @@ def _syncs_args(spec):
 
 
 LEVERS = {
+    "fairseq_loops": Lever("fairseq_loops", "fairseq's per-parameter loops in the mixed-precision master copy and the "
+                           "gradient norm (the baseline of palm_plugin/fixes/multi_tensor_optimizer.py)",
+                           after_build=lambda built: use_fairseq_loops(built.optimizer)),
     "torch_adamw": Lever("torch_adamw", "--optimizer torch_adamw (fused AdamW)",
                          args=lambda spec: ["--optimizer", "torch_adamw"]),
     "compile": Lever("compile", "--compile-layers (torch.compile of each layer; baselines: the same, by the benchmark)",

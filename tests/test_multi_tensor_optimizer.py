@@ -1,0 +1,151 @@
+"""palm_plugin/fixes/multi_tensor_optimizer.py: fairseq's mixed-precision wrapper and gradient norm as multi-tensor
+operations give the updates of fairseq's per-parameter loops, bit for bit on the CPU, in one operation each."""
+import copy
+
+import pytest
+import torch
+from fairseq import optim, utils
+from fairseq.optim.fp16_optimizer import FP16Optimizer
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from palm_plugin.fixes import multi_tensor_optimizer
+from palm_tools.bench.models import TRAIN_SPECS, build, load_batch
+
+LENGTH = 32
+SPEC = {spec.key: spec for spec in TRAIN_SPECS}["unilm_seq2seq"]
+
+
+@pytest.fixture(scope="module")
+def built(synthetic_corpus):
+    """A tiny UniLM in bf16 with fairseq's FP16Optimizer (fairseq's Adam) and two batches of unequal sizes."""
+    built = build(synthetic_corpus.path(SPEC.layout, LENGTH, 12), SPEC.args("tiny", LENGTH) + [
+        "--dropout", "0", "--attention-dropout", "0"], precision="bf16", device="cpu")
+    return built, [load_batch(built, 12), load_batch(built, 5)]
+
+
+class Calls(TorchDispatchMode):
+    """The operators called, each once however it runs inside (the mode is off while an operator runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _optimizer(built, params, flat):
+    if not flat or params[0].is_cuda:  # fairseq's own: one master tensor a parameter under --bf16, flat under --fp16
+        return FP16Optimizer.build_optimizer(built.cfg, params)
+    # --fp16's one flat master tensor; fairseq builds it on the current CUDA device only, so here by hand, keyed by
+    # the CPU's device index (None) as fairseq keys it by the GPU's
+    flat_params = torch.nn.Parameter(torch.cat([p.data.float().view(-1) for p in params]))
+    flat_params.grad = flat_params.data.new_zeros(flat_params.numel())
+    fp32_params = {None: flat_params}
+    return FP16Optimizer(built.cfg, params, optim.build_optimizer(built.cfg.optimizer, [flat_params]), fp32_params)
+
+
+def train(built, batches, loops, flat=False, recorder=Calls):
+    """Three updates as fairseq's trainer makes them, gradients clipped, with a parameter that gets no gradient
+    (fairseq copies zeros for it); the norms, master and model weights, and the recorder of the last update's
+    optimizer calls."""
+    model, criterion = built.model, built.criterion
+    params = [p for p in model.parameters() if p.requires_grad]
+    # inside the flat copy: the offsets of the parameters after it move
+    params.insert(3, torch.nn.Parameter(torch.ones(3, dtype=params[0].dtype, device=params[0].device)))
+    optimizer = _optimizer(built, params, flat)
+    if loops:
+        multi_tensor_optimizer.use_fairseq_loops(optimizer)
+    norms, recording = [], recorder()
+    for update in range(3):
+        batch = batches[update % 2]
+        optimizer.zero_grad()
+        loss, sample_size, _ = criterion(model, batch)
+        optimizer.backward(loss)
+        with recording if update == 2 else torch.no_grad():
+            optimizer.multiply_grads(1.0 / sample_size)
+            norms.append(optimizer.clip_grad_norm(0.05))
+            optimizer.step()
+    masters = optimizer.fp32_params.values() if optimizer.has_flat_params else optimizer.fp32_params
+    return norms, [p.detach().clone() for p in masters], [p.detach().clone() for p in params], recording
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["per-parameter (--bf16)", "flat (--fp16)"])
+def test_updates_equal_fairseqs_loops_bit_for_bit_in_one_operation_each(built, flat):
+    built, batches = built
+    initial = copy.deepcopy(built.model.state_dict())
+    runs = {}
+    for loops in (True, False):
+        built.model.load_state_dict(initial)
+        runs[loops] = train(built, batches, loops, flat)
+    (norms, masters, weights, loop_calls), (fix_norms, fix_masters, fix_weights, fix_calls) = runs[True], runs[False]
+    loop_calls, fix_calls = loop_calls.names, fix_calls.names
+    assert all(n > 0.05 for n in norms)  # the clipping acted
+    assert [float(n) for n in fix_norms] == [float(n) for n in norms]
+    assert all(torch.equal(a, b) for a, b in zip(fix_masters + fix_weights, masters + weights))
+    assert any(not torch.equal(w, initial_w) for w, initial_w in zip(weights, initial.values()))
+    # fairseq: a copy per parameter back to the model, one per gradient to the master copy (and under --bf16 a norm
+    # per gradient); here one operation each
+    count = len(weights)
+    assert loop_calls.count("copy_") > count and fix_calls.count("copy_") == 0
+    assert fix_calls.count("_foreach_copy_") == 2
+    if not flat:
+        assert loop_calls.count("linalg_vector_norm") >= count and fix_calls.count("_foreach_norm") == 1
+
+
+def test_zero_grad_of_the_per_parameter_master_copy_is_one_operation(built):
+    built, _ = built
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    optimizer = FP16Optimizer.build_optimizer(built.cfg, params)
+    for p32 in optimizer.fp32_params:
+        p32.grad.fill_(3.0)
+    with Calls() as calls:
+        optimizer.zero_grad()
+    assert calls.names == ["_foreach_zero_"]
+    assert all(not p32.grad.any() for p32 in optimizer.fp32_params) and all(p.grad is None for p in params)
+
+
+@pytest.mark.parametrize("max_norm, aggregate", [(0.0, None), (0.5, None), (1e3, lambda n: n * 2)],
+                         ids=["norm only", "clipped", "aggregated, not clipped"])
+def test_clip_grad_norm_equals_fairseqs(max_norm, aggregate):
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(7, 5), (11,), (3, 4, 2), (1,)]
+
+    def params(dtype):
+        result = []
+        for shape in shapes:
+            p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype))
+            p.grad = torch.randn(shape, generator=generator).to(dtype)
+            result.append(p)
+        return result + [torch.nn.Parameter(torch.zeros(2))]  # no gradient: left out, as fairseq does
+
+    for dtype in (torch.float32, torch.bfloat16):
+        generator.manual_seed(0)
+        ours = params(dtype)
+        generator.manual_seed(0)
+        theirs = params(dtype)
+        norm = utils.clip_grad_norm_(ours, max_norm, aggregate)
+        expected = multi_tensor_optimizer.ORIGINALS["clip_grad_norm_"](theirs, max_norm, aggregate)
+        assert utils.clip_grad_norm_ is multi_tensor_optimizer.clip_grad_norm_
+        assert norm.dtype == torch.float32 and torch.equal(norm, expected), (dtype, norm, expected)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours[:-1], theirs[:-1]))
+
+
+def test_palm_benchs_fairseq_loops_lever_gives_the_built_optimizer_fairseqs_loops(built):
+    """The lever that measures this fix (palm-bench --levers fairseq_loops) is fairseq's path on that optimizer
+    only."""
+    from palm_tools.bench.sweep import LEVERS
+
+    built, batches = built
+    LEVERS["fairseq_loops"].after_build(built)
+    for optimizer, calls in ((built.optimizer, Calls()),
+                             (FP16Optimizer.build_optimizer(built.cfg, built.optimizer.fp16_params), Calls())):
+        optimizer.zero_grad()
+        optimizer.backward(built.criterion(built.model, batches[1])[0])
+        with calls:
+            optimizer.clip_grad_norm(0.0)
+            optimizer.step()
+        loops = optimizer is built.optimizer
+        assert (calls.names.count("copy_") > len(optimizer.fp16_params)) == loops
+        assert ("_foreach_copy_" in calls.names, "_foreach_norm" in calls.names) == (not loops, not loops)
