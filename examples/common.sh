@@ -193,7 +193,8 @@ task_args() {  # the task options shared by training and decoding; $1 = the long
 }
 
 training_device() {  # fairseq-train's device options: fairseq's Adam on the CPU; fp16 and torch's fused AdamW on GPUs
-  # (the same update as fairseq's Adam, 1.08-1.18x faster steps on an H100 / H200: docs/gpu.md)
+  # (the same update as fairseq's Adam, 1.08-1.18x faster steps on an H100 / H200 than fairseq's per-parameter Adam,
+  # which the plugin has run as multi-tensor operations since: docs/gpu.md)
   if [[ "$NGPUS" == 0 ]]; then echo "--cpu --optimizer adam"; else echo "--fp16 --optimizer torch_adamw"; fi
 }
 

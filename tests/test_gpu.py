@@ -347,9 +347,9 @@ class KernelLaunches(torch.profiler.profile):
 @needs_cuda
 @pytest.mark.parametrize("precision", ["fp16", "bf16"], ids=["flat master copy (--fp16)", "per parameter (--bf16)"])
 def test_multi_tensor_optimizer_on_cuda_updates_as_fairseqs_loops_in_fewer_launches(tmp_path, precision):
-    """palm_plugin/fixes/multi_tensor_optimizer.py on CUDA: three clipped updates give the weights of fairseq's loops
-    (the norms to float32 rounding: the multi-tensor reduction sums in another order), in fewer kernel launches than
-    one a parameter."""
+    """palm_plugin/fixes/multi_tensor_optimizer.py on CUDA: three clipped updates of fairseq's Adam give the weights
+    of fairseq's loops (the norms to float32 rounding: the multi-tensor reduction sums in another order), in fewer
+    kernel launches than one a parameter."""
     from palm_tools.bench.data import SyntheticCorpus
     from tests.test_multi_tensor_optimizer import train
     from tests.test_speed_options import built_with

@@ -1,6 +1,7 @@
 """palm_plugin/fixes/multi_tensor_optimizer.py: fairseq's mixed-precision wrapper and gradient norm as multi-tensor
 operations give the updates of fairseq's per-parameter loops, bit for bit on the CPU, in one operation each."""
 import copy
+import types
 
 import pytest
 import torch
@@ -149,3 +150,58 @@ def test_palm_benchs_fairseq_loops_lever_gives_the_built_optimizer_fairseqs_loop
         loops = optimizer is built.optimizer
         assert (calls.names.count("copy_") > len(optimizer.fp16_params)) == loops
         assert ("_foreach_copy_" in calls.names, "_foreach_norm" in calls.names) == (not loops, not loops)
+
+
+def _adam_run(step, groups, monkeypatch, chunk):
+    """Three updates of fairseq's Adam over ``groups`` (lists of parameter shapes and options) with the same random
+    gradients; the parameters, the states and the operators of the last update."""
+    from fairseq.optim.adam import Adam
+
+    monkeypatch.setattr(multi_tensor_optimizer, "CHUNK", chunk)
+    generator = torch.Generator().manual_seed(1)
+    param_groups = []
+    for shapes, options in groups:
+        params = [torch.nn.Parameter(torch.randn(shape, generator=generator).to(options.pop("dtype", torch.float32)))
+                  for shape in shapes]
+        param_groups.append({"params": params, **options})
+    adam = Adam(param_groups, lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+    adam.step = types.MethodType(step, adam)
+    calls = Calls()
+    for update in range(3):
+        for group in adam.param_groups:
+            for i, p in enumerate(group["params"]):  # the second parameter of each group gets no gradient
+                p.grad = None if i == 1 else torch.randn(p.shape, generator=generator).to(p.dtype)
+        with calls if update == 2 else torch.no_grad():
+            adam.step()
+    params = [p.detach().clone() for group in adam.param_groups for p in group["params"]]
+    states = [{k: v.clone() if torch.is_tensor(v) else v for k, v in adam.state[p].items()}
+              for group in adam.param_groups for p in group["params"]]
+    return params, states, calls.names
+
+
+GROUPS = {
+    "one group": [([(6, 5), (4,), (30,), (3, 3, 3)], {})],
+    "two groups, weight decay": [([(6, 5), (4,), (30,)], {"weight_decay": 0.01}), ([(7,), (2, 2), (9,)], {"lr": 3e-3})],
+    "amsgrad and bf16: fairseq's loop": [([(6, 5), (4,), (30,)], {"amsgrad": True}),
+                                         ([(7,), (2, 2)], {"dtype": torch.bfloat16}), ([(5,), (3,), (8,)], {})],
+}
+
+
+@pytest.mark.parametrize("chunk", [1 << 26, 40], ids=["one pass", "passes of 40 elements"])
+@pytest.mark.parametrize("groups", list(GROUPS))
+def test_adam_step_equals_fairseqs_loop_bit_for_bit(groups, chunk, monkeypatch):
+    import copy as copying
+
+    ours = _adam_run(multi_tensor_optimizer.adam_step, copying.deepcopy(GROUPS[groups]), monkeypatch, chunk)
+    theirs = _adam_run(multi_tensor_optimizer.ORIGINALS["adam_step"], copying.deepcopy(GROUPS[groups]), monkeypatch,
+                       chunk)
+    assert all(torch.equal(a, b) for a, b in zip(ours[0], theirs[0]))
+    assert [s.keys() for s in ours[1]] == [s.keys() for s in theirs[1]]  # no state for the parameter without grads
+    assert all(a["step"] == b["step"] == 3 and torch.equal(a["exp_avg"], b["exp_avg"])
+               and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"]) for a, b in zip(ours[1], theirs[1]) if a)
+    loop_updates = theirs[2].count("addcdiv_")
+    assert loop_updates == sum(len(shapes) - 1 for shapes, _ in GROUPS[groups])  # one per parameter with a gradient
+    multi_tensor_groups = sum(1 for _, options in GROUPS[groups] if not options.get("amsgrad") and "dtype" not in options)
+    assert ours[2].count("_foreach_addcdiv_") >= multi_tensor_groups
+    assert ours[2].count("addcdiv_") == loop_updates - sum(len(shapes) - 1 for shapes, options in GROUPS[groups]
+                                                           if not options.get("amsgrad") and "dtype" not in options)

@@ -63,8 +63,8 @@ FIXES = (
     (model_overrides, "--model-overrides keys the checkpoint's configuration lacks (a typo) are dropped silently"),
     (diverse_beam_rows, "--diverse-beam-groups reads its counts by sample id as a batch row: another sentence's "
                         "counts, or an IndexError (fairseq #5069's cumulative diversity)"),
-    (multi_tensor_optimizer, "--fp16 / --bf16 copy gradients and weights to and from the fp32 master copy, and "
-                             "clip_grad_norm_ takes norms, one parameter (one GPU kernel launch) at a time"),
+    (multi_tensor_optimizer, "Adam updates, --fp16 / --bf16's copies to and from the fp32 master weights, and "
+                             "clip_grad_norm_'s norms go one parameter (one GPU kernel launch each) at a time"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),

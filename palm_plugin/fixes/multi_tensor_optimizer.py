@@ -1,5 +1,14 @@
-"""fairseq's mixed-precision wrapper and gradient norm work one tensor at a time; here each is one multi-tensor
+"""fairseq's Adam, mixed-precision wrapper and gradient norm work one tensor at a time; here each is one multi-tensor
 operation.
+
+Without apex, fairseq's ``--optimizer adam`` is its own ``Adam``, a Python loop of about ten tensor operations per
+parameter; the card measured it at a third of PALM's device time (docs/benchmarks-gpu.md, section 7).
+:func:`adam_step` runs the same operations, in the same order and with the same scalars, over all parameters of a
+group at once: the same bits on the CPU. It takes the groups whose parameters and gradients are dense float32 tensors
+on one device with one step count (fairseq's trainer makes one such group, the fp32 master copy under ``--fp16`` /
+``--bf16`` included); fairseq's loop does the others (``--amsgrad``, half-precision weights of
+``--memory-efficient-fp16``). It holds the square roots of at most :data:`CHUNK` elements at once, where the loop
+held one parameter's.
 
 Under ``--fp16`` / ``--bf16`` fairseq's ``FP16Optimizer`` keeps an fp32 master copy of the weights: every update it
 copies each parameter's gradient into that copy, and each updated master weight back into the model, one
@@ -16,12 +25,15 @@ GPU's multi-tensor reduction may add rounding differences in the last bits.
 :func:`use_fairseq_loops` puts fairseq's loops back on one optimizer: ``palm-bench``'s ``fairseq_loops`` lever, the
 baseline that measures this module.
 """
+import math
 import types
 from collections import defaultdict
 
 import torch
+from fairseq.optim.adam import Adam
 
 NAMES = ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16", "zero_grad")
+CHUNK = 1 << 26  # elements of the Adam denominators one multi-tensor pass holds (256 MB in float32)
 ORIGINALS = {}  # fairseq's functions, by name (and "clip_grad_norm_"), kept for use_fairseq_loops
 
 
@@ -119,6 +131,68 @@ def clip_grad_norm_(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor:
     return total_norm
 
 
+def _chunks(params):
+    """``params`` in consecutive runs of at most :data:`CHUNK` elements (a larger parameter alone)."""
+    run, size = [], 0
+    for p in params:
+        if run and size + p.numel() > CHUNK:
+            yield run
+            run, size = [], 0
+        run.append(p)
+        size += p.numel()
+    if run:
+        yield run
+
+
+def _adam_group(optimizer, group) -> bool:
+    """fairseq's Adam update of one group as multi-tensor operations; False (nothing changed) where the group needs
+    fairseq's loop."""
+    params = [p for p in group["params"] if p.grad is not None]
+    if not params:
+        return True
+    states = [optimizer.state[p] for p in params]
+    if (group.get("amsgrad", False) or len({s.get("step") for s in states}) > 1
+            or any(p.dtype != torch.float32 or p.grad.dtype != torch.float32 or p.grad.is_sparse
+                   or p.device != params[0].device for p in params)):
+        return False
+    for p, state in zip(params, states):
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(p.data), exp_avg_sq=torch.zeros_like(p.data))
+        else:
+            state["exp_avg"], state["exp_avg_sq"] = state["exp_avg"].to(p.data), state["exp_avg_sq"].to(p.data)
+        state["step"] += 1
+    (beta1, beta2), step = group["betas"], states[0]["step"]
+    step_size = group["lr"] * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
+    for run in _chunks(params):
+        data, grads = [p.data for p in run], [p.grad.data for p in run]
+        exp_avg = [optimizer.state[p]["exp_avg"] for p in run]
+        exp_avg_sq = [optimizer.state[p]["exp_avg_sq"] for p in run]
+        torch._foreach_mul_(exp_avg, beta1)
+        torch._foreach_add_(exp_avg, grads, alpha=1 - beta1)
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+        denominators = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_add_(denominators, group["eps"])
+        if group["weight_decay"] != 0:
+            torch._foreach_add_(data, data, alpha=-group["weight_decay"] * group["lr"])
+        torch._foreach_addcdiv_(data, exp_avg, denominators, value=-step_size)
+    return True
+
+
+def adam_step(self, closure=None):
+    """fairseq's ``Adam.step``: multi-tensor where a group allows (:func:`_adam_group`), fairseq's loop otherwise."""
+    loss = closure() if closure is not None else None
+    with torch.no_grad():
+        left = [group for group in self.param_groups if not _adam_group(self, group)]
+    if left:  # fairseq's loop over the groups it has to do
+        groups, self.param_groups = self.param_groups, left
+        try:
+            ORIGINALS["adam_step"](self)
+        finally:
+            self.param_groups = groups
+    return loss
+
+
 def use_fairseq_loops(optimizer):
     """Give ``optimizer`` (fairseq's FP16Optimizer, or any FairseqOptimizer) fairseq's own loops back, on this
     instance only: the baseline of this module's speed."""
@@ -133,6 +207,9 @@ def use_fairseq_loops(optimizer):
         return ORIGINALS["clip_grad_norm_"](self.params, max_norm, aggregate_norm_fn)
 
     inner.clip_grad_norm = types.MethodType(clip_grad_norm, inner)
+    adam = getattr(inner, "_optimizer", None)
+    if isinstance(adam, Adam):
+        adam.step = types.MethodType(ORIGINALS["adam_step"], adam)
 
 
 def install():
@@ -142,6 +219,8 @@ def install():
 
     if getattr(utils.clip_grad_norm_, "__palm_plugin__", False):
         return
+    ORIGINALS["adam_step"] = Adam.step
+    Adam.step = adam_step
     replacements = {"_sync_fp16_grads_to_fp32": _sync_fp16_grads_to_fp32,
                     "_sync_fp32_params_to_fp16": _sync_fp32_params_to_fp16, "zero_grad": zero_grad}
     for name in NAMES:

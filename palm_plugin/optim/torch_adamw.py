@@ -1,8 +1,9 @@
 """``--optimizer torch_adamw``: torch's ``AdamW`` in its fused or foreach implementation (off by default).
 
 fairseq's ``--optimizer adam`` without apex (DESIGN §5: apex does not install here) is fairseq's own Adam, a
-Python loop of about ten tensor operations per parameter: on a GPU, one kernel launch each. torch's ``fused``
-implementation updates all tensors in a few multi-tensor kernels, ``foreach`` in a few per operation. The update
+Python loop of about ten tensor operations per parameter, which the plugin runs as the same operations over all
+parameters at once (``palm_plugin/fixes/multi_tensor_optimizer.py``). torch's ``fused`` implementation updates all
+tensors in a few multi-tensor kernels, ``foreach`` in a few per operation. The update
 is AdamW's, as fairseq's Adam is (decoupled weight decay); the two differ only in where epsilon sits (torch: ``m / (sqrt(v / bc2) + eps)``; fairseq: ``m / (sqrt(v) + eps)`` rescaled), which moves an
 update where gradients are near epsilon. On 2 CPU cores fairseq's Adam was the faster (DESIGN §6); the card decides
 (docs/benchmarks-gpu.md). fairseq's ``FP16Optimizer`` hands the optimizer an fp32 master copy of each parameter

@@ -103,8 +103,8 @@ def _syncs_args(spec):
 
 
 LEVERS = {
-    "fairseq_loops": Lever("fairseq_loops", "fairseq's per-parameter loops in the mixed-precision master copy and the "
-                           "gradient norm (the baseline of palm_plugin/fixes/multi_tensor_optimizer.py)",
+    "fairseq_loops": Lever("fairseq_loops", "fairseq's per-parameter loops in Adam, the mixed-precision master copy and "
+                           "the gradient norm (the baseline of palm_plugin/fixes/multi_tensor_optimizer.py)",
                            after_build=lambda built: use_fairseq_loops(built.optimizer)),
     "torch_adamw": Lever("torch_adamw", "--optimizer torch_adamw (fused AdamW)",
                          args=lambda spec: ["--optimizer", "torch_adamw"]),
