@@ -1,26 +1,21 @@
-"""fairseq's Adam, mixed-precision wrapper and gradient norm work one tensor at a time; here each is one multi-tensor
+"""fairseq's Adam, mixed-precision wrapper and gradient norm work one tensor at a time; here each is a multi-tensor
 operation.
 
-Without apex, fairseq's ``--optimizer adam`` is its own ``Adam``, a Python loop of about ten tensor operations per
-parameter; the card measured it at a third of PALM's device time (docs/benchmarks-gpu.md, section 7).
-:func:`adam_step` runs the same operations, in the same order and with the same scalars, over all parameters of a
-group at once: the same bits on the CPU. It takes the groups whose parameters and gradients are dense float32 tensors
-on one device with one step count (fairseq's trainer makes one such group, the fp32 master copy under ``--fp16`` /
-``--bf16`` included); fairseq's loop does the others (``--amsgrad``, half-precision weights of
-``--memory-efficient-fp16``). It holds the square roots of at most :data:`CHUNK` elements at once, where the loop
-held one parameter's.
+On a GPU every tensor operation is a kernel launch, and the card found PALM's steps bound by launches
+(docs/benchmarks-gpu.md, section 7). Without apex, fairseq's ``--optimizer adam`` is its own ``Adam``, a Python loop
+of about ten operations per parameter; under ``--fp16`` / ``--bf16`` its ``FP16Optimizer`` copies each gradient into
+the fp32 master copy and each master weight back, one ``copy_`` per parameter, and under ``--bf16`` (one master
+tensor per parameter; ``--fp16`` flattens them) zeroes each master gradient apart; ``utils.clip_grad_norm_`` takes
+one norm per gradient.
 
-Under ``--fp16`` / ``--bf16`` fairseq's ``FP16Optimizer`` keeps an fp32 master copy of the weights: every update it
-copies each parameter's gradient into that copy, and each updated master weight back into the model, one
-``copy_`` per parameter; under ``--bf16`` (where fairseq keeps one master tensor per parameter instead of one flat
-tensor) it also zeroes each master gradient apart. Without apex, fairseq's ``utils.clip_grad_norm_`` takes one norm
-per gradient, and every ``FP16Optimizer.clip_grad_norm`` calls it. On a GPU each of these is a kernel launch: about
-four per parameter and update under ``--bf16``, about 1,000 for a base model, whose launches the card measured at
-half of PALM's step (docs/benchmarks-gpu.md, section 7: 7,152 launches and 320 ms of host time for a 247 ms step of
-PALM without the copy layer). Here the same copies, zeroing and norms are ``torch._foreach_copy_``,
-``torch._foreach_zero_`` and ``torch._foreach_norm``: a few kernels each on a GPU, a loop inside torch on the CPU.
-The copies and zeroing give the same bits; the norms are torch's own of each gradient, summed in float32, to which a
-GPU's multi-tensor reduction may add rounding differences in the last bits.
+:func:`adam_step` runs Adam's operations, in the same order and with the same scalars, over all parameters of a group
+at once (``torch._foreach_*``): the same bits on the CPU. It takes the groups whose parameters and gradients are
+dense float32 tensors on one device (fairseq's trainer makes one such group, the fp32 master copy included), in one
+pass per step count; fairseq's loop does the others (``--amsgrad``, the half-precision weights of
+``--memory-efficient-fp16``). It holds the square roots of at most :data:`CHUNK` elements at once, where the loop
+held one parameter's. The copies and zeroing are ``_foreach_copy_`` and ``_foreach_zero_``, the same bits; the norms
+``_foreach_norm``, each torch's own norm of a gradient, to which a GPU's multi-tensor reduction may add rounding
+differences in the last bits.
 
 :func:`use_fairseq_loops` puts fairseq's loops back on one optimizer: ``palm-bench``'s ``fairseq_loops`` lever, the
 baseline that measures this module.
@@ -33,7 +28,7 @@ import torch
 from fairseq.optim.adam import Adam
 
 NAMES = ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16", "zero_grad")
-CHUNK = 1 << 26  # elements of the Adam denominators one multi-tensor pass holds (256 MB in float32)
+CHUNK = 1 << 24  # elements of the Adam denominators one multi-tensor pass holds (64 MB in float32)
 ORIGINALS = {}  # fairseq's functions, by name (and "clip_grad_norm_"), kept for use_fairseq_loops
 
 
@@ -111,9 +106,10 @@ def zero_grad(self):
 
 
 def clip_grad_norm_(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor:
-    """fairseq's ``utils.clip_grad_norm_`` with the gradients' norms taken together. fairseq's own runs where it
-    does something else: one gradient, apex's fused norm, mixture-of-experts gradients, gradients on several devices
-    (pipeline parallelism) or on an XLA device."""
+    """fairseq's ``utils.clip_grad_norm_`` with the gradients' norms taken together, on the gradients' device
+    (fairseq's: the current CUDA device whenever there is one, the gradients' own too in training). fairseq's own runs
+    where it does something else: one gradient, apex's fused norm, mixture-of-experts gradients, gradients on several
+    devices (pipeline parallelism) or on an XLA device."""
     from fairseq import utils
 
     params = [params] if torch.is_tensor(params) else list(params)
@@ -145,37 +141,42 @@ def _chunks(params):
 
 
 def _adam_group(optimizer, group) -> bool:
-    """fairseq's Adam update of one group as multi-tensor operations; False (nothing changed) where the group needs
-    fairseq's loop."""
+    """fairseq's Adam update of one group as multi-tensor operations, one pass per step count (a parameter that had
+    no gradient in some update lags behind the others); False (nothing changed) where the group needs fairseq's
+    loop."""
     params = [p for p in group["params"] if p.grad is not None]
     if not params:
         return True
     states = [optimizer.state[p] for p in params]
-    if (group.get("amsgrad", False) or len({s.get("step") for s in states}) > 1
+    if (group.get("amsgrad", False) or len({id(p) for p in params}) < len(params)  # a parameter listed twice
+            or any(not isinstance(s.get("step", 0), int) for s in states)  # tensor steps of a torch checkpoint
             or any(p.dtype != torch.float32 or p.grad.dtype != torch.float32 or p.grad.is_sparse
                    or p.device != params[0].device for p in params)):
         return False
+    by_step = defaultdict(list)
     for p, state in zip(params, states):
         if not state:
             state.update(step=0, exp_avg=torch.zeros_like(p.data), exp_avg_sq=torch.zeros_like(p.data))
         else:
             state["exp_avg"], state["exp_avg_sq"] = state["exp_avg"].to(p.data), state["exp_avg_sq"].to(p.data)
         state["step"] += 1
-    (beta1, beta2), step = group["betas"], states[0]["step"]
-    step_size = group["lr"] * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
-    for run in _chunks(params):
-        data, grads = [p.data for p in run], [p.grad.data for p in run]
-        exp_avg = [optimizer.state[p]["exp_avg"] for p in run]
-        exp_avg_sq = [optimizer.state[p]["exp_avg_sq"] for p in run]
-        torch._foreach_mul_(exp_avg, beta1)
-        torch._foreach_add_(exp_avg, grads, alpha=1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-        denominators = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_add_(denominators, group["eps"])
-        if group["weight_decay"] != 0:
-            torch._foreach_add_(data, data, alpha=-group["weight_decay"] * group["lr"])
-        torch._foreach_addcdiv_(data, exp_avg, denominators, value=-step_size)
+        by_step[state["step"]].append(p)
+    beta1, beta2 = group["betas"]
+    for step, stepped in by_step.items():
+        step_size = group["lr"] * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
+        for run in _chunks(stepped):
+            data, grads = [p.data for p in run], [p.grad.data for p in run]
+            exp_avg = [optimizer.state[p]["exp_avg"] for p in run]
+            exp_avg_sq = [optimizer.state[p]["exp_avg_sq"] for p in run]
+            torch._foreach_mul_(exp_avg, beta1)
+            torch._foreach_add_(exp_avg, grads, alpha=1 - beta1)
+            torch._foreach_mul_(exp_avg_sq, beta2)
+            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+            denominators = torch._foreach_sqrt(exp_avg_sq)
+            torch._foreach_add_(denominators, group["eps"])
+            if group["weight_decay"] != 0:
+                torch._foreach_add_(data, data, alpha=-group["weight_decay"] * group["lr"])
+            torch._foreach_addcdiv_(data, exp_avg, denominators, value=-step_size)
     return True
 
 
@@ -194,22 +195,26 @@ def adam_step(self, closure=None):
 
 
 def use_fairseq_loops(optimizer):
-    """Give ``optimizer`` (fairseq's FP16Optimizer, or any FairseqOptimizer) fairseq's own loops back, on this
-    instance only: the baseline of this module's speed."""
+    """Give ``optimizer`` (fairseq's FP16Optimizer, or an optimizer fairseq's trainer builds without one, such as
+    ``FairseqAdam``) fairseq's own loops back, on this instance only: the baseline of this module's speed."""
+    from fairseq.optim import FairseqOptimizer
     from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
 
-    if isinstance(optimizer, _FP16OptimizerMixin):
+    inner = optimizer.fp32_optimizer if isinstance(optimizer, _FP16OptimizerMixin) else optimizer
+    if type(inner).clip_grad_norm is not FairseqOptimizer.clip_grad_norm:  # a wrapper with a norm of its own
+        raise ValueError(f"fairseq_loops: {type(optimizer).__name__} is neither fairseq's FP16Optimizer nor an "
+                         f"optimizer it wraps; use --fp16 / --bf16 (not --memory-efficient-*) or fp32")
+    if inner is not optimizer:
         for name in NAMES:
             setattr(optimizer, name, types.MethodType(ORIGINALS[name], optimizer))
-    inner = getattr(optimizer, "fp32_optimizer", optimizer)
 
     def clip_grad_norm(self, max_norm, aggregate_norm_fn=None):
         return ORIGINALS["clip_grad_norm_"](self.params, max_norm, aggregate_norm_fn)
 
     inner.clip_grad_norm = types.MethodType(clip_grad_norm, inner)
     adam = getattr(inner, "_optimizer", None)
-    if isinstance(adam, Adam):
-        adam.step = types.MethodType(ORIGINALS["adam_step"], adam)
+    if isinstance(adam, Adam):  # with torch's step hooks and profiler label, as the class's own step has
+        adam.step = types.MethodType(torch.optim.Optimizer.profile_hook_step(ORIGINALS["adam_step"]), adam)
 
 
 def install():
