@@ -121,18 +121,12 @@ def _check_parsed(args):
 
 def _check_alignment(models):
     """--print-alignment reads the decoder's attention as an alignment to ``src_tokens``; refuse models where it is
-    none, before fairseq fails on the first batch (an IndexError or KeyError) after printing part of the output."""
-    from palm_plugin.models.palm import PalmModel
-    from palm_plugin.models.unilm import UniLMModel
-
+    none (the plugin's models say so: ``alignment_problem``), before fairseq fails on the first batch (an IndexError
+    or KeyError) after printing part of the output."""
     for model in models:
-        if isinstance(model, UniLMModel):
-            raise ValueError("--print-alignment: a UniLM model has no encoder-decoder attention to align with (source "
-                             "and target share one self-attention); decode without --print-alignment")
-        if isinstance(model, PalmModel) and model.encoder.source_bos:
-            raise ValueError("--print-alignment: this PALM model's encoder reads <s> before the source, so its "
-                             "attention is not over the source tokens fairseq aligns; decode without "
-                             "--print-alignment (a PALM trained with --no-source-bos prints them)")
+        problem = model.alignment_problem() if hasattr(model, "alignment_problem") else None
+        if problem:
+            raise ValueError(f"--print-alignment: {problem}")
 
 
 def batch_length_problem(generator, net_input):

@@ -301,6 +301,14 @@ class PalmModel(FairseqEncoderDecoderModel):
     def max_positions(self):
         return self.encoder.max_positions(), self.decoder.max_positions()
 
+    def alignment_problem(self):
+        """Why ``--print-alignment`` cannot read this model's attention as an alignment to the source, or None."""
+        if self.encoder.source_bos:
+            return ("this PALM model's encoder reads <s> before the source, so its attention is not over the source "
+                    "tokens fairseq aligns; decode without --print-alignment (a PALM trained with --no-source-bos "
+                    "prints them)")
+        return None
+
     def upgrade_state_dict_named(self, state_dict, name):
         """Adapt a checkpoint to this model: drop the MLM head when there is none (fine-tuning) and, as fairseq's
         BART does, drop the last embedding row (``<mask>``, appended by the pre-training task) when this

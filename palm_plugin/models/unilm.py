@@ -305,6 +305,11 @@ class UniLMModel(FairseqEncoderDecoderModel):
     def max_decoder_positions(self):
         return self.cfg.max_positions
 
+    def alignment_problem(self):
+        """Why ``--print-alignment`` cannot read this model's attention as an alignment to the source."""
+        return ("a UniLM model has no encoder-decoder attention to align with (source and target share one "
+                "self-attention); decode without --print-alignment")
+
 
 def _architecture(args, layers, dim, ffn, heads, num_segments, relative_position_buckets):
     args.encoder_layers = getattr(args, "encoder_layers", layers)
