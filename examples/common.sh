@@ -286,7 +286,7 @@ score() {
 # ------------------------------------------------------------------------------------------ checks, then the stages
 # Bad settings stop the recipe with one line that says what to give, before a stage runs: bash would otherwise read
 # a word as 0 in its arithmetic (TOTAL_BATCH=abc: a division by zero; EPOCHS=abc: --max-update 0, no limit at all).
-check_settings() {  # check_settings NAME...: each named setting that is set is a whole number of 1 or more
+check_settings() {  # check_settings NAME...: MODEL, NGPUS, WARMUP_RATIO, and each NAME set a whole number of 1 or more
   case "$MODEL" in palm | unilm | unilm2) ;; *) die "MODEL=$MODEL: choose palm, unilm or unilm2" ;; esac
   [[ "$NGPUS" =~ ^[0-9]+$ ]] || die "NGPUS=$NGPUS: give the number of GPUs to train on (0: the CPU)"
   [[ -z "${WARMUP_RATIO:-}" || "$WARMUP_RATIO" =~ ^(0|1|0?\.[0-9]+)$ ]] ||
