@@ -350,3 +350,19 @@ def test_a_source_the_dictionary_cannot_read_is_named_in_its_warning(caplog):
         warn_if_unknown("hello zebra", torch.tensor([hello, dictionary.unk(), dictionary.eos()]), dictionary)
     assert [r.getMessage() for r in caplog.records] == [
         "an input is empty" + tail, f"the input {('zebra ' * 10)!r} has no symbol of the dictionary" + tail]
+
+
+def test_stage_joint_without_a_loss_weight_names_both_options():
+    """--mlm-weight 0 --lm-weight 0 in stage joint trained nothing (a loss of 0, exit 0); a weight on either loss
+    alone is a loss to train, and stage ae reads neither (in process: mutmut's selection reads this;
+    test_bad_input_open builds the same through fairseq's options)."""
+    from palm_plugin.criterions.palm_mlm_lm import PalmMlmLmCriterion
+
+    task = argparse.Namespace(target_dictionary=None)  # what FairseqCriterion reads
+    with pytest.raises(ValueError, match=r"^--mlm-weight 0 and --lm-weight 0: stage joint would train nothing; give "
+                                         r"one of them a weight above 0$"):
+        PalmMlmLmCriterion(task, "joint", 0.0, 0.0)
+    for mlm_weight, lm_weight in ((1.0, 0.0), (0.0, 1.0)):
+        criterion = PalmMlmLmCriterion(task, "joint", mlm_weight, lm_weight)
+        assert (criterion.mlm_weight, criterion.lm_weight) == (mlm_weight, lm_weight)
+    assert PalmMlmLmCriterion(task, "ae", 0.0, 0.0).stage == "ae"

@@ -342,6 +342,23 @@ def test_api_calls_no_model_can_answer_say_what_to_give(untrained, case):
     assert str(raised.value) == message.format(root=root)
 
 
+def test_data_folder_is_looked_for_where_fairseq_reads_it(untrained, tmp_path, monkeypatch):
+    """data_name_or_path as fairseq's hub resolves it: from the checkpoint's folder when it starts with ``.``, else
+    from the current folder; a missing one is named by the path looked at."""
+    import shutil
+
+    hub, root = untrained
+    monkeypatch.chdir(tmp_path)  # not the checkpoint's folder
+    (tmp_path / "bin").mkdir()
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        shutil.copy(root / name, tmp_path / "bin" / name)
+    loaded = _load(root, data_name_or_path="bin")
+    assert loaded.task.source_dictionary.symbols == hub.task.source_dictionary.symbols
+    with pytest.raises(FileNotFoundError) as raised:
+        _load(root, data_name_or_path="./missing")
+    assert str(raised.value).startswith(f"data_name_or_path {root}/missing: no such folder; ")
+
+
 def test_generate_with_nbest_gives_that_many_hypotheses_of_each_input(untrained):
     """It gave the best one only, whatever ``nbest`` said."""
     hub, _ = untrained

@@ -235,6 +235,14 @@ def assert_gradients_equal_dense_reference(impl, inputs=None):
         torch.testing.assert_close(module_grads[name], grad, atol=1e-4, rtol=1e-4, msg=name)
 
 
+def test_extended_vocabulary_smaller_than_the_embedding_is_refused():
+    """The message gives both sizes: num_types and the embedding's number of rows (V, not its width)."""
+    embedding = torch.nn.Parameter(torch.randn(VOCAB, DIM))
+    with pytest.raises(ValueError, match=re.escape(f"num_types ({VOCAB - 1}) is smaller than the embedding ({VOCAB} "
+                                                   "rows)")):
+        PointerGenerator(DIM, DIM, embedding, num_types=VOCAB - 1)
+
+
 def test_incremental_decoding_projects_the_memory_once_per_sentence():
     """Step by step (T = 1 each), W_m h is computed at the first step only, and each step equals the full pass."""
     generator = make_generator()

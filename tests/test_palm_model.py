@@ -328,7 +328,10 @@ def test_roberta_path_fills_the_encoder_or_names_what_does_not_fit(roberta_layer
 
     if roberta_layers != 2:
         left = "Missing: \\['encoder.layers.1." if roberta_layers == 1 else "unexpected: \\['encoder.layers.2."
-        with pytest.raises(ValueError, match=f"does not fit the PALM encoder.*{left}"):
+        # the message names the options that size the encoder, as they are spelled on the command line
+        options = ("set --encoder-layers, --encoder-embed-dim, --encoder-ffn-embed-dim, --encoder-attention-heads and "
+                   "--encoder-max-positions to the checkpoint's")
+        with pytest.raises(ValueError, match=f"does not fit the PALM encoder; {options}.*{left}"):
             load()
         return
     tokens = torch.randint(dictionary.nspecial, len(dictionary) - 1, (2, 7), generator=torch.Generator().manual_seed(8))
@@ -357,6 +360,48 @@ def test_roberta_path_that_is_not_a_checkpoint_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"weights\.pt: not a fairseq checkpoint \(no 'model' entry\); pass the "
                                          r"model\.pt of a RoBERTa model"):
         build(dictionary, roberta_path=str(tmp_path / "weights.pt"), encoder_max_positions=64)
+
+
+def test_model_call_passes_decoder_options_on():
+    """Options of fairseq's decoder interface given to the model's call (``features_only``, ``alignment_layer``)
+    reach the decoder: the result is what the decoder returns with them, not the default log-probabilities and
+    last layer's attention."""
+    model = build(seed=5, decoder_layers=2).eval()
+    net = batch_maker(model.encoder.dictionary, copy_task=False, batch=2, length=5, seed=3)()["net_input"]
+    with torch.no_grad():
+        states, extra = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"], features_only=True,
+                              alignment_layer=0)
+        encoder_out = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        expected, reference = model.decoder(net["prev_output_tokens"], encoder_out=encoder_out, features_only=True,
+                                            alignment_layer=0)
+        _, last_layer = model.decoder(net["prev_output_tokens"], encoder_out=encoder_out)
+    assert states.shape == (2, 6, 64)  # decoder states, not log-probabilities over the vocabulary
+    torch.testing.assert_close(states, expected, atol=0, rtol=0)
+    torch.testing.assert_close(extra["attn"][0], reference["attn"][0], atol=0, rtol=0)
+    assert not torch.allclose(extra["attn"][0], last_layer["attn"][0], atol=1e-3)
+
+
+def test_state_dict_upgrade_under_a_prefix():
+    """fairseq upgrades a submodule's entries under its name (``name.``-prefixed keys): a PALM inside another model
+    adopts the checkpoint's source format, drops the MLM head and the <mask> row there, as at the top level."""
+    pretrained = build(make_dictionary(mask=True), trains_encoder_mlm=True, seed=1, no_source_bos=True)
+    state = {"palm." + k: v.clone() for k, v in pretrained.state_dict().items()}
+    model = finetuning_model(seed=2)
+    assert model.encoder.source_bos
+    model.upgrade_state_dict_named(state, "palm")
+    assert not model.encoder.source_bos
+    assert not any(k.startswith("palm.mlm_head.") for k in state)
+    rows = len(make_dictionary(mask=False))
+    torch.testing.assert_close(state["palm.encoder.embed_tokens.weight"],
+                               pretrained.encoder.embed_tokens.weight[:rows], atol=0, rtol=0)
+    model.load_state_dict({k[len("palm."):]: v for k, v in state.items()}, strict=True)
+
+
+def test_deprecated_compile_copy_attention_agrees_with_copy_attention_impl_compiled():
+    """--compile-copy-attention (deprecated) means --copy-attention-impl compiled: given both, the model is built
+    with the compiled copy attention, not refused as a contradiction."""
+    model = build(compile_copy_attention=True, copy_attention_impl="compiled")
+    assert model.decoder.pointer_generator.scores_impl == "compiled"
 
 
 def test_reinit_encoder_refuses_roberta_path():

@@ -238,6 +238,23 @@ def test_a_block_of_several_sentences_is_cut_at_an_inner_sentence_end_uniformly(
     assert tokens.tolist() == [bos, 10, eos, 11, 12, eos] and segments.tolist() == [0, 0, 0, 1, 1, 1]
 
 
+def test_a_block_ending_with_an_empty_line_keeps_a_token_in_s2():
+    """An empty line of the corpus is a sentence of [EOS] alone (fairseq-preprocess), so a block can end with
+    [EOS] [EOS]: that inner [EOS] is no cut (S2 would be empty); the block is cut between two of its tokens."""
+    bos, eos = 0, 2
+    expected = {  # len(S1) -> (tokens, segments), written out
+        1: ([bos, 10, eos, 11, eos, eos], [0, 0, 0, 1, 1, 1]),
+        2: ([bos, 10, 11, eos, eos, eos], [0, 0, 0, 0, 1, 1]),
+    }
+    rng, seen = np.random.default_rng(0), set()
+    for _ in range(50):
+        tokens, segments = sentence_pair(np.array([10, 11, eos, eos]), bos, eos, rng)
+        first = int((segments == 0).sum()) - 2  # [SOS] S1 [EOS]
+        assert (tokens.tolist(), segments.tolist()) == expected[first]
+        seen.add(first)
+    assert seen == {1, 2}
+
+
 def test_unshuffled_order_is_by_length_then_index_and_epochs_reach_the_token_dataset():
     """Without shuffling (valid/test), fairseq's convention: shortest first, equal lengths in corpus order. An epoch
     set on the dataset is passed on to the dataset it wraps (fairseq's BaseWrapperDataset does so), which may hold

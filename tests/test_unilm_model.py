@@ -78,6 +78,22 @@ def test_outputs_probabilities_and_explicit_masks():
         torch.testing.assert_close(explicit, by_objective)
 
 
+def test_next_sentence_logits_come_only_when_asked():
+    """BERT's next-sentence head on the [SOS] state (tanh pooler, then 2 classes), in ``extra`` only when the caller
+    asks (the pre-training criterion, for its bidirectional rows); a plain call (fine-tuning, scoring) leaves the
+    head out."""
+    model, dictionary = build(unilm_tiny)
+    tokens = tokens_with_padding(dictionary)
+    with torch.no_grad():
+        states, _ = model(tokens, features_only=True)
+        expected = torch.tanh(states[:, 0] @ model.pooler.weight.T + model.pooler.bias) @ \
+            model.next_sentence_head.weight.T + model.next_sentence_head.bias
+        _, asked = model(tokens, next_sentence=True)
+        _, plain = model(tokens)
+    torch.testing.assert_close(asked["next_sentence_logits"], expected)
+    assert "next_sentence_logits" not in plain
+
+
 def features(model, tokens, how, rows=slice(None)):
     """Top states ``(B, T, C)`` of ``tokens`` (the batch rows ``rows`` of the test), with the mask given the way
     ``how`` says. The only place the padding test touches the model's inputs."""
@@ -179,6 +195,23 @@ def test_architecture_defaults_give_way_to_options_set_by_the_user(architecture)
         chosen = argparse.Namespace(**{size: 7})
         fill(chosen)
         assert vars(chosen) == {**vars(defaults), size: 7}, size
+
+
+def test_a_configuration_from_before_compile_layers_builds_uncompiled_layers():
+    """--compile-layers is off unless asked: a model configuration saved before the option existed (built directly,
+    as palm-convert builds its model from a configuration, not through fairseq's loader) gets plain layers."""
+    from omegaconf import OmegaConf
+
+    namespace = argparse.Namespace()
+    unilm_tiny(namespace)
+    saved = OmegaConf.structured(UniLMConfig.from_namespace(namespace))
+    old = OmegaConf.create({key: value for key, value in OmegaConf.to_container(saved).items()
+                            if key != "compile_layers"})
+    dictionary = Dictionary()
+    dictionary.add_symbol("<mask>")
+    model = UniLMModel.build_model(old, argparse.Namespace(source_dictionary=dictionary))
+    # nn.Module.compile (what --compile-layers does) sets _compiled_call_impl on each layer
+    assert [getattr(layer, "_compiled_call_impl", None) for layer in model.stack.layers] == [None, None]
 
 
 def test_classification_head_registered_again_with_other_classes_is_replaced_with_a_warning(caplog):
