@@ -32,26 +32,32 @@ CHUNK = 1 << 24  # elements of the Adam denominators one multi-tensor pass holds
 ORIGINALS = {}  # fairseq's functions, by name (and "clip_grad_norm_"), kept for use_fairseq_loops
 
 
+def _flat_pieces(self, params, grads):
+    """``(p, piece)`` of each of ``params`` with its piece of the flat master copy (of its gradient with ``grads``),
+    laid out as fairseq lays them: by device, in the order given."""
+    by_device = defaultdict(list)
+    for p in params:
+        by_device[p.device.index].append(p)
+    for device, flat in self.fp32_params.items():
+        whole, offset = flat.grad.data if grads else flat.data, 0
+        for p in by_device[device]:
+            numel = p.data.numel()
+            yield p, whole[offset : offset + numel]
+            offset += numel
+
+
 def _sync_fp16_grads_to_fp32(self):
     """The gradients into the fp32 master copy (fairseq's method, its per-parameter copies as one)."""
     if not self._needs_sync:
         return
     targets, sources = [], []
     if self.has_flat_params:
-        by_device = defaultdict(list)
-        for p in self.fp16_params:
-            if p.requires_grad:
-                by_device[p.device.index].append(p)
-        for device, flat in self.fp32_params.items():
-            offset = 0
-            for p in by_device[device]:
-                numel = p.data.numel()
-                if p.grad is None:
-                    flat.grad.data[offset : offset + numel].zero_()
-                else:
-                    targets.append(flat.grad.data[offset : offset + numel])
-                    sources.append(p.grad.data.view(-1))
-                offset += numel
+        for p, piece in _flat_pieces(self, [p for p in self.fp16_params if p.requires_grad], grads=True):
+            if p.grad is None:
+                piece.zero_()
+            else:
+                targets.append(piece)
+                sources.append(p.grad.data.view(-1))
     else:
         for p, p32 in zip(self.fp16_params, self.fp32_params):
             if not p.requires_grad:
@@ -72,16 +78,9 @@ def _sync_fp32_params_to_fp16(self):
     """The updated master weights back into the model (fairseq's method, its per-parameter copies as one)."""
     targets, sources = [], []
     if self.has_flat_params:
-        by_device = defaultdict(list)
-        for p in self.fp16_params:
-            by_device[p.device.index].append(p)
-        for device, flat in self.fp32_params.items():
-            offset = 0
-            for p in by_device[device]:
-                numel = p.data.numel()
-                targets.append(p.data)
-                sources.append(flat.data[offset : offset + numel].view_as(p.data))
-                offset += numel
+        for p, piece in _flat_pieces(self, self.fp16_params, grads=False):
+            targets.append(p.data)
+            sources.append(piece.view_as(p.data))
     else:
         for p, p32 in zip(self.fp16_params, self.fp32_params):
             if p.requires_grad:
