@@ -241,6 +241,43 @@ def test_relative_bias_gradient_on_cuda_equals_float64_reference(dtype):
     assert relative_error(got, expected) < tolerance
 
 
+@needs_cuda
+def test_relative_bias_reaches_cuda_attention_without_a_padded_copy():
+    """torch's SDPA copies an additive mask into a padded one before the memory-efficient kernel, unless every stride
+    but the last is a multiple of 8 elements, and copies its gradient back in the backward: at pmlm's odd lengths
+    that was a sixth of a step (docs/benchmarks-gpu.md, section 8). The bias of masked_offset_bias, at 683 tokens,
+    reaches the kernel without either (no constant_pad_nd, no slice_backward), where the same bias made contiguous
+    does not: the count sees what it is meant to."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func in (torch.ops.aten.constant_pad_nd.default, torch.ops.aten.slice_backward.default)
+            return func(*args, **(kwargs or {}))
+
+    length, heads = 683, 4
+    positions = torch.arange(length, device=CUDA).expand(2, length)
+    mask = torch.rand(2, length, length, device=CUDA) < 0.6
+    mask |= torch.eye(length, dtype=torch.bool, device=CUDA)
+    q, k, v = (torch.randn(2, heads, length, 64, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    table = RelativePositionBias(heads, 32, 128).to(CUDA)
+    counts = []
+    for layout in (lambda bias: bias, lambda bias: bias.contiguous()):
+        bias = layout(masked_offset_bias(table.table(512).to(torch.bfloat16), positions, positions, mask))
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION), Copies() as copies:
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias).float().square().sum().backward()
+        counts.append(copies.count)
+    assert counts[0] == 0 and counts[1] > 0, counts
+
+
 # ------------------------------------------------------------------------------------------------ (c), (d) decoding
 def unilm_case(arch):
     dictionary = tiny_dictionary()

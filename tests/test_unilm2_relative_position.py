@@ -173,8 +173,11 @@ def test_one_mask_for_the_whole_batch_equals_it_given_per_row(buckets):
 
 def test_the_mask_reaches_attention_with_its_last_dimension_contiguous():
     """CUDA's fused attention kernels (memory-efficient, cuDNN) take an additive mask only with its last dimension at
-    stride 1; the bias as bucketed is a view with the heads innermost. Every form of the UniLMv2 mask (no mask, one
-    for the batch, one per row, read from the decoding table) reaches ``scaled_dot_product_attention`` laid out so."""
+    stride 1; the bias as bucketed is a view with the heads innermost. And the memory-efficient kernel copies a mask
+    into a padded one, each layer and in the backward too, unless every other stride is a multiple of 8 elements
+    (torch's ``preprocess_mask``; the card's pmlm profile spent a sixth of its time so at odd lengths). Every form of
+    the UniLMv2 mask (no mask, one for the batch, one per row, read from the decoding table) reaches
+    ``scaled_dot_product_attention`` laid out so, at a length that is no multiple of 8."""
     from palm_plugin.modules.attention_masks import left_to_right_mask
     from palm_plugin.modules.unilm_transformer import UniLMTransformer
 
@@ -190,3 +193,4 @@ def test_the_mask_reaches_attention_with_its_last_dimension_contiguous():
     for queries, mask, table in masks:
         additive = stack.attention_bias(queries, positions, mask, torch.float32, table)
         assert additive.shape == (2, 3, queries.size(1), 5) and additive.stride(-1) == 1
+        assert all(stride % 8 == 0 for stride in additive.stride()[:-1]), additive.stride()

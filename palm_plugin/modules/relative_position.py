@@ -108,8 +108,9 @@ def masked_offset_bias(table: torch.Tensor, query_positions: torch.Tensor, key_p
         query_positions ``(B, T)``, key_positions ``(B, S)``: position ids, below ``P``.
         mask: boolean ``(B, T, S)`` or ``(T, S)``, True where attending is allowed; None: everywhere.
     Returns:
-        ``(B, h, T, S)``, laid out heads first (``(h, B, T, S)`` in memory): the last dimension is contiguous, as
-        CUDA's fused attention kernels need, and no copy is made to put the heads second.
+        ``(B, h, T, S)``, laid out heads first (``(h, B, T, S')`` in memory, ``S'`` the multiple of 16 from ``S`` up):
+        the last dimension is contiguous and every other stride a multiple of 16, as CUDA's fused attention kernels
+        take a bias without copying it, and no copy is made to put the heads second.
     """
     return _MaskedOffsetBias.apply(table, query_positions, key_positions, mask)
 
@@ -136,7 +137,12 @@ class _MaskedOffsetBias(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(*((query_positions, key_positions) if table.is_cuda else (index.int(),)))
         ctx.width = width
-        return table[:, index].transpose(0, 1)
+        # SDPA's memory-efficient kernel on CUDA pads a bias whose strides are not multiples of 8 elements: a copy
+        # of (B, h, T, S) per layer in the forward, two more and a zeroing in the backward (docs/benchmarks-gpu.md,
+        # section 8). The gather writes rows of a multiple of 16 cells instead and hands out their first S.
+        keys = index.size(-1)
+        index = F.pad(index, (0, -keys % 16))  # the extra columns read cell 0 and are never used
+        return table[:, index].transpose(0, 1)[..., :keys]
 
     @staticmethod
     def backward(ctx, grad):
