@@ -122,39 +122,37 @@ def card_call(index, page="paper_tables_gpu_plan.md", start="timeout 540 python3
     return shlex.split(" ".join(lines))[len(shlex.split(start)):]
 
 
-def test_the_next_seed_card_call_plans_only_its_seed_and_estimates_from_the_committed_seeds(capsys):
-    """Issue 41's card call as docs/paper_tables_gpu_plan.md writes it, with --plan-only on the committed runs of
-    results/gpu: the seeds already there are reused (their settings match the call's), only seed 3's eight
-    fine-tunings and five pre-trainings would run, and the estimate comes from the same runs' committed seeds: their
-    mean times over 14 processes, or the longest pre-training and its fine-tuning when that is longer."""
+def test_the_check_rows_card_call_finds_its_three_seeds_committed_with_the_card_of_each(capsys):
+    """Issue 41's first card call as docs/paper_tables_gpu_plan.md writes it ran seed 3 on an H100 (session 21): with
+    --plan-only on the committed runs of results/gpu it has nothing left to run, and every run of the 13 check rows
+    is there at seeds 1, 2 and 3, each naming the card it ran on (seed 1 an H200, seeds 2 and 3 an H100), as the
+    report's "Where the runs ran" line reads them."""
     from palm_tools.experiments import cli
 
     assert cli.main(card_call(0) + ["--plan-only"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line == ("plan: 0 of 40 runs to run: every run has finished, in results/gpu; the tables are written from "
+                    "them")
     runs = REPO / "results" / "gpu" / "runs"
     rows = sorted({re.sub(r"-s\d+$", "", p.name) for p in runs.iterdir() if p.name != "unigram"})
-    assert len(rows) == 13 and line.startswith("plan: 13 of 40 runs to run (8 gen, 5 pretrain), in results/gpu;")
-    mean = {row: sum(json.loads((runs / f"{row}-s{seed}" / "result.json").read_text())["seconds"]
-                     for seed in (1, 2)) / 2 for row in rows}
-    # gen-FAMILY-KEY fine-tunes what pre-KEY pre-trained (a row from scratch waits for nothing)
-    chain = max(mean[row] + mean.get("pre-" + row.split("-", 2)[2], 0) if row.startswith("gen-") else mean[row]
-                for row in mean)
-    minutes = max(sum(mean.values()) / 14, chain) / 60
-    assert f"estimate: about {minutes:.0f} min with 14 processes at once, from the times of 13 of these 13 runs" in line
+    assert len(rows) == 13
+    for row in rows:
+        cards = [json.loads((runs / f"{row}-s{seed}" / "result.json").read_text())["device"] for seed in (1, 2, 3)]
+        assert cards == ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], (row, cards)
 
 
 def test_the_presets_other_rows_card_call_counts_every_run_it_will_run_and_times_new_rows_by_their_family(capsys):
     """The second card call of docs/paper_tables_gpu_plan.md (the gpu preset's 13 rows at 3 seeds) on the committed
-    runs: it runs the 13 check runs of seed 3, the new rows' 24 runs, and PALM's finished pre-trainings of seeds 1 and
-    2 again (the re-initialised rows fine-tune from them, and their checkpoints are not committed), as run_all would;
-    the new rows' times are the means of the finished runs of the same family (from the run's name) and kind."""
+    runs: it runs the new rows' 24 runs, and PALM's finished pre-trainings of seeds 1 to 3 again (the re-initialised
+    rows fine-tune from them, and their checkpoints are not committed), as run_all would; the new rows' times are the
+    means of the finished runs of the same family (from the run's name) and kind."""
     from palm_tools.experiments import cli
 
     argv = card_call(1)
     assert "--rows" not in argv and "--tasks" not in argv  # the preset's own rows and task
     assert cli.main(argv + ["--plan-only"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("plan: 39 of 64 runs to run (23 gen, 16 pretrain; 2 of them finished, run again for the "
+    assert line.startswith("plan: 27 of 64 runs to run (15 gen, 12 pretrain; 3 of them finished, run again for the "
                            "checkpoint a fine-tuning needs), in results/gpu;")
     runs = REPO / "results" / "gpu" / "runs"
     seconds = {p.name: json.loads((p / "result.json").read_text())["seconds"] for p in runs.iterdir()
@@ -172,14 +170,12 @@ def test_the_presets_other_rows_card_call_counts_every_run_it_will_run_and_times
     alike = collections.defaultdict(list)
     for name, time in seconds.items():
         alike[family(name)].append(time)
-    rows = {re.sub(r"-s\d+$", "", name) for name in seconds}
-    pending = {**{f"{row}-s3": mean([seconds[f"{row}-s{s}"] for s in (1, 2)]) for row in rows},
-               "pre-palm-s1": seconds["pre-palm-s1"], "pre-palm-s2": seconds["pre-palm-s2"]}
+    pending = {f"pre-palm-s{s}": seconds[f"pre-palm-s{s}"] for s in (1, 2, 3)}
     new = [f"pre-pmlm_{o}-s{s}" for o in ("ar", "par", "ae_ar") for s in (1, 2, 3)]
     new += [f"gen-unilm2-pmlm_{o}-s{s}" for o in ("ar", "par", "ae_ar") for s in (1, 2, 3)]
     new += [f"gen-palm-palm_reinit-{part}-s{s}" for part in ("encoder", "decoder") for s in (1, 2, 3)]
     pending.update({name: mean(alike[family(name)]) for name in new})
-    assert len(pending) == 39
+    assert len(pending) == 27
 
     def need(name):  # gen-FAMILY-KEY-sN fine-tunes what pre-KEY-sN pre-trained (reinit rows: pre-palm)
         if not name.startswith("gen-") or "scratch" in name:
@@ -189,7 +185,7 @@ def test_the_presets_other_rows_card_call_counts_every_run_it_will_run_and_times
 
     chain = max(time + need(name) for name, time in pending.items())
     minutes = max(sum(pending.values()) / 14, chain) / 60
-    assert (f"estimate: about {minutes:.0f} min with 14 processes at once, from the times of 15 of these 39 runs "
+    assert (f"estimate: about {minutes:.0f} min with 14 processes at once, from the times of 3 of these 27 runs "
             f"(results/gpu/paper_tables_gpu.json, or the same runs' finished seeds in WORK); 24 more from the finished "
             f"runs of their family and kind") in line
 

@@ -246,23 +246,28 @@ def test_relative_bias_reaches_cuda_attention_without_a_padded_copy():
     """torch's SDPA copies an additive mask into a padded one before the memory-efficient kernel, unless every stride
     but the last is a multiple of 8 elements, and copies its gradient back in the backward: at pmlm's odd lengths
     that was a sixth of a step (docs/benchmarks-gpu.md, section 8). The bias of masked_offset_bias, at 683 tokens,
-    reaches the kernel without either (no constant_pad_nd, no slice_backward), where the same bias made contiguous
-    does not: the count sees what it is meant to."""
+    reaches the kernel without either (no constant_pad_nd or slice_backward of its size), where the same bias made
+    contiguous does not: the count sees what it is meant to."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 
+    length, heads = 683, 4
+
     class Copies(TorchDispatchMode):
+        """Counts pads and slice gradients of (B, h, T, S) tensors (the table's gradient pads an (h, P, P) one)."""
+
         def __init__(self):
             super().__init__()
             self.count = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += func in (torch.ops.aten.constant_pad_nd.default, torch.ops.aten.slice_backward.default)
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            copies = (torch.ops.aten.constant_pad_nd.default, torch.ops.aten.slice_backward.default)
+            self.count += func in copies and out.dim() == 4 and out.shape[-2] == length
+            return out
 
-    length, heads = 683, 4
     positions = torch.arange(length, device=CUDA).expand(2, length)
     mask = torch.rand(2, length, length, device=CUDA) < 0.6
     mask |= torch.eye(length, dtype=torch.bool, device=CUDA)

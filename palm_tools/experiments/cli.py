@@ -180,6 +180,10 @@ def announce(plan, out, jobs, log=print):
     chain of a pre-training and the fine-tuning that waits for it. Runs with none of these times are counted aloud."""
     results = {name: result_of(plan, name) for name in plan.runs}
     pending = list(runs_to_run(plan))
+    if not pending:
+        log(f"plan: 0 of {len(plan.runs)} runs to run: every run has finished, in {shown(plan.work)}; the tables are "
+            f"written from them", flush=True)
+        return
     again = sum(1 for name in pending if results[name])  # finished pre-trainings whose checkpoints are gone
     kinds = collections.Counter(plan.runs[name].kind for name in pending)
     try:
