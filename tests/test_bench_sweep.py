@@ -246,13 +246,14 @@ def test_speed_card_calls_plan_what_issue_38_measures():
         assert f"::{test}" in selected, test
 
 
-def test_next_speed_card_call_profiles_what_the_last_card_left_open():
-    """Section 7's call for the next card: it parses, runs the CUDA tests of the rebuilt copy kernels and the new bias
-    path, measures PALM's levers first, profiles the flex and compile lever rows (where flex's time goes; the compiled
-    decoder after the fix), measures flex beside its no-dropout baseline, and a row started just before its time
-    budget ends still ends inside its timeout."""
+def test_next_speed_card_call_measures_what_the_last_card_left_open():
+    """Section 8's call for the next card: it parses, runs the CUDA tests of session 21's changes (the bias without a
+    padded copy, auto's triton default) and of the copy kernels, measures every family beside roberta at 64 and 256
+    sequences (the targets at 256 that session 21 did not measure), then PALM's levers first: blocked_copy (the
+    baseline of the new default), fused AdamW against the multi-tensor Adam, the compiled model after the decoder
+    fix; and a row started just before its time budget ends still ends inside its timeout."""
     text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
-    lines = text[text.index("## 7. The card run of issue 38"):].splitlines()
+    lines = text[text.index("## 8. The second card run of issue 38"):].splitlines()
     tests = next(line for line in lines if line.startswith("timeout ") and " pytest " in line)
     line = next(line for line in lines if line.startswith("timeout ") and "palm_tools.bench.cli" in line)
     timeout, command = re.match(r"^timeout (\d+) python3 -m palm_tools\.bench\.cli (.*?); tar ", line).groups()
@@ -261,19 +262,19 @@ def test_next_speed_card_call_profiles_what_the_last_card_left_open():
     selection = shlex.split(tests.split(" 2>&1")[0])
     selected = run_cli(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
                        "tests/test_gpu.py", "-k", selection[selection.index("-k") + 1], cwd=REPO).stdout
-    assert "::test_relative_bias_gradient_on_cuda_equals_float64_reference" in selected
-    assert "::test_attention_with_boolean_masks_on_cuda_equals_float64_reference" in selected
-    assert "::test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory[dtype1-0.01]" in selected
-    assert "::test_multi_tensor_optimizer_on_cuda_updates_as_fairseqs_loops_in_fewer_launches" in selected
+    for test in ("test_relative_bias_reaches_cuda_attention_without_a_padded_copy",
+                 "test_relative_bias_gradient_on_cuda_equals_float64_reference",
+                 "test_default_copy_attention_on_cuda_is_tritons",
+                 "test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory"):
+        assert f"::{test}" in selected, test
     args = benchmark.parse_args(shlex.split(command) + ["--plan-only"])
-    assert args.device == "cuda" and args.profile_levers == ["flex", "compile"] and args.profile_dir
-    _, levers, estimate, _ = benchmark.plan(args)
-    # PALM's first, so that the time budget cannot cut them: the rebuilt copy kernels and the copy's cost when compiled;
-    # in each configuration first, fairseq's loops that the multi-tensor optimizer fix replaces (no compiling: seconds)
-    assert levers.startswith("levers: palm: fairseq_loops, triton_copy, compile, all; palm_nocopy: fairseq_loops, "
-                             "compile, all; ")
+    assert args.device == "cuda" and args.sequences == [64, 256] and args.profile_dir
+    sweep, levers, estimate, _ = benchmark.plan(args)
+    assert set(sweep.split(" at ")[0].split(": ")[1].split(", ")) == {
+        "roberta", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "palm", "palm_nocopy"}
+    assert levers.startswith("levers: palm: blocked_copy, torch_adamw, compile, all, all_kernels; ")
     for config in ("pmlm_ae_par", "unilm_pretraining"):
-        assert f"{config}: fairseq_loops, no_attention_dropout, flex, compile, all" in levers
+        assert f"{config}: torch_adamw, compile, all" in levers
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)
 
 
@@ -306,15 +307,17 @@ def test_speed_card_training_check_runs_quick_on_the_cpu(tmp_path, small_palm_da
 
 def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
     """issue 38's levers: flex (and its fair sdpa baseline without attention dropout) on every UniLM-family
-    configuration and only there, triton_copy on palm only; their options reach the model: on this CPU a training
-    build with flex stops with FlexAttention's one-line refusal, and palm's copy layer gets the triton impl."""
+    configuration and only there, triton_copy and blocked_copy on palm only; their options reach the model: on this
+    CPU a training build with flex stops with FlexAttention's one-line refusal, and palm's copy layer gets the triton
+    impl (refused here, without CUDA), blocked with blocked_copy, auto by default."""
     from palm_tools.bench.models import build
 
     every = {**SPECS, "unilm_bidirectional": bench_sweep.UNILM_BIDIRECTIONAL}
     unilm_family = {"pmlm_mlm", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "unilm_bidirectional"}
     for name in ("flex", "no_attention_dropout"):
         assert {k for k, s in every.items() if bench_sweep.LEVERS[name].applies(s)} == unilm_family
-    assert {k for k, s in every.items() if bench_sweep.LEVERS["triton_copy"].applies(s)} == {"palm"}
+    for name in ("triton_copy", "blocked_copy"):
+        assert {k for k, s in every.items() if bench_sweep.LEVERS[name].applies(s)} == {"palm"}, name
     spec = SPECS["pmlm_ae_par"]
     with pytest.raises(SystemExit, match="--attention-impl flex: .*use --attention-impl sdpa"):
         build(synthetic_corpus.path(spec.layout, 32, 8), spec.args("tiny", 32)
@@ -324,3 +327,8 @@ def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
     assert args[-2:] == ["--copy-attention-impl", "triton"]
     with pytest.raises(SystemExit, match="--copy-attention-impl triton"):  # no CUDA here: refused, naming the option
         build(synthetic_corpus.path(palm.layout, 32, 8), args)
+    # the default is auto (triton on CUDA); blocked_copy, its baseline, reaches the copy layer as blocked
+    for lever, impl in ((None, "auto"), ("blocked_copy", "blocked")):
+        args = palm.args("tiny", 32) + (bench_sweep.LEVERS[lever].args(palm) if lever else [])
+        model = build(synthetic_corpus.path(palm.layout, 32, 8), args).model
+        assert model.decoder.pointer_generator.scores_impl == impl, lever

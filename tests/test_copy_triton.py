@@ -191,11 +191,43 @@ def test_model_build_refuses_triton_without_cuda_or_package(monkeypatch):
 
 @interpreted
 def test_model_build_sets_the_impl(interpreter):
-    """Built to train, here or on CUDA: the copy layer gets the chosen evaluation."""
+    """Built to train, here or on CUDA: the copy layer gets the chosen evaluation; by default auto (triton on CUDA
+    tensors, blocked elsewhere), which --no-copy takes as it takes blocked."""
     assert build(copy_attention_impl="triton").decoder.pointer_generator.scores_impl == "triton"
-    assert build().decoder.pointer_generator.scores_impl == "blocked"
+    assert build(copy_attention_impl="blocked").decoder.pointer_generator.scores_impl == "blocked"
+    assert build().decoder.pointer_generator.scores_impl == "auto"
+    build(no_copy=True)  # auto beside --no-copy: nothing to choose, and not refused as triton is
     with pytest.raises(SystemExit, match="--copy-attention-impl triton computes the copy layer, which --no-copy"):
         build(copy_attention_impl="triton", no_copy=True)
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="runs in the suite's process")
+def test_auto_takes_triton_on_cuda_and_blocked_elsewhere_saying_so_where_triton_is_missing(monkeypatch, caplog):
+    """The default, auto: on CPU tensors the blocked path (the same scores and gradients to the bit as asking for
+    blocked); on CUDA tensors triton's kernels (tests/test_gpu.py runs them), or, without the triton package, the
+    blocked path with one warning that names the package and the options, not one a batch."""
+    from types import SimpleNamespace
+
+    from palm_plugin.modules import copy_generator
+
+    memory, query = (torch.randn(2, n, 12, dtype=torch.float64, requires_grad=True) for n in (7, 5))
+    weight = torch.randn(1, 12, dtype=torch.float64, requires_grad=True)
+    results = []
+    for impl in ("auto", "blocked"):
+        scores = AdditiveAttentionScores.apply(memory, query, weight, impl)
+        results.append((scores, *torch.autograd.grad(scores.square().sum(), (memory, query, weight))))
+    for auto, blocked in zip(*results):
+        assert torch.equal(auto, blocked)
+
+    on_cuda = SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(copy_generator, "_triton_installed", lambda: True)
+    assert copy_generator._auto_impl(on_cuda) == "triton"
+    monkeypatch.setattr(copy_generator, "_triton_installed", lambda: False)
+    copy_generator._warn_blocked_on_cuda.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        assert [copy_generator._auto_impl(on_cuda) for _ in range(3)] == ["blocked"] * 3
+    warnings = [r.getMessage() for r in caplog.records if "--copy-attention-impl auto" in r.getMessage()]
+    assert len(warnings) == 1 and "pip install triton" in warnings[0] and "compiled or blocked" in warnings[0]
 
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="checks a build outside the interpreter")

@@ -479,6 +479,19 @@ def test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory(d
             torch.testing.assert_close(value, reference, rtol=1e-3, atol=1e-3 * float(reference.abs().max()), msg=name)
 
 
+@needs_cuda
+def test_default_copy_attention_on_cuda_is_tritons():
+    """--copy-attention-impl auto, PALM's default: on CUDA tensors the Triton kernels' evaluation, with their values."""
+    from palm_plugin.modules import copy_attention_triton
+    from palm_plugin.modules.copy_generator import AdditiveAttentionScores, _evaluation
+
+    memory, query = (torch.randn(2, n, 64, device=CUDA) for n in (37, 19))
+    weight = torch.randn(1, 64, device=CUDA)
+    assert _evaluation("auto", memory, query)[0] is copy_attention_triton.additive_scores
+    torch.testing.assert_close(AdditiveAttentionScores.apply(memory, query, weight, "auto"),
+                               AdditiveAttentionScores.apply(memory, query, weight, "triton"), rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------------------ (f) FlexAttention
 FLEX_CASES = ("unilm pre-training mix", "pmlm AE+PAR", "pseudo-mask seq2seq")
 

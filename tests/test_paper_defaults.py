@@ -151,8 +151,10 @@ DEFAULTS = [
      "the encoder reads <s> source </s> as RoBERTa did, measured in docs/palm-source-format.md"),
     ("model", "palm", "compile_layers", False, "ours", SPEED),
     ("model", "palm", "compile_copy_attention", False, "ours", SPEED),
-    ("model", "palm", "copy_attention_impl", "blocked", "ours",
-     "equation (3) in cache-sized blocks, the fastest on a CPU; " + SPEED),
+    ("model", "palm", "copy_attention_impl", "auto", "ours",
+     "equation (3) in Triton kernels on CUDA (PALM's step 1.16-1.43x faster than blocked on an H100, "
+     "docs/benchmarks-gpu.md section 8), in cache-sized blocks elsewhere (the CPU's fastest); the same values up to "
+     "float rounding"),
     ("model", "palm", "syncs_at_start", False, "ours", SPEED),
     ("model", "palm", "roberta_path", None, "ours",
      f"no file read unless given; {PALM} 3.1 starts from RoBERTa, a checkpoint the user names"),

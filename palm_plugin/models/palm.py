@@ -107,15 +107,16 @@ class PalmConfig(FairseqDataclass):
     )
     compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
     copy_attention_impl: ChoiceEnum(COPY_ATTENTION_IMPLS) = field(
-        default="blocked",
+        default="auto",
         metadata={"help": "how the copy layer's attention scores, equation (3), are computed, forward and backward; "
                           "none writes their batch x target x source x attention-size activations to memory, all give "
-                          "the same values up to float32 rounding (palm_plugin/modules/copy_generator.py). blocked: "
-                          "in cache-sized blocks with torch's kernels, the fastest on a CPU; compiled: kernels that "
-                          "torch.compile fuses (inductor: Triton on a GPU), for training on a GPU; triton: "
+                          "the same values up to float32 rounding (palm_plugin/modules/copy_generator.py). auto: "
+                          "triton on CUDA, blocked elsewhere (and on CUDA without the triton package, with a "
+                          "warning); blocked: in cache-sized blocks with torch's kernels, the fastest on a CPU; "
+                          "compiled: kernels that torch.compile fuses (inductor: Triton on a GPU); triton: "
                           "hand-written Triton kernels (palm_plugin/modules/copy_attention_triton.py), for training "
-                          "on CUDA (needs the triton package). A model built from a checkpoint to decode takes "
-                          "blocked; timings in docs/benchmarks-gpu.md"},
+                          "on CUDA (needs the triton package; 1.16-1.43x faster PALM steps than blocked on an H100). "
+                          "A model built from a checkpoint to decode takes blocked; timings in docs/benchmarks-gpu.md"},
     )
     compile_copy_attention: bool = field(
         default=False,
@@ -163,7 +164,7 @@ def _copy_attention_impl(cfg) -> str:
     impl = str(safe_getattr(cfg, "copy_attention_impl", "blocked"))
     if not safe_getattr(cfg, "compile_copy_attention", False):
         return impl
-    if impl not in ("blocked", "compiled"):
+    if impl not in ("auto", "blocked", "compiled"):
         raise CopyAttentionImplError(f"--compile-copy-attention (deprecated) means --copy-attention-impl compiled, "
                                      f"which contradicts --copy-attention-impl {impl}: leave out --compile-copy-attention")
     if not building_from_checkpoint():
@@ -210,7 +211,7 @@ class PalmModel(FairseqEncoderDecoderModel):
                           "encoder_max_positions", "decoder_max_positions"),
                     "encoder_embed_dim", ("encoder_attention_heads", "decoder_attention_heads"))
         copy_attention_impl = _copy_attention_impl(cfg)
-        if copy_attention_impl != "blocked" and cfg.no_copy:
+        if copy_attention_impl not in ("auto", "blocked") and cfg.no_copy:
             raise CopyAttentionImplError(f"--copy-attention-impl {copy_attention_impl} computes the copy layer, "
                                          "which --no-copy removes: leave out one")
         if not compiled_layers.compiling():  # decoding: T = 1 at a time, no backward pass; the model may be on a CPU

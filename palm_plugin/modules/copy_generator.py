@@ -27,7 +27,8 @@ normal number) stands in for ``log 0`` there, so that fairseq's label smoothing,
 the whole vocabulary, stays finite.
 """
 import importlib.util
-from functools import partial
+import logging
+from functools import lru_cache, partial
 from typing import Dict, Optional
 
 import torch
@@ -38,6 +39,8 @@ from torch import Tensor
 
 from palm_plugin.errors import CommandError
 from palm_plugin.modules.compiled_layers import compiled
+
+logger = logging.getLogger(__name__)
 
 TINY = torch.finfo(torch.float32).tiny
 LOG_ZERO = float(torch.log(torch.tensor(TINY)))
@@ -52,8 +55,10 @@ ACCELERATOR_BLOCK_ELEMENTS = 2**26
 # others one reduction per block, since a kernel launch per row made the loop launch-bound on a GPU
 # (docs/benchmarks-gpu.md).
 ROW_BY_ROW = {"cpu"}
-# How equation (3) is evaluated (:class:`AdditiveAttentionScores`): PALM's --copy-attention-impl.
-COPY_ATTENTION_IMPLS = ("blocked", "compiled", "triton")
+# How equation (3) is evaluated (:class:`AdditiveAttentionScores`): PALM's --copy-attention-impl. auto: triton on
+# CUDA tensors (1.16-1.43x faster PALM steps than blocked on an H100: docs/benchmarks-gpu.md, section 8), blocked
+# elsewhere.
+COPY_ATTENTION_IMPLS = ("auto", "blocked", "compiled", "triton")
 
 
 class CopyAttentionImplError(CommandError):
@@ -257,6 +262,8 @@ class AdditiveAttentionScores(torch.autograd.Function):
 
 def _evaluation(impl: str, memory: Tensor, query: Tensor):
     """The functions ``(memory, query, w) -> scores`` and ``(memory, query, w, grad) -> gradients`` of ``impl``."""
+    if impl == "auto":
+        impl = _auto_impl(memory)
     if impl == "triton":
         from palm_plugin.modules import copy_attention_triton
 
@@ -267,6 +274,29 @@ def _evaluation(impl: str, memory: Tensor, query: Tensor):
     if impl == "compiled" and min(memory.size(0), memory.size(1), query.size(1)) > 1:
         return partial(_sigmoid_scores, compiled(_weighted_sums)), partial(_sigmoid_gradients, _gradient_sums)
     return partial(_sigmoid_scores, _blocked_weighted_sums), partial(_sigmoid_gradients, _blocked_gradient_sums)
+
+
+@lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _auto_impl(memory: Tensor) -> str:
+    """``--copy-attention-impl auto``: the Triton kernels on CUDA, the blocked path elsewhere; on CUDA without the
+    triton package the blocked path too, said once, since it is the slower one there."""
+    if not memory.is_cuda:
+        return "blocked"
+    if _triton_installed():
+        return "triton"
+    _warn_blocked_on_cuda()
+    return "blocked"
+
+
+@lru_cache(maxsize=None)
+def _warn_blocked_on_cuda() -> None:
+    logger.warning("--copy-attention-impl auto: the triton package is not installed, so PALM's copy layer runs the "
+                   "blocked path on CUDA, the slower one there (docs/benchmarks-gpu.md, section 8): pip install "
+                   "triton, or give --copy-attention-impl compiled or blocked")
 
 
 def _sigmoid_scores(weighted_sums, memory: Tensor, query: Tensor, w: Tensor) -> Tensor:

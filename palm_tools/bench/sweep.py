@@ -126,6 +126,10 @@ LEVERS = {
                   args=_flex_args, compiles=True),
     "triton_copy": Lever("triton_copy", "--copy-attention-impl triton (equation (3) in hand-written Triton kernels)",
                          applies=lambda spec: bool(_triton_copy_args(spec)), args=_triton_copy_args),
+    "blocked_copy": Lever("blocked_copy", "--copy-attention-impl blocked (torch's kernels in blocks: the CPU's path, "
+                          "and CUDA's default before auto chose triton there)",
+                          applies=lambda spec: spec.key == "palm",
+                          args=lambda spec: ["--copy-attention-impl", "blocked"]),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
                             loader=True),
