@@ -251,7 +251,8 @@ def test_next_speed_card_call_measures_what_the_last_card_left_open():
     padded copy, auto's triton default) and of the copy kernels, measures every family beside roberta at 64 and 256
     sequences (the targets at 256 that session 21 did not measure), then PALM's levers first: blocked_copy (the
     baseline of the new default), fused AdamW against the multi-tensor Adam, the compiled model after the decoder
-    fix; and a row started just before its time budget ends still ends inside its timeout."""
+    fix; and a row started just before its time budget ends still ends inside its timeout. Then the training check of
+    the new default at once, in a second call of a few minutes."""
     text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
     lines = text[text.index("## 8. The second card run of issue 38"):].splitlines()
     tests = next(line for line in lines if line.startswith("timeout ") and " pytest " in line)
@@ -276,6 +277,16 @@ def test_next_speed_card_call_measures_what_the_last_card_left_open():
     for config in ("pmlm_ae_par", "unilm_pretraining"):
         assert f"{config}: torch_adamw, compile, all" in levers
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)
+
+    # the second call: PALM's 200-update curve with the Triton copy kernels against the blocked path, within 4 minutes
+    from palm_tools.experiments import gpu_check
+
+    check = shlex.split(next(line for line in lines if "palm_tools.experiments.gpu_check" in line))[3:]
+    assert gpu_check.main(check + ["--plan-only"]) == 0
+    check = gpu_check.parse_args(check + ["--plan-only"])
+    assert (check.configs, check.sizes, check.updates, check.parts) == (["palm_ft"], ["base"], 200, ["training"])
+    assert {"fp32", "bf16", "bf16-kernels"} <= set(check.precisions) and len(check.precisions) <= check.jobs
+    assert check.run_timeout <= 240
 
 
 @pytest.mark.slow

@@ -80,6 +80,14 @@ def test_every_configuration_builds_the_experiments_command_at_each_size(precisi
             assert ("--bf16" in command) == (precision == "bf16") and "--cpu" not in command
             if config in ("palm_ae", "palm_joint"):
                 assert command[command.index("--stage") + 1] == config.split("_")[1]
+            # the reference runs name today's path (PALM's default, auto, takes triton on CUDA); bf16-kernels the
+            # kernels, last, so that they override nothing the comparison needs
+            option, reference, kernel = (("--copy-attention-impl", "blocked", "triton") if config.startswith("palm")
+                                         else ("--attention-impl", "sdpa", "flex"))
+            assert command[len(command) - 1 - command[::-1].index(option) + 1] == reference, config
+            kernels = [str(a) for a in train_command(config, scale, updates, lr, tmp_path, "bf16-kernels", "cuda", 4,
+                                                     tmp_path)]
+            assert kernels[-2:] == [option, kernel] and reference not in kernels[-2:], config
 
 
 def test_precision_variants_override_the_command_last_and_are_judged_as_their_precision():

@@ -29,6 +29,9 @@ VARIANTS = {"fp32-seed2": ("fp32", ["--seed", "2"]), "fp16-scale16": ("fp16", ["
 # differ only by the kernels' order of arithmetic (every check run has dropout off, as FlexAttention needs)
 KERNEL_FLAGS = {"palm": ["--copy-attention-impl", "triton"], "unilm": ["--attention-impl", "flex"],
                 "unilm2": ["--attention-impl", "flex"]}
+# every other run names today's path, which PALM's default no longer is on CUDA (auto takes triton there)
+REFERENCE_FLAGS = {"palm": ["--copy-attention-impl", "blocked"], "unilm": ["--attention-impl", "sdpa"],
+                   "unilm2": ["--attention-impl", "sdpa"]}
 COMPARED_WITH = {"bf16-kernels": "bf16"}  # the precision a variant's curve is judged against (otherwise fp32)
 STABLE_FROM = 50  # fp16: no overflow skip after this update, loss scale at the end >= half its value here
 LOG_INTERVAL = 10
@@ -76,8 +79,8 @@ def train_command(config, scale, updates, lr, data, precision, device, log_inter
     if device != "cpu":
         args.remove("--cpu")
     precision, variant_flags = VARIANTS.get(precision, (precision, []))
-    if variant_flags == "kernels":
-        variant_flags = KERNEL_FLAGS[config.split("_")[0]]
+    family = config.split("_")[0]
+    variant_flags = KERNEL_FLAGS[family] if variant_flags == "kernels" else REFERENCE_FLAGS[family] + variant_flags
     return [str(a) for a in args] + PRECISION_FLAGS[precision] + [
         "--max-update", str(updates), "--warmup-updates", str(warmup), "--lr", str(lr), "--log-format", "json", "--log-interval", str(log_interval),
         "--dropout", "0", "--attention-dropout", "0", "--no-save", "--seed", "1"] + variant_flags
