@@ -7,6 +7,7 @@ import re
 import shlex
 import sys
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -251,7 +252,8 @@ def test_next_speed_card_call_measures_what_the_last_card_left_open():
     padded copy, auto's triton default) and of the copy kernels, measures every family beside roberta at 64 and 256
     sequences (the targets at 256 that session 21 did not measure), then PALM's levers first: blocked_copy (the
     baseline of the new default), fused AdamW against the multi-tensor Adam, the compiled model after the decoder
-    fix; and a row started just before its time budget ends still ends inside its timeout. Then the training check of
+    fix, and on the UniLM family FlexAttention compiled per shape beside flex; and a row started just before its time
+    budget ends still ends inside its timeout. Then the training check of
     the new default at once, in a second call of a few minutes."""
     text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
     lines = text[text.index("## 8. The second card run of issue 38"):].splitlines()
@@ -275,7 +277,8 @@ def test_next_speed_card_call_measures_what_the_last_card_left_open():
         "roberta", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "palm", "palm_nocopy"}
     assert levers.startswith("levers: palm: blocked_copy, torch_adamw, compile, all, all_kernels; ")
     for config in ("pmlm_ae_par", "unilm_pretraining"):
-        assert f"{config}: torch_adamw, compile, all" in levers
+        assert f"{config}: flex_static, flex, torch_adamw, compile, all" in levers
+    assert args.profile_levers == ["flex_static", "all"]
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)
 
     # the second call: PALM's 200-update curve with the Triton copy kernels against the blocked path, within 4 minutes
@@ -325,7 +328,7 @@ def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
 
     every = {**SPECS, "unilm_bidirectional": bench_sweep.UNILM_BIDIRECTIONAL}
     unilm_family = {"pmlm_mlm", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "unilm_bidirectional"}
-    for name in ("flex", "no_attention_dropout"):
+    for name in ("flex", "flex_static", "no_attention_dropout"):
         assert {k for k, s in every.items() if bench_sweep.LEVERS[name].applies(s)} == unilm_family
     for name in ("triton_copy", "blocked_copy"):
         assert {k for k, s in every.items() if bench_sweep.LEVERS[name].applies(s)} == {"palm"}, name
@@ -343,3 +346,28 @@ def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
         args = palm.args("tiny", 32) + (bench_sweep.LEVERS[lever].args(palm) if lever else [])
         model = build(synthetic_corpus.path(palm.layout, 32, 8), args).model
         assert model.decoder.pointer_generator.scores_impl == impl, lever
+
+
+def test_flex_levers_choose_how_flexattention_compiles_on_cuda_each_for_its_own_row(monkeypatch):
+    """flex_static (issue 38's experiment: inductor's FlexAttention kernels without bound checks, which it generates
+    only where it knows the lengths) compiles FlexAttention on CUDA for the batch's shape; flex and all_kernels for
+    every shape, as the model does by default; each lever sets its own, so one row's choice never reaches the next.
+    On the CPU shapes stay static whatever the setting."""
+    from palm_plugin.modules import flex_attention
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda function, **options: calls.append(options["dynamic"]) or function)
+    monkeypatch.setattr(flex_attention, "_COMPILED", {})
+    monkeypatch.setattr(flex_attention, "CUDA_SHAPES", "dynamic")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    rows = (("flex_static", False, [False, False]), ("flex", True, [True]), ("flex_static", False, []),
+            ("all_kernels", True, []))  # what each row compiles anew: once per device and mode
+    for lever, dynamic, compiled in rows:
+        bench_sweep.LEVERS[lever].after_build(SimpleNamespace(spec_plugin=True))
+        calls.clear()
+        flex_attention._compiled(flex_attention.flex_attention, cuda)
+        flex_attention._compiled(flex_attention.flex_attention, cpu)
+        assert calls == compiled, lever
+        assert flex_attention._COMPILED[flex_attention.flex_attention, "cuda", dynamic] is flex_attention.flex_attention
+    assert len(flex_attention._COMPILED) == 3
+    assert (flex_attention.flex_attention, "cpu", False) in flex_attention._COMPILED

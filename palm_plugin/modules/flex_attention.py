@@ -173,17 +173,24 @@ def relative_position_score_mod(table: torch.Tensor, positions: torch.Tensor) ->
 
 # ------------------------------------------------------------------------------------------------ the kernel
 _COMPILED: Dict[tuple, Callable] = {}
+# How FlexAttention is compiled on CUDA: "dynamic", one kernel for every batch shape; or "static", one a shape, the
+# benchmark's flex_static lever (an experiment: with symbolic lengths inductor cannot prove them multiples of its
+# 128-wide tiles and generates the kernels with a bound check on every load, IS_DIVISIBLE=False; docs/benchmarks-gpu.md,
+# section 8)
+CUDA_SHAPES = "dynamic"
 
 
 def _compiled(function: Callable, device: torch.device) -> Callable:
     """``function`` through inductor, once per device type: FlexAttention is efficient only as the kernel inductor
     generates (run eagerly it materialises the scores), so it is compiled whatever ``--compile-layers`` and its test
-    backend say. On CUDA shapes are dynamic from the first call (fairseq's batches change size every update). On
-    the CPU they are static: inductor's CPU template of torch 2.13 fails to compile some mask_mods with symbolic
-    sizes (C++ errors, e.g. an undeclared ``cur_kvSplitSize``), so each new shape compiles anew (about 20 s)."""
-    key = function, device.type
+    backend say. On CUDA shapes are dynamic from the first call (fairseq's batches change size every update), unless
+    :data:`CUDA_SHAPES` says static. On the CPU they are static: inductor's CPU template of torch 2.13 fails to compile
+    some mask_mods with symbolic sizes (C++ errors, e.g. an undeclared ``cur_kvSplitSize``), so each new shape
+    compiles anew (about 20 s)."""
+    dynamic = device.type == "cuda" and CUDA_SHAPES == "dynamic"
+    key = function, device.type, dynamic
     if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(function, dynamic=device.type == "cuda", fullgraph=True)
+        _COMPILED[key] = torch.compile(function, dynamic=dynamic, fullgraph=True)
         if device.type != "cuda" and function is flex_attention:
             warnings.warn("--attention-impl flex on the CPU compiles FlexAttention once per batch shape (about 20 s "
                           "each, inference only); for CPU work use --attention-impl sdpa", stacklevel=3)

@@ -92,6 +92,13 @@ def _flex_args(spec):
         "unilm") else []
 
 
+def _flex_shapes(shapes):
+    """Each flex lever sets how FlexAttention compiles on CUDA, so that one row's choice does not reach the next."""
+    from palm_plugin.modules import flex_attention
+
+    flex_attention.CUDA_SHAPES = shapes
+
+
 def _triton_copy_args(spec):
     return ["--copy-attention-impl", "triton"] if spec.key == "palm" else []
 
@@ -123,7 +130,11 @@ LEVERS = {
                                   args=lambda spec: ["--attention-dropout", "0"]),
     "flex": Lever("flex", "--attention-impl flex --attention-dropout 0 (FlexAttention: block masks skip hidden tiles, "
                           "UniLMv2's bias inside the kernel)", applies=lambda spec: bool(_flex_args(spec)),
-                  args=_flex_args, compiles=True),
+                  args=_flex_args, after_build=lambda built: _flex_shapes("dynamic"), compiles=True),
+    "flex_static": Lever("flex_static", "flex compiled for the batch's shape, not for every shape (an experiment: "
+                                        "inductor's kernels without bound checks where lengths are multiples of 128)",
+                         applies=lambda spec: bool(_flex_args(spec)), args=_flex_args,
+                         after_build=lambda built: _flex_shapes("static"), compiles=True),
     "triton_copy": Lever("triton_copy", "--copy-attention-impl triton (equation (3) in hand-written Triton kernels)",
                          applies=lambda spec: bool(_triton_copy_args(spec)), args=_triton_copy_args),
     "blocked_copy": Lever("blocked_copy", "--copy-attention-impl blocked (torch's kernels in blocks: the CPU's path, "
@@ -141,7 +152,7 @@ LEVERS = {
                                         "CUDA defaults of issue 38",
                          args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec)
                          + _flex_args(spec) + _triton_copy_args(spec),
-                         after_build=_compile_baseline, compiles=True),
+                         after_build=lambda built: (_compile_baseline(built), _flex_shapes("dynamic")), compiles=True),
 }  # fmt: skip
 
 
