@@ -253,7 +253,7 @@ def test_a_work_folder_refuses_data_other_than_its_runs_were_made_from(tmp_path)
 def test_a_work_folder_of_other_data_is_refused_before_anything_is_prepared(tmp_path, monkeypatch):
     """palm-experiments checks the data record before prepare: a WORK/prepared made from the recorded data would
     otherwise be reused (or palm-data run) for a seed of other data. prepare is replaced by a stop, so the
-    refusal must come first."""
+    refusal must come first. --plan-only checks it too, and writes nothing."""
     from palm_tools.experiments import cli
 
     data, work = tmp_path / "card_data", tmp_path / "work"
@@ -262,11 +262,19 @@ def test_a_work_folder_of_other_data_is_refused_before_anything_is_prepared(tmp_
     work.mkdir()
     (work / "data.json").write_text(json.dumps({"dict.txt": hashlib.sha256(b"other\n").hexdigest()}))
     monkeypatch.setattr(cli, "prepare", lambda *args: pytest.fail("prepare ran before the data check"))
-    with pytest.raises(SystemExit) as stop:
-        cli.main(["--preset", "gpu", "--work", str(work), "--out", str(tmp_path / "out"), "--only", "unilm",
-                  "--rows", "unilm/scratch", "--tasks", "gen", "--scale", f"data={data}", "--jobs", "1"])
-    assert str(stop.value).startswith(f"palm-experiments: {work}'s runs were made from other data than {data} "
-                                      f"(dict.txt differ")
+    argv = ["--preset", "gpu", "--work", str(work), "--out", str(tmp_path / "out"), "--only", "unilm", "--rows",
+            "unilm/scratch", "--tasks", "gen", "--scale", f"data={data}", "--jobs", "1"]
+    # --plan-only, how a card command is checked before the card is lent (session 21 built such a folder and saw it
+    # only by hashing the files by hand): refused the same, and nothing written
+    for extra in (["--plan-only"], []):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv + extra)
+        assert str(stop.value).startswith(f"palm-experiments: {work}'s runs were made from other data than {data} "
+                                          f"(dict.txt differ"), extra
+    (data / "tok" / "chitchat.test.src").write_text("a b\n")  # a file the record lacks: --plan-only does not add it
+    (work / "data.json").write_text(json.dumps({"dict.txt": hashlib.sha256(b"a 3\nb 2\n").hexdigest()}))
+    record = (work / "data.json").read_text()
+    assert cli.main(argv + ["--plan-only"]) == 0 and (work / "data.json").read_text() == record
 
 
 def test_the_real_weights_card_call_plans_its_seed_in_the_committed_folder(capsys):

@@ -258,7 +258,8 @@ def main(argv=None):
     check_work_folder(work, scale, record_it=not args.plan_only)
     started = time.time()
     logged_run.stop_runs_on_termination()
-    if args.plan_only:
+    if args.plan_only:  # a card command checked here: its data folder too, where it is built already
+        check_data_files(plan, record_new=False)
         announce(plan, out, args.jobs)
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)

