@@ -39,8 +39,10 @@ HELP = ("how the self-attention of a full sequence is computed. sdpa (default): 
         "bias per batch); use it on the CPU and for decoding. flex: torch's FlexAttention "
         "(palm_plugin/modules/flex_attention.py): the mask as a block mask built from the batch's structure, whose "
         "fully masked 128 x 128 tiles are skipped, and UniLMv2's relative position bias applied inside the kernel, "
-        "so no (batch, heads, length, length) bias and gradient exist; use it to train on a GPU (it needs CUDA for "
-        "the backward and --attention-dropout 0). Incremental decoding uses sdpa either way")
+        "so no (batch, heads, length, length) bias and gradient exist; it needs CUDA for the backward and "
+        "--attention-dropout 0, and on an H100 it trained slower than sdpa (0.63x on pmlm, 0.97x on UniLM's "
+        "pre-training mix: docs/benchmarks-gpu.md, section 8), so sdpa is the choice for training too. Incremental "
+        "decoding uses sdpa either way")
 BLOCK_SIZE = 128  # FlexAttention's tile, query rows x key columns
 SDPA_INSTEAD = "use --attention-impl sdpa"
 # the enums' values as plain ints: inductor's CPU template fails to lower a mask_mod comparing with IntEnum members
