@@ -26,15 +26,18 @@ def built(synthetic_corpus):
 
 
 class Calls(TorchDispatchMode):
-    """The operators called, each once however it runs inside (the mode is off while an operator runs)."""
+    """The operators called, each once however it runs inside (the mode is off while an operator runs), and the
+    shape of each one's result (None where it is not one tensor)."""
 
     def __init__(self):
         super().__init__()
-        self.names = []
+        self.names, self.shapes = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
         self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
+        self.shapes.append(tuple(out.shape) if torch.is_tensor(out) else None)
+        return out
 
 
 def _optimizer(built, params, flat):

@@ -70,7 +70,7 @@ def check_copy_attention_impl(impl: str) -> None:
     a CUDA device (or Triton's interpreter, ``TRITON_INTERPRET=1``, which tests use on a CPU)."""
     if impl != "triton":
         return
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         raise CopyAttentionImplError("--copy-attention-impl triton needs the triton package (pip install triton), "
                                      "which is not installed: use --copy-attention-impl compiled (or blocked)")
     from palm_plugin.modules import copy_attention_triton
@@ -276,7 +276,6 @@ def _evaluation(impl: str, memory: Tensor, query: Tensor):
     return partial(_sigmoid_scores, _blocked_weighted_sums), partial(_sigmoid_gradients, _blocked_gradient_sums)
 
 
-@lru_cache(maxsize=None)
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
