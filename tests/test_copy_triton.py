@@ -220,9 +220,9 @@ def test_auto_takes_triton_on_cuda_and_blocked_elsewhere_saying_so_where_triton_
         assert torch.equal(auto, blocked)
 
     on_cuda = SimpleNamespace(is_cuda=True)
-    monkeypatch.setattr(copy_generator, "_triton_installed", lambda: True)
+    monkeypatch.setattr(copy_generator, "triton_installed", lambda: True)
     assert copy_generator._auto_impl(on_cuda) == "triton"
-    monkeypatch.setattr(copy_generator, "_triton_installed", lambda: False)
+    monkeypatch.setattr(copy_generator, "triton_installed", lambda: False)
     copy_generator._warn_blocked_on_cuda.cache_clear()
     with caplog.at_level(logging.WARNING):
         assert [copy_generator._auto_impl(on_cuda) for _ in range(3)] == ["blocked"] * 3

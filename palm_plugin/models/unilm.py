@@ -19,6 +19,7 @@ mark the objective) and ``unilm2_base`` / ``unilm2_tiny`` (UniLMv2: + relative p
 """
 import logging
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -29,6 +30,7 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.fixes.saved_model_build import building_from_checkpoint
 from palm_plugin.modules import table_extension
+from palm_plugin.modules import attention_impl as attention_impls
 from palm_plugin.modules import compiled_layers, flex_attention
 from palm_plugin.modules.dictionary_check import (
     FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
@@ -65,8 +67,8 @@ class UniLMConfig(FairseqDataclass):
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}
     )
     compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
-    attention_impl: ChoiceEnum(flex_attention.IMPLEMENTATIONS) = field(
-        default="sdpa", metadata={"help": flex_attention.HELP}
+    attention_impl: ChoiceEnum(attention_impls.IMPLEMENTATIONS) = field(
+        default="sdpa", metadata={"help": attention_impls.HELP}
     )
     drop_full_masks: bool = field(
         default=False,
@@ -123,7 +125,9 @@ class UniLMClassificationHead(nn.Module):
 
 @register_model("unilm", dataclass=UniLMConfig)
 class UniLMModel(FairseqEncoderDecoderModel):
-    def __init__(self, cfg: UniLMConfig, dictionary):
+    def __init__(self, cfg: UniLMConfig, dictionary, attention_impl_choice: Optional[str] = None):
+        """``attention_impl_choice``: what the stack uses, when not ``cfg.attention_impl`` (a checkpoint's choice
+        that cannot run here, :meth:`build_model`)."""
         stack = UniLMTransformer(
             vocab_size=len(dictionary),
             padding_idx=dictionary.pad(),
@@ -139,7 +143,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
             activation_dropout=cfg.activation_dropout,
             relative_position_buckets=cfg.relative_position_buckets,
             relative_position_max_distance=cfg.relative_position_max_distance,
-            attention_impl=getattr(cfg, "attention_impl", "sdpa"),
+            attention_impl=attention_impl_choice or getattr(cfg, "attention_impl", "sdpa"),
         )
         lm_head = UniLMLMHead(
             cfg.encoder_embed_dim, len(dictionary), stack.embeddings.tokens.weight, cfg.layer_norm_eps
@@ -185,10 +189,16 @@ class UniLMModel(FairseqEncoderDecoderModel):
     def build_model(cls, cfg, task):
         check_sizes(cfg, ("encoder_layers", "encoder_ffn_embed_dim", "max_positions", "num_segments"),
                     "encoder_embed_dim", ("encoder_attention_heads",))
-        if getattr(cfg, "attention_impl", "sdpa") == "flex":
-            # a model built from a checkpoint for use (generate, hub) only infers; every other build is for training
-            flex_attention.check_usable(not building_from_checkpoint(), cfg.attention_dropout)
-        return cls(cfg, task.source_dictionary)
+        impl = getattr(cfg, "attention_impl", "sdpa")
+        if impl == "triton" and building_from_checkpoint() and not attention_impls.triton_runs_here():
+            # a checkpoint trained on a card, used where its kernels cannot run: the same values through sdpa
+            logger.warning("this checkpoint was trained with --attention-impl triton, whose kernels cannot run here "
+                           "(no CUDA device or no triton package): it attends with --attention-impl sdpa, the same "
+                           "values")
+            impl = "sdpa"
+        # a model built from a checkpoint for use (generate, hub) only infers; every other build is for training
+        attention_impls.check_usable(impl, not building_from_checkpoint(), cfg.attention_dropout)
+        return cls(cfg, task.source_dictionary, impl)
 
     @property
     def stack(self) -> UniLMTransformer:

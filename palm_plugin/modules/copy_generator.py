@@ -26,7 +26,6 @@ Position markers of the extended vocabulary have no ``P_v`` entry; :data:`LOG_ZE
 normal number) stands in for ``log 0`` there, so that fairseq's label smoothing, which sums log-probabilities over
 the whole vocabulary, stays finite.
 """
-import importlib.util
 import logging
 from functools import lru_cache, partial
 from typing import Dict, Optional
@@ -38,6 +37,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor
 
 from palm_plugin.errors import CommandError
+from palm_plugin.modules.attention_impl import triton_installed
 from palm_plugin.modules.compiled_layers import compiled
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def check_copy_attention_impl(impl: str) -> None:
     a CUDA device (or Triton's interpreter, ``TRITON_INTERPRET=1``, which tests use on a CPU)."""
     if impl != "triton":
         return
-    if not _triton_installed():
+    if not triton_installed():
         raise CopyAttentionImplError("--copy-attention-impl triton needs the triton package (pip install triton), "
                                      "which is not installed: use --copy-attention-impl compiled (or blocked)")
     from palm_plugin.modules import copy_attention_triton
@@ -276,16 +276,12 @@ def _evaluation(impl: str, memory: Tensor, query: Tensor):
     return partial(_sigmoid_scores, _blocked_weighted_sums), partial(_sigmoid_gradients, _blocked_gradient_sums)
 
 
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 def _auto_impl(memory: Tensor) -> str:
     """``--copy-attention-impl auto``: the Triton kernels on CUDA, the blocked path elsewhere; on CUDA without the
     triton package the blocked path too, said once, since it is the slower one there."""
     if not memory.is_cuda:
         return "blocked"
-    if _triton_installed():
+    if triton_installed():
         return "triton"
     _warn_blocked_on_cuda()
     return "blocked"

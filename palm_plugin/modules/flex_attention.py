@@ -26,6 +26,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from palm_plugin.errors import CommandError
+from palm_plugin.modules.attention_impl import SDPA_INSTEAD, FusedMask
 from palm_plugin.modules.attention_masks import Objective, PseudoMaskKind, mask_from_fields, pseudo_seq2seq_layout
 
 try:
@@ -33,18 +34,7 @@ try:
 except ImportError:  # torch < 2.5
     BlockMask = create_block_mask = flex_attention = None
 
-IMPLEMENTATIONS = ("sdpa", "flex")
-HELP = ("how the self-attention of a full sequence is computed. sdpa (default): "
-        "torch's scaled_dot_product_attention with a dense mask (and, for UniLMv2, a dense float mask + relative "
-        "bias per batch); use it on the CPU and for decoding. flex: torch's FlexAttention "
-        "(palm_plugin/modules/flex_attention.py): the mask as a block mask built from the batch's structure, whose "
-        "fully masked 128 x 128 tiles are skipped, and UniLMv2's relative position bias applied inside the kernel, "
-        "so no (batch, heads, length, length) bias and gradient exist; it needs CUDA for the backward and "
-        "--attention-dropout 0, and on an H100 it trained slower than sdpa (0.63x on pmlm, 0.97x on UniLM's "
-        "pre-training mix: docs/benchmarks-gpu.md, section 8), so sdpa is the choice for training too. Incremental "
-        "decoding uses sdpa either way")
 BLOCK_SIZE = 128  # FlexAttention's tile, query rows x key columns
-SDPA_INSTEAD = "use --attention-impl sdpa"
 # the enums' values as plain ints: inductor's CPU template fails to lower a mask_mod comparing with IntEnum members
 LEFT_TO_RIGHT, RIGHT_TO_LEFT = int(Objective.LEFT_TO_RIGHT), int(Objective.RIGHT_TO_LEFT)
 SEQ2SEQ = int(Objective.SEQ2SEQ)
@@ -208,15 +198,16 @@ def block_mask(mask_mod_fn: Callable, batch: int, length: int, device) -> "Block
     return build(mask_mod_fn, batch, None, length, length, device=device, BLOCK_SIZE=BLOCK_SIZE)
 
 
-class FlexMask:
+class FlexMask(FusedMask):
     """What every layer of one forward shares under ``--attention-impl flex``: the block mask and the score_mod."""
+
+    error = FlexAttentionError
 
     def __init__(self, block_mask: "BlockMask", score_mod: Optional[Callable] = None):
         self.block_mask = block_mask
         self.score_mod = score_mod
 
     def attend(self, q, k, v) -> torch.Tensor:
-        """``softmax(q k^T / sqrt(d) + bias, masked) v`` for ``q``, ``k``, ``v`` ``(B, h, T, d)``."""
         if q.requires_grad and q.device.type != "cuda":
             raise FlexAttentionError(f"FlexAttention's backward runs only on CUDA, and this forward on {q.device} "
                                      f"records a graph for one; run inference under torch.no_grad(), or "

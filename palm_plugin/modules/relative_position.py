@@ -90,9 +90,14 @@ class RelativePositionBias(nn.Module):
         """``(num_heads, 2 P - 1)``: the bias of every offset ``1 - P .. P - 1`` between positions below ``P =
         max_positions``, column ``offset + P - 1``: what :func:`masked_offset_bias` reads the scores' bias from, in
         training once per forward pass, in decoding once per batch of sentences."""
+        return F.embedding(self.offset_buckets(max_positions), self.weight.t()).t()
+
+    def offset_buckets(self, max_positions: int) -> torch.Tensor:
+        """``(2 P - 1,)`` long: the bucket of every offset ``1 - P .. P - 1`` (index ``offset + P - 1``), from which
+        :meth:`table` reads the bias, and the Triton kernels (:mod:`palm_plugin.modules.attention_triton`) sum the
+        gradient per bucket."""
         offsets = torch.arange(1 - max_positions, max_positions, device=self.weight.device)
-        buckets = relative_position_bucket(offsets, self.num_buckets, self.max_distance, bidirectional=True)
-        return F.embedding(buckets, self.weight.t()).t()
+        return relative_position_bucket(offsets, self.num_buckets, self.max_distance, bidirectional=True)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"

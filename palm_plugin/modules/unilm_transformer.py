@@ -11,7 +11,9 @@ The mask ``M`` is boolean (True = may attend, :mod:`palm_plugin.modules.attentio
 position bias it goes to ``scaled_dot_product_attention`` as is; with one (UniLMv2), mask and bias are combined
 once per forward into one additive float mask ``to_additive(M) + bias`` shared by every layer. With
 ``attention_impl="flex"`` the full-sequence forward goes through FlexAttention instead
-(:mod:`palm_plugin.modules.flex_attention`: a block mask, and the bias as a score_mod); decoding keeps SDPA.
+(:mod:`palm_plugin.modules.flex_attention`: a block mask, and the bias as a score_mod), with ``"triton"`` through the
+plugin's kernels (:mod:`palm_plugin.modules.attention_triton`: the mask read per tile, the bias inside the kernel);
+decoding keeps SDPA.
 
 Shapes: ``B`` batch, ``T`` query length, ``S`` key length, ``C`` model dimension, ``h`` heads, ``d = C / h``.
 """
@@ -24,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from palm_plugin.modules import flex_attention
+from palm_plugin.modules.attention_impl import IMPLEMENTATIONS, SDPA_INSTEAD, FusedMask
 from palm_plugin.modules.attention_masks import to_additive
 from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 
@@ -60,8 +63,8 @@ class UniLMEmbeddings(nn.Module):
 class UniLMLayer(nn.Module):
     """One post-LN Transformer block (BERT's), with two ways to attend:
 
-    * :meth:`forward`: the whole sequence at once through ``scaled_dot_product_attention``, or FlexAttention when
-      given a :class:`~palm_plugin.modules.flex_attention.FlexMask` (training, scoring);
+    * :meth:`forward`: the whole sequence at once through ``scaled_dot_product_attention``, or through a kernel of
+      its own when given a :class:`~palm_plugin.modules.attention_impl.FusedMask` (training, scoring);
     * :meth:`forward_cached`: a few new query rows against keys and values computed before (incremental decoding),
       with the source keys/values stored once per sentence and shared by the sentence's beams.
     """
@@ -104,17 +107,16 @@ class UniLMLayer(nn.Module):
         Args:
             x: ``(B, T, C)``.
             attn_mask: boolean ``(B, 1, T, T)`` (True = may attend), additive float ``(B, h, T, T)``, or a
-                :class:`~palm_plugin.modules.flex_attention.FlexMask`.
+                :class:`~palm_plugin.modules.attention_impl.FusedMask` (FlexAttention's, the Triton kernels').
         Returns:
             ``(B, T, C)``, and the keys and values ``(B, h, T, d)`` of ``x`` (kept by the decoder's source cache).
         """
         q, k, v = self.project(x)
         dropout_p = self.attention_dropout if self.training else 0.0
-        if isinstance(attn_mask, flex_attention.FlexMask):
+        if isinstance(attn_mask, FusedMask):
             if dropout_p > 0:  # the model refuses this when built; a stack built directly is stopped here
-                raise flex_attention.FlexAttentionError(
-                    f"FlexAttention has no attention dropout; set attention_dropout 0 (now {dropout_p}) or "
-                    f"{flex_attention.SDPA_INSTEAD}")
+                raise attn_mask.error(f"the kernel has no attention dropout; set attention_dropout 0 (now "
+                                      f"{dropout_p}) or {SDPA_INSTEAD}")
             context = attn_mask.attend(q, k, v)
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
@@ -164,7 +166,7 @@ class UniLMTransformer(nn.Module):
     (:class:`palm_plugin.modules.relative_position.RelativePositionBias`), computed once per forward from the
     position ids and added in every layer.
 
-    ``attention_impl``: ``"sdpa"`` or ``"flex"`` (:data:`palm_plugin.modules.flex_attention.HELP`), for
+    ``attention_impl``: ``"sdpa"``, ``"flex"`` or ``"triton"`` (:data:`palm_plugin.modules.attention_impl.HELP`), for
     :meth:`forward`; :meth:`forward_source` and :meth:`forward_step` (decoding) always use SDPA.
     """
 
@@ -187,8 +189,8 @@ class UniLMTransformer(nn.Module):
         attention_impl: str = "sdpa",
     ):
         super().__init__()
-        if attention_impl not in flex_attention.IMPLEMENTATIONS:
-            raise ValueError(f"attention_impl {attention_impl!r}: one of {', '.join(flex_attention.IMPLEMENTATIONS)}")
+        if attention_impl not in IMPLEMENTATIONS:
+            raise ValueError(f"attention_impl {attention_impl!r}: one of {', '.join(IMPLEMENTATIONS)}")
         self.attention_impl = attention_impl
         self.num_heads = num_heads
         self.embeddings = UniLMEmbeddings(
@@ -242,6 +244,24 @@ class UniLMTransformer(nn.Module):
         score_mod = flex_attention.relative_position_score_mod(table, positions)
         return flex_attention.FlexMask(block_mask, score_mod)
 
+    def triton_mask(self, positions, mask):
+        """What :meth:`attention_bias` gives the SDPA path, for the Triton kernels: the dense boolean mask (from
+        ``mask``, a boolean ``(B, T, T)`` or ``(T, T)`` tensor, a
+        :class:`~palm_plugin.modules.flex_attention.MaskFields`, or None: every row sees every column) with its tile
+        lists and, with a relative position bias, the bucket weights and the bucket of every offset."""
+        from palm_plugin.modules.attention_triton import TritonMask
+
+        batch, length = positions.shape
+        if isinstance(mask, flex_attention.MaskFields):
+            mask = mask.dense()
+        elif mask is None:
+            mask = positions.new_ones(batch, length, length, dtype=torch.bool)
+        mask = mask.expand(batch, length, length)
+        if self.relative_position is None:
+            return TritonMask(mask)
+        return TritonMask(mask, positions, self.relative_position.weight,
+                          self.relative_position.offset_buckets(self.embeddings.positions.num_embeddings))
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -268,7 +288,9 @@ class UniLMTransformer(nn.Module):
         positions = self.default_positions(tokens) if positions is None else positions
         segments = torch.zeros_like(tokens) if segments is None else segments
         x = self.embeddings(tokens, positions, segments)
-        if self.attention_impl == "flex" and not torch.is_tensor(attention_mask):
+        if self.attention_impl == "triton":
+            attn_mask = self.triton_mask(positions, attention_mask)
+        elif self.attention_impl == "flex" and not torch.is_tensor(attention_mask):
             attn_mask = self.flex_mask(positions, attention_mask, x.dtype)
         else:
             if isinstance(attention_mask, flex_attention.MaskFields):

@@ -1,0 +1,398 @@
+"""UniLM-family self-attention as Triton kernels (``--attention-impl triton``): ``softmax(Q K^T / sqrt(d) + M + b) V``
+in tiles, with UniLMv2's relative position bias ``b`` read inside the kernel and its gradient summed there per
+bucket, and every tile that the mask ``M`` hides skipped.
+
+Why a kernel of our own: SDPA takes UniLMv2's bias as a dense ``(B, h, T, T)`` tensor, which sends it to the
+memory-efficient kernel and makes every layer's backward write a gradient of that size; FlexAttention avoids the
+tensor, but trained slower than SDPA on an H100 (docs/benchmarks-gpu.md, section 8). Issue 38 asks for a hand-written
+kernel where FlexAttention misses; this is it, with the card's measurement to come.
+
+The algorithm is FlashAttention's (Dao et al. 2022; the backward of FlashAttention-2): each program keeps one tile of
+``BLOCK_M`` query rows in registers and walks the key tiles with an online softmax; the backward recomputes the
+probabilities from the saved log-sum-exp, one kernel for ``dQ`` (walking key tiles) and one for ``dK``, ``dV``
+(walking query tiles). What is particular to UniLM:
+
+* The mask is the batch's dense boolean mask (the rules of :mod:`palm_plugin.modules.attention_masks`, built once per
+  forward and shared by all heads and layers) with, from it, per tile row and per tile column, the list of tiles the
+  mask shows partly and of tiles it shows whole (:class:`TritonMask`). Hidden tiles are never visited; whole ones
+  are computed without reading the mask.
+* UniLMv2's bias: score ``(i, j)`` of head ``h`` adds ``table[h, pos_j - pos_i + P - 1]`` from the bias of every
+  offset (``weight[h, bucket(offset)]``, :class:`~palm_plugin.modules.relative_position.RelativePositionBias`), by
+  the two tokens' position ids. Its gradient is that of the ``(h, num_buckets)`` weight: the ``dK``/``dV`` kernel
+  sums each tile's score gradients per bucket, over the buckets the tile's offsets reach (a few, away from the
+  diagonal), and writes one partial sum per program, which torch adds up: deterministic, no atomics.
+* No dropout on the attention probabilities (refused when a model is built, as for FlexAttention).
+
+Sums run in float32 whatever the inputs' dtype; probabilities are rounded to it before their products with ``V`` (as
+FlashAttention does). The kernels run on CUDA tensors; under Triton's interpreter (``TRITON_INTERPRET=1`` when triton
+is imported: tests/test_attention_triton.py) on any, slowly.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from palm_plugin.modules.attention_impl import SDPA_INSTEAD, FusedMask, TritonAttentionError
+
+# (BLOCK_M query rows, BLOCK_N keys) of a tile; powers of two, at least 16 (tl.dot's least). Not yet tuned on a card.
+BLOCK = (64, 64)
+# whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+LOG2E = 1.4426950408889634  # the kernels work in base 2: exp2 is one instruction
+
+
+# ------------------------------------------------------------------------------------------------ one tile's scores
+@triton.jit
+def _scores(q, k, rows, columns, query_positions, key_base, mask_base, table_base, center, queries, keys, scale2,
+            PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    """The tile's scores in base 2, ``(q k^T / sqrt(d) + b) log2(e)``, -inf where the mask hides a pair (partial
+    tiles only; a whole tile has no pair out of bounds, as :func:`tile_lists` counts the tiles at the edges partial)."""
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+    if HAS_BIAS:
+        key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
+        offsets = key_positions[None, :] - query_positions[:, None] + center
+        scores += tl.load(table_base + offsets).to(tl.float32) * 1.4426950408889634
+    if PARTIAL:
+        shown = tl.load(mask_base + rows[:, None] * keys + columns[None, :],
+                        mask=(rows[:, None] < queries) & (columns[None, :] < keys), other=0)
+        scores = tl.where(shown != 0, scores, float("-inf"))
+    return scores
+
+
+@triton.jit
+def _load_rows(base, stride, rows, count, dims, head_dim):
+    """A ``(rows, DIM)`` tile of a ``(B, h, T, d)`` tensor (zero past the length and past ``d``)."""
+    return tl.load(base + rows[:, None].to(tl.int64) * stride + dims[None, :],
+                   mask=(rows[:, None] < count) & (dims[None, :] < head_dim), other=0.0)
+
+
+# ------------------------------------------------------------------------------------------------ forward
+@triton.jit
+def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base, v_base, stride_k, stride_v,
+                  key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
+                  PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    columns = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, DIM)
+    k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
+    v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
+    scores = _scores(q, k, rows, columns, query_positions, key_base, mask_base, table_base, center, queries, keys,
+                     scale2, PARTIAL, HAS_BIAS, PRECISION)
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that has seen nothing yet keeps its zeros
+    probs = tl.math.exp2(scores - shift[:, None])
+    rescale = tl.math.exp2(row_max - shift)
+    row_sum = row_sum * rescale + tl.sum(probs, 1)
+    acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
+    return acc, new_max, row_sum
+
+
+@triton.jit
+def _forward_kernel(Q, K, V, O, LSE, MASK, COUNTS, TILES, POS, TABLE,
+                    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                    heads, queries, keys, head_dim, table_width, scale2,
+                    HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    """One program per (tile of query rows, sentence x head): the rows' outputs and base-2 log-sum-exps."""
+    row_tile = tl.program_id(0)
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, DIM)
+    q = _load_rows(Q + b64 * stride_qb + h64 * stride_qh, stride_qt, rows, queries, dims, head_dim)
+    key_base = POS + b64 * keys
+    query_positions = tl.load(POS + b64 * queries + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
+    k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
+    mask_base, table_base = MASK + b64 * queries * keys, TABLE + h64 * table_width
+    center = table_width // 2
+    acc = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
+    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    lists = b64 * tl.num_programs(0) + row_tile
+    partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
+    tiles = TILES + lists * tl.cdiv(keys, BLOCK_N)
+    for i in range(0, partial):
+        acc, row_max, row_sum = _forward_tile(
+            q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
+            stride_vt, key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
+            True, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+    for i in range(partial, partial + whole):
+        acc, row_max, row_sum = _forward_tile(
+            q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
+            stride_vt, key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
+            False, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+    row_sum = tl.where(row_sum == 0, 1.0, row_sum)  # a row that sees no key (no mask of ours has one) gives zeros
+    out = acc / row_sum[:, None]
+    o_base = O + b64 * stride_ob + h64 * stride_oh
+    tl.store(o_base + rows[:, None].to(tl.int64) * stride_ot + dims[None, :], out.to(O.dtype.element_ty),
+             mask=(rows[:, None] < queries) & (dims[None, :] < head_dim))
+    tl.store(LSE + (b64 * heads + h64) * queries + rows, row_max + tl.math.log2(row_sum), mask=rows < queries)
+
+
+# ------------------------------------------------------------------------------------------------ backward
+@triton.jit
+def _query_gradient_tile(q, do, lse, delta, dq, tile, rows, query_positions, k_base, v_base, stride_k, stride_v,
+                         key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
+                         PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    columns = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, DIM)
+    k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
+    v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
+    scores = _scores(q, k, rows, columns, query_positions, key_base, mask_base, table_base, center, queries, keys,
+                     scale2, PARTIAL, HAS_BIAS, PRECISION)
+    probs = tl.math.exp2(scores - lse[:, None])
+    grad_scores = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])  # dL/d(score): softmax's backward
+    return dq + tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION)
+
+
+@triton.jit
+def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, MASK, COUNTS, TILES, POS, TABLE,
+                           stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                           stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
+                           heads, queries, keys, head_dim, table_width, scale, scale2,
+                           HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per (tile of query rows, sentence x head): ``dQ`` of the rows (stored in ``Q``'s layout)."""
+    row_tile = tl.program_id(0)
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, DIM)
+    q = _load_rows(Q + b64 * stride_qb + h64 * stride_qh, stride_qt, rows, queries, dims, head_dim)
+    do = _load_rows(DO + b64 * stride_db + h64 * stride_dh, stride_dt, rows, queries, dims, head_dim)
+    row_stats = (b64 * heads + h64) * queries + rows
+    lse = tl.load(LSE + row_stats, mask=rows < queries, other=0.0)
+    delta = tl.load(DELTA + row_stats, mask=rows < queries, other=0.0)
+    key_base = POS + b64 * keys
+    query_positions = tl.load(POS + b64 * queries + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
+    k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
+    mask_base, table_base = MASK + b64 * queries * keys, TABLE + h64 * table_width
+    center = table_width // 2
+    dq = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
+    lists = b64 * tl.num_programs(0) + row_tile
+    partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
+    tiles = TILES + lists * tl.cdiv(keys, BLOCK_N)
+    for i in range(0, partial):
+        dq = _query_gradient_tile(q, do, lse, delta, dq, tl.load(tiles + i), rows, query_positions, k_base, v_base,
+                                  stride_kt, stride_vt, key_base, mask_base, table_base, center, queries, keys,
+                                  head_dim, scale2, True, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+    for i in range(partial, partial + whole):
+        dq = _query_gradient_tile(q, do, lse, delta, dq, tl.load(tiles + i), rows, query_positions, k_base, v_base,
+                                  stride_kt, stride_vt, key_base, mask_base, table_base, center, queries, keys,
+                                  head_dim, scale2, False, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+    dq_base = DQ + b64 * stride_qb + h64 * stride_qh
+    tl.store(dq_base + rows[:, None].to(tl.int64) * stride_qt + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=(rows[:, None] < queries) & (dims[None, :] < head_dim))
+
+
+@triton.jit
+def _key_gradient_tile(k, v, dk, dv, bucket_sums, tile, columns, key_positions, q_base, do_base, stride_q, stride_do,
+                       stats_base, position_base, mask_base, table_base, buckets, center, queries, keys, head_dim,
+                       scale2, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr,
+                       BLOCK_M: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr, LSE, DELTA):
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, DIM)
+    q = _load_rows(q_base, stride_q, rows, queries, dims, head_dim)
+    do = _load_rows(do_base, stride_do, rows, queries, dims, head_dim)
+    lse = tl.load(LSE + stats_base + rows, mask=rows < queries, other=0.0)
+    delta = tl.load(DELTA + stats_base + rows, mask=rows < queries, other=0.0)
+    query_positions = tl.load(position_base + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
+    scores = _scores(q, k, rows, columns, query_positions, position_base, mask_base, table_base, center, queries,
+                     keys, scale2, PARTIAL, HAS_BIAS, PRECISION)
+    probs = tl.math.exp2(scores - lse[:, None])
+    dv += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
+    grad_scores = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+    dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q, input_precision=PRECISION)
+    if HAS_BIAS:  # the tile's score gradients summed per bucket, over the buckets its offsets reach
+        tile_buckets = tl.load(buckets + key_positions[None, :] - query_positions[:, None] + center)
+        slots = tl.arange(0, NUM_BUCKETS)
+        bucket = tl.min(tl.min(tile_buckets, 1), 0)
+        last = tl.max(tl.max(tile_buckets, 1), 0)
+        while bucket <= last:
+            share = tl.sum(tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0), 1), 0)
+            bucket_sums = tl.where(slots == bucket, bucket_sums + share, bucket_sums)
+            bucket += 1
+    return dk, dv, bucket_sums
+
+
+@triton.jit
+def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, BUCKET_SUMS, MASK, COUNTS, TILES, POS, TABLE, BUCKETS,
+                         stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                         stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
+                         heads, queries, keys, head_dim, table_width, scale, scale2,
+                         HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per (tile of keys, sentence x head): ``dK``, ``dV`` of the keys (in ``K``'s and ``V``'s layouts)
+    and, with a bias, the program's per-bucket sums of the score gradients (``BUCKET_SUMS[b, h, tile]``)."""
+    key_tile = tl.program_id(0)
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    columns = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, DIM)
+    k = _load_rows(K + b64 * stride_kb + h64 * stride_kh, stride_kt, columns, keys, dims, head_dim)
+    v = _load_rows(V + b64 * stride_vb + h64 * stride_vh, stride_vt, columns, keys, dims, head_dim)
+    position_base = POS + b64 * keys
+    key_positions = tl.load(position_base + columns, mask=columns < keys, other=0) if HAS_BIAS else columns
+    q_base, do_base = Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_db + h64 * stride_dh
+    stats_base = (b64 * heads + h64) * queries
+    mask_base, table_base = MASK + b64 * queries * keys, TABLE + h64 * table_width
+    center = table_width // 2
+    dk = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
+    bucket_sums = tl.zeros((NUM_BUCKETS,), dtype=tl.float32)
+    lists = b64 * tl.num_programs(0) + key_tile
+    partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
+    tiles = TILES + lists * tl.cdiv(queries, BLOCK_M)
+    for i in range(0, partial):
+        dk, dv, bucket_sums = _key_gradient_tile(
+            k, v, dk, dv, bucket_sums, tl.load(tiles + i), columns, key_positions, q_base, do_base, stride_qt,
+            stride_dt, stats_base, position_base, mask_base, table_base, BUCKETS, center, queries, keys, head_dim,
+            scale2, True, HAS_BIAS, DIM, BLOCK_M, NUM_BUCKETS, PRECISION, LSE, DELTA)
+    for i in range(partial, partial + whole):
+        dk, dv, bucket_sums = _key_gradient_tile(
+            k, v, dk, dv, bucket_sums, tl.load(tiles + i), columns, key_positions, q_base, do_base, stride_qt,
+            stride_dt, stats_base, position_base, mask_base, table_base, BUCKETS, center, queries, keys, head_dim,
+            scale2, False, HAS_BIAS, DIM, BLOCK_M, NUM_BUCKETS, PRECISION, LSE, DELTA)
+    tile_mask = (columns[:, None] < keys) & (dims[None, :] < head_dim)
+    dk_base, dv_base = DK + b64 * stride_kb + h64 * stride_kh, DV + b64 * stride_vb + h64 * stride_vh
+    tl.store(dk_base + columns[:, None].to(tl.int64) * stride_kt + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
+             mask=tile_mask)
+    tl.store(dv_base + columns[:, None].to(tl.int64) * stride_vt + dims[None, :], dv.to(DV.dtype.element_ty),
+             mask=tile_mask)
+    if HAS_BIAS:
+        slots = tl.arange(0, NUM_BUCKETS)
+        tl.store(BUCKET_SUMS + ((b64 * heads + h64) * tl.num_programs(0) + key_tile) * NUM_BUCKETS + slots,
+                 bucket_sums)
+
+
+# ------------------------------------------------------------------------------------------------ the tile lists
+def tile_lists(mask: Tensor, block_rows: int, block_columns: int):
+    """For each row of tiles of ``mask`` ``(B, T, S)`` (True = shown): how many tiles the mask shows partly and
+    whole, ``(B, rows, 2)`` int32, and their indices, partly shown first, ``(B, rows, columns)`` int32 (the hidden
+    tiles' indices follow, never read). Tiles reaching past ``T`` or ``S`` count as partial (their out-of-bounds pairs
+    are hidden)."""
+    batch, queries, keys = mask.shape
+    rows, columns = -(-queries // block_rows), -(-keys // block_columns)
+    padded = F.pad(mask, (0, columns * block_columns - keys, 0, rows * block_rows - queries))
+    tiles = padded.view(batch, rows, block_rows, columns, block_columns)
+    shown_anywhere, shown_everywhere = tiles.any(4).any(2), tiles.all(4).all(2)
+    # order: 0 partial, 1 whole, 2 hidden; a stable sort keeps the tiles of each kind in order
+    kind = torch.where(shown_everywhere, 1, torch.where(shown_anywhere, 0, 2)).to(torch.int8)
+    order = torch.sort(kind, dim=-1, stable=True).indices.int()
+    counts = torch.stack([(kind == 0).sum(-1), (kind == 1).sum(-1)], dim=-1).int()
+    return counts.contiguous(), order.contiguous()
+
+
+class TritonMask(FusedMask):
+    """What every layer of one forward shares under ``--attention-impl triton``: the batch's mask as bytes, its
+    tile lists by rows (forward, ``dQ``) and by columns (``dK``, ``dV``), and, for UniLMv2, the position ids with the
+    bucket of every offset."""
+
+    error = TritonAttentionError
+
+    def __init__(self, mask: Tensor, positions: Optional[Tensor] = None, bias_weight: Optional[Tensor] = None,
+                 offset_buckets: Optional[Tensor] = None):
+        """
+        Args:
+            mask: boolean ``(B, T, T)``, True = may attend (every row sees a key: the padding rows themselves).
+            positions: ``(B, T)`` position ids, below ``P``; bias_weight: ``(h, num_buckets)``
+                (:attr:`RelativePositionBias.weight`); offset_buckets: ``(2P - 1,)`` the bucket of each offset
+                ``1 - P .. P - 1`` (:meth:`RelativePositionBias.offset_buckets`). All three, or none (UniLM).
+        """
+        self.mask = mask.contiguous().view(torch.uint8)
+        self.by_rows = tile_lists(mask, *BLOCK)
+        self.by_columns = tile_lists(mask.transpose(1, 2), BLOCK[1], BLOCK[0])
+        self.positions = None if positions is None else positions.int().contiguous()
+        self.bias_weight = bias_weight
+        self.offset_buckets = None if offset_buckets is None else offset_buckets.int().contiguous()
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        _runnable(q)
+        return _TritonAttention.apply(q, k, v, self.bias_weight, self)
+
+
+def _runnable(tensor: Tensor):
+    if tensor.device.type != "cuda" and not INTERPRETED:
+        raise TritonAttentionError(f"its kernels run on CUDA tensors, and these are on {tensor.device.type} "
+                                   f"(elsewhere only under TRITON_INTERPRET=1, for tests); {SDPA_INSTEAD}")
+
+
+def _kernel_sizes(q: Tensor):
+    """The head size as the kernels' tiles hold it (a power of two, at least 16: tl.dot's least) and the grids."""
+    batch, heads, queries, head_dim = q.shape
+    return max(16, triton.next_power_of_2(head_dim)), (triton.cdiv(queries, BLOCK[0]), batch * heads), \
+        (triton.cdiv(queries, BLOCK[1]), batch * heads)
+
+
+def _precision(q: Tensor) -> str:
+    """float32 products in float32, as SDPA's kernels compute them (tl.dot's default for float32 is TF32)."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
+def _strides(*tensors):
+    return [stride for t in tensors for stride in t.stride()[:3]]
+
+
+def _like_heads(t: Tensor) -> Tensor:
+    """An empty ``(B, h, T, d)`` tensor laid out ``(B, T, h, d)``, as the layers' projections are: their outputs and
+    gradients reshape to ``(B, T, C)`` without a copy."""
+    batch, heads, length, head_dim = t.shape
+    return t.new_empty(batch, length, heads, head_dim).transpose(1, 2)
+
+
+class _TritonAttention(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias_weight, plan: TritonMask):
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
+        batch, heads, queries, head_dim = q.shape
+        has_bias = bias_weight is not None
+        table = bias_weight[:, plan.offset_buckets.long()].to(q.dtype).contiguous() if has_bias else q.new_zeros(1, 1)
+        positions = plan.positions if has_bias else plan.by_rows[0]  # any int32 tensor when unread
+        out = _like_heads(q)
+        lse = q.new_empty(batch, heads, queries, dtype=torch.float32)
+        dim, row_grid, _ = _kernel_sizes(q)
+        scale = head_dim ** -0.5
+        _forward_kernel[row_grid](
+            q, k, v, out, lse, plan.mask, *plan.by_rows, positions, table, *_strides(q, k, v, out),
+            heads, queries, queries, head_dim, table.size(1), scale * LOG2E,
+            HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q))
+        ctx.save_for_backward(q, k, v, out, lse, table)
+        ctx.plan, ctx.has_bias = plan, has_bias
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, table = ctx.saved_tensors
+        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+        plan, has_bias = ctx.plan, ctx.has_bias
+        batch, heads, queries, head_dim = q.shape
+        delta = (grad_out.float() * out.float()).sum(-1)  # (B, h, T): row i's sum_j p_ij dL/dp_ij
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts: the strides passed
+        dim, row_grid, column_grid = _kernel_sizes(q)
+        scale = head_dim ** -0.5
+        positions = plan.positions if has_bias else plan.by_rows[0]
+        buckets = plan.offset_buckets if has_bias else plan.by_rows[0]
+        num_buckets = triton.next_power_of_2(plan.bias_weight.size(1)) if has_bias else 1
+        bucket_sums = q.new_zeros(batch, heads, column_grid[0], num_buckets, dtype=torch.float32)
+        common = dict(HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q))
+        _query_gradient_kernel[row_grid](
+            q, k, v, grad_out, lse, delta, dq, plan.mask, *plan.by_rows, positions, table,
+            *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale, scale * LOG2E,
+            **common)
+        _key_gradient_kernel[column_grid](
+            q, k, v, grad_out, lse, delta, dk, dv, bucket_sums, plan.mask, *plan.by_columns, positions, table,
+            buckets, *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale,
+            scale * LOG2E, NUM_BUCKETS=num_buckets, **common)
+        grad_weight = None
+        if has_bias and ctx.needs_input_grad[3]:
+            grad_weight = bucket_sums.sum((0, 2))[:, :plan.bias_weight.size(1)].to(plan.bias_weight.dtype)
+        return dq, dk, dv, grad_weight, None

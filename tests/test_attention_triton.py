@@ -1,0 +1,319 @@
+"""--attention-impl triton: the UniLM family's attention as Triton kernels (palm_plugin/modules/attention_triton.py),
+run by Triton's interpreter, against the attention as section 2 of UniLM and section 4.1 of UniLMv2 write it, in
+float64 (softmax over q k^T / sqrt(d) + mask + the relative position bias of every pair bucketed); the tile lists
+against a count of the dense mask; the option's refusals where the kernels cannot run. The CUDA twins, at a
+realistic size, are in tests/test_gpu.py.
+
+Triton decides whether it interprets when it is imported, so the kernel tests (marked ``interpreted``) run in a
+process of their own: this file again, started by :func:`test_kernels_under_the_interpreter`. The interpreter runs
+each program in numpy, so the batches are small, with tiles of 16 x 16 (and 16 x 32) that leave partial tiles at
+every edge: 5 sequences of 45 to 70 tokens, padded to 70, heads of 24 (held in tiles of 32)."""
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from palm_plugin.modules.attention_masks import Objective, mask_from_fields, to_additive
+from palm_plugin.modules.relative_position import RelativePositionBias
+from tests.conftest import REPO, tool_env
+from tests.test_flex_attention import build, pmlm_fields
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernels_under_the_interpreter's process")
+BATCH, LENGTH, HEADS, HEAD_DIM, POSITIONS = 5, 70, 2, 24, 128
+LENGTHS = torch.tensor([70, 61, 45, 53, 66])  # unequal, odd and even, across tile edges
+INTERPRETED_TESTS = 15
+
+if IN_INTERPRETER:
+    # Triton 3.6's interpreter turns a loop bound loaded from memory into an int with int() of a one-element array,
+    # which numpy 2 refuses; the compiled kernels take such bounds as they are
+    from triton.runtime import interpreter as _interpreter
+
+    _patch_lang_tensor = _interpreter._patch_lang_tensor
+
+    def _patch_with_scalar_index(tensor, scope):
+        _patch_lang_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interpreter._patch_lang_tensor = _patch_with_scalar_index
+
+
+@needs_triton
+@pytest.mark.skipif(IN_INTERPRETER, reason="this is that process")
+def test_kernels_under_the_interpreter():
+    """The tests marked ``interpreted``, in a process that imports triton with TRITON_INTERPRET=1."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            cwd=REPO, env=tool_env(TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith(f"{INTERPRETED_TESTS} passed"), result.stdout[-3000:]
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """Tiles small enough to leave partial ones at these sizes."""
+    from palm_plugin.modules import attention_triton
+
+    assert attention_triton.INTERPRETED
+    monkeypatch.setattr(attention_triton, "BLOCK", (16, 16))
+    return attention_triton
+
+
+# ------------------------------------------------------------------------------------------------ the batches
+def padding_of(lengths):
+    return torch.arange(LENGTH).unsqueeze(0) >= lengths.unsqueeze(1)
+
+
+def unilm_fields(objectives):
+    return dict(padding_mask=padding_of(LENGTHS), objectives=torch.tensor([int(o) for o in objectives]),
+                source_lengths=torch.tensor([30, 17, 44, 20, 33]))
+
+
+def pseudo_seq2seq_fields():
+    """UniLMv2's fine-tuning layout [source | target | pseudo target]: target token i and its pseudo token share a
+    position."""
+    source, target = torch.tensor([40, 31, 17, 23, 9]), torch.tensor([15, 12, 14, 9, 21])
+    column = torch.arange(LENGTH).unsqueeze(0)
+    s, t = source.unsqueeze(1), target.unsqueeze(1)
+    positions = torch.where(column >= s + t, column - t, column).where(column < s + 2 * t, 0)
+    return dict(padding_mask=column >= s + 2 * t, source_lengths=source, target_lengths=target), positions
+
+
+def default_positions():
+    return torch.arange(LENGTH).expand(BATCH, -1).contiguous()
+
+
+O = Objective
+TEXTS = (50, 41, 33, 38, 47)  # pmlm: the text, then about 15% of it appended twice
+CASES = {  # name: (fields, positions, with UniLMv2's bias)
+    "bidirectional": (dict(padding_mask=padding_of(LENGTHS)), default_positions(), False),
+    "bidirectional, relative bias": (dict(padding_mask=padding_of(LENGTHS)), default_positions(), True),
+    "left-to-right": (unilm_fields([O.LEFT_TO_RIGHT] * BATCH), default_positions(), False),
+    "right-to-left": (unilm_fields([O.RIGHT_TO_LEFT] * BATCH), default_positions(), False),
+    "seq2seq": (unilm_fields([O.SEQ2SEQ] * BATCH), default_positions(), False),
+    "unilm pre-training mix": (unilm_fields([O.BIDIRECTIONAL, O.SEQ2SEQ, O.LEFT_TO_RIGHT, O.RIGHT_TO_LEFT,
+                                             O.SEQ2SEQ]), default_positions(), False),
+    "pmlm AE": (*pmlm_fields(append_pseudo=False, text_lengths=TEXTS, length=LENGTH), True),
+    "pmlm AE+PAR": (*pmlm_fields(text_lengths=TEXTS, length=LENGTH), True),
+    "pmlm PAR": (*pmlm_fields(predict_masked_slots=False, text_lengths=TEXTS, length=LENGTH), True),
+    "pseudo-mask seq2seq": (*pseudo_seq2seq_fields(), True),
+}
+
+
+def bias_module(seed=0):
+    torch.manual_seed(seed)
+    module = RelativePositionBias(HEADS, 32, 128)
+    with torch.no_grad():
+        module.weight.normal_(0, 1.0)  # large enough that a bias read from the wrong cell shows
+    return module
+
+
+def attention_inputs(dtype, seed=1):
+    """q, k, v ``(B, h, T, d)`` as the layers make them: views of ``(B, T, h d)`` projections."""
+    generator = torch.Generator().manual_seed(seed)
+    return [(2 * torch.randn(BATCH, LENGTH, HEADS, HEAD_DIM, generator=generator)).to(dtype).transpose(1, 2)
+            for _ in range(3)]
+
+
+def reference(q, k, v, mask, positions, weight):
+    """The attention as the papers write it, in float64, every (query, key) pair's bias bucketed
+    (:meth:`RelativePositionBias.forward`, the definition): outputs and autograd's gradients."""
+    module = bias_module()
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    weight = weight.double() if weight is not None else None
+    scores = leaves[0] @ leaves[1].transpose(-1, -2) / HEAD_DIM**0.5 + to_additive(mask, torch.float64).unsqueeze(1)
+    if weight is not None:
+        module.weight = weight = torch.nn.Parameter(weight.detach())
+        scores = scores + module(positions, positions)
+    out = torch.softmax(scores, -1) @ leaves[2]
+    return out, leaves, weight
+
+
+def run_case(kernels, name, dtype=torch.float32):
+    fields, positions, with_bias = CASES[name]
+    mask = mask_from_fields(**fields)
+    q, k, v = attention_inputs(dtype)
+    weight = bias_module().weight.detach().to(dtype) if with_bias else None
+    expected, leaves, weight64 = reference(q, k, v, mask, positions, weight)
+    grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grad = grad.masked_fill(fields["padding_mask"].view(BATCH, 1, LENGTH, 1), 0)  # losses ignore padding rows
+    expected.backward(grad)
+    own = [t.detach().requires_grad_() for t in (q, k, v)]
+    own_weight = weight.clone().requires_grad_() if with_bias else None
+    buckets = bias_module().offset_buckets(POSITIONS) if with_bias else None
+    plan = kernels.TritonMask(mask, positions if with_bias else None, own_weight, buckets)
+    out = plan.attend(*own)
+    out.backward(grad.to(dtype))
+    pairs = {"output": (out, expected), **{f"d{n}": (a.grad, b.grad) for n, a, b in zip("qkv", own, leaves)}}
+    if with_bias:
+        pairs["bucket weights"] = (own_weight.grad, weight64.grad)
+    return {key: float((a.detach().double() - b.detach()).abs().max() / b.abs().max()) for key, (a, b) in pairs.items()}
+
+
+@interpreted
+@pytest.mark.parametrize("case", list(CASES))
+def test_outputs_and_gradients_equal_the_papers_attention_in_float64(kernels, case):
+    """Every mask of the family, UniLMv2's with its relative position bias: the kernels' outputs and the gradients of
+    q, k, v and of the bucket weights, within float32 rounding of float64 autograd's."""
+    errors = run_case(kernels, case)
+    assert max(errors.values()) < 2e-6, errors
+
+
+@interpreted
+def test_tiles_of_unequal_sides(kernels, monkeypatch):
+    """Query tiles of 16 rows against key tiles of 32 (the forward's and dQ's tile rows are not the dK/dV kernel's
+    tile columns)."""
+    monkeypatch.setattr(kernels, "BLOCK", (16, 32))
+    errors = run_case(kernels, "pmlm AE+PAR")
+    assert max(errors.values()) < 2e-6, errors
+
+
+@interpreted
+def test_half_precision_within_its_rounding(kernels):
+    """Inputs in fp16 (the float64 reference of the same rounded inputs): sums in float32, probabilities and score
+    gradients rounded to fp16 before their products, as FlashAttention rounds them. (Not bf16: Triton 3.6's
+    interpreter multiplies bf16 tiles as if their bits were integers; tests/test_gpu.py checks bf16 on a card.)"""
+    errors = run_case(kernels, "pmlm AE+PAR", torch.float16)
+    assert max(errors.values()) < 3e-3, errors
+
+
+# ------------------------------------------------------------------------------------------------ the stack
+def stacks(buckets):
+    """Two tiny stacks with the same weights, sdpa and triton."""
+    from palm_plugin.modules.unilm_transformer import UniLMTransformer
+
+    built = []
+    for impl in ("sdpa", "triton"):
+        torch.manual_seed(0)
+        stack = UniLMTransformer(vocab_size=40, padding_idx=1, dim=HEADS * HEAD_DIM, ffn_dim=64, layers=2,
+                                 num_heads=HEADS, max_positions=POSITIONS, num_segments=2, dropout=0.0,
+                                 attention_dropout=0.0, relative_position_buckets=buckets, attention_impl=impl)
+        built.append(stack.train())
+    return built
+
+
+def tokens_of(padding):
+    tokens = torch.randint(6, 40, padding.shape, generator=torch.Generator().manual_seed(3))
+    return tokens.masked_fill(padding, 1)
+
+
+@interpreted
+@pytest.mark.parametrize("case, buckets", [("pmlm AE+PAR", 32), ("unilm pre-training mix", 0)])
+def test_a_stack_trains_as_the_sdpa_stack(kernels, case, buckets):
+    """Two layers sharing one TritonMask built from the batch's fields: the loss and every parameter's gradient
+    (the bucket weights' summed over both layers) equal the sdpa stack's; an explicit tensor mask as well."""
+    from palm_plugin.modules.flex_attention import MaskFields
+
+    fields, positions, _ = CASES[case]
+    tokens = tokens_of(fields["padding_mask"])
+    # a random projection of the top states (a sum of squares of LayerNorm outputs would be a constant)
+    projection = torch.randn(BATCH, LENGTH, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(4))
+    projection = projection.masked_fill(fields["padding_mask"].unsqueeze(-1), 0)
+    results = []
+    for stack in stacks(buckets):
+        loss = (stack(tokens, MaskFields(**fields), positions) * projection).sum()
+        loss.backward()
+        results.append((loss, {name: p.grad for name, p in stack.named_parameters() if p.grad is not None}))
+    (expected, expected_grads), (actual, grads) = results
+    assert abs(float(actual - expected)) <= 1e-5 * abs(float(expected))
+    assert grads.keys() == expected_grads.keys()
+    if buckets:
+        assert "relative_position.weight" in grads
+    # k_proj.bias's gradient is 0 in exact arithmetic (a constant added to a row's scores): rounding alone, both sides
+    floor = 1e-6 * max(float(grad.abs().max()) for grad in expected_grads.values())
+    for name, grad in expected_grads.items():
+        assert float((grads[name] - grad).abs().max()) <= 1e-5 * float(grad.abs().max()) + floor, name
+    with torch.no_grad():  # a caller's own (B, T, T) mask reaches the kernels as it is
+        sdpa, triton_stack = stacks(buckets)
+        dense = mask_from_fields(**fields)
+        assert torch.allclose(triton_stack(tokens, dense, positions), sdpa(tokens, dense, positions), atol=1e-5)
+
+
+@interpreted
+def test_the_model_builds_and_refuses_attention_dropout(kernels):
+    """A unilm2 model built to train with the kernels (here: under the interpreter) has the triton stack; with
+    attention dropout, which the kernels lack, the build stops with one line naming the two ways out."""
+    from tests.test_unilm_decoding import tiny_dictionary
+
+    dictionary = tiny_dictionary()
+    model = build("unilm2_tiny", dictionary, for_training=True, attention_impl="triton", attention_dropout=0.0)
+    assert model.stack.attention_impl == "triton"
+    with pytest.raises(SystemExit) as stopped:
+        build("unilm2_tiny", dictionary, for_training=True, attention_impl="triton")
+    assert stopped.value.code == (
+        "error: --attention-impl triton: its kernels have no dropout on the attention probabilities; train with "
+        "--attention-dropout 0, or keep --attention-dropout 0.1 and use --attention-impl sdpa")
+
+
+# ------------------------------------------------------------------------------------------------ without the kernels
+def brute_force_tiles(mask, rows, columns):
+    """Each tile's kind by looking at it: 0 partly shown, 1 wholly shown, 2 hidden (out-of-bounds cells hidden)."""
+    batch, queries, keys = mask.shape
+    kinds = np.full((batch, -(-queries // rows), -(-keys // columns)), 2)
+    for b in range(batch):
+        for i in range(kinds.shape[1]):
+            for j in range(kinds.shape[2]):
+                tile = np.zeros((rows, columns), dtype=bool)
+                part = mask[b, i * rows:(i + 1) * rows, j * columns:(j + 1) * columns].numpy()
+                tile[:part.shape[0], :part.shape[1]] = part
+                kinds[b, i, j] = 1 if tile.all() else 0 if tile.any() else 2
+    return kinds
+
+
+@needs_triton
+@pytest.mark.skipif(IN_INTERPRETER, reason="no kernel runs here")
+@pytest.mark.parametrize("case", ["unilm pre-training mix", "pmlm AE+PAR", "pseudo-mask seq2seq"])
+@pytest.mark.parametrize("rows, columns", [(16, 16), (16, 32)])
+def test_tile_lists_name_the_partial_then_the_whole_tiles(case, rows, columns):
+    """For each row of tiles, the counts of partly and wholly shown tiles and their indices in order (partial
+    first), against a look at every tile; by rows and, transposed, by columns."""
+    from palm_plugin.modules.attention_triton import tile_lists
+
+    mask = mask_from_fields(**CASES[case][0])
+    for lists_of, block in ((mask, (rows, columns)), (mask.transpose(1, 2), (columns, rows))):
+        counts, order = tile_lists(lists_of, *block)
+        kinds = brute_force_tiles(lists_of, *block)
+        for b in range(BATCH):
+            for i in range(kinds.shape[1]):
+                partial, whole = np.flatnonzero(kinds[b, i] == 0), np.flatnonzero(kinds[b, i] == 1)
+                assert counts[b, i].tolist() == [len(partial), len(whole)]
+                assert order[b, i, :len(partial) + len(whole)].tolist() == [*partial, *whole]
+    assert (kinds == 2).any() and (kinds == 1).any()  # hidden and whole tiles both occur in these masks
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="checks the build where the kernels cannot run")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the build without CUDA")
+def test_where_the_kernels_cannot_run_the_build_stops_or_a_checkpoint_attends_with_sdpa(monkeypatch, caplog):
+    """Without CUDA (or without the triton package), building to train stops with one line naming the option to
+    use; a checkpoint trained with the kernels, loaded here for use, attends with sdpa (the same values) and says so;
+    the kernels handed CPU tensors outside the interpreter stop the same way."""
+    from palm_plugin.modules import attention_impl
+    from tests.test_unilm_decoding import tiny_dictionary
+
+    dictionary = tiny_dictionary()
+    if importlib.util.find_spec("triton") is not None:
+        with pytest.raises(SystemExit) as stopped:
+            build("unilm2_tiny", dictionary, for_training=True, attention_impl="triton", attention_dropout=0.0)
+        assert stopped.value.code == (f"error: --attention-impl triton: its kernels run on CUDA, and no CUDA device "
+                                      f"is available (torch {torch.__version__}); use --attention-impl sdpa")
+        from palm_plugin.modules.attention_triton import TritonMask
+
+        mask = torch.ones(1, 3, 3, dtype=torch.bool)
+        with pytest.raises(SystemExit, match="its kernels run on CUDA tensors, and these are on cpu .*; use "
+                                             "--attention-impl sdpa$"):
+            TritonMask(mask).attend(*torch.randn(3, 1, 1, 3, 16))
+    with caplog.at_level(logging.WARNING):
+        model = build("unilm2_tiny", dictionary, for_training=False, attention_impl="triton")
+    assert model.stack.attention_impl == "sdpa" and model.cfg.attention_impl == "triton"
+    assert any("trained with --attention-impl triton" in r.getMessage() for r in caplog.records)
+
+    monkeypatch.setattr(attention_impl, "triton_installed", lambda: False)
+    with pytest.raises(SystemExit) as stopped:
+        build("unilm_tiny", dictionary, for_training=True, attention_impl="triton", attention_dropout=0.0)
+    assert stopped.value.code == ("error: --attention-impl triton: its kernels need the triton package (pip install "
+                                  "triton), which is not installed; use --attention-impl sdpa")
