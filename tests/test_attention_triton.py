@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from palm_plugin.modules.attention_masks import Objective, mask_from_fields, to_additive
+from palm_plugin.modules.attention_masks import Objective, as_pmlm_layout, mask_from_fields, pmlm_mask, to_additive
+from palm_plugin.modules.flex_attention import MaskFields
 from palm_plugin.modules.relative_position import RelativePositionBias
 from tests.conftest import REPO, tool_env
 from tests.test_flex_attention import build, pmlm_fields
@@ -146,7 +147,7 @@ def run_case(kernels, name, dtype=torch.float32):
     own = [t.detach().requires_grad_() for t in (q, k, v)]
     own_weight = weight.clone().requires_grad_() if with_bias else None
     buckets = bias_module().offset_buckets(POSITIONS) if with_bias else None
-    plan = kernels.TritonMask(mask, positions if with_bias else None, own_weight, buckets)
+    plan = kernels.TritonMask(MaskFields(**fields), positions if with_bias else None, own_weight, buckets)
     out = plan.attend(*own)
     out.backward(grad.to(dtype))
     pairs = {"output": (out, expected), **{f"d{n}": (a.grad, b.grad) for n, a, b in zip("qkv", own, leaves)}}
@@ -207,8 +208,6 @@ def tokens_of(padding):
 def test_a_stack_trains_as_the_sdpa_stack(kernels, case, buckets):
     """Two layers sharing one TritonMask built from the batch's fields: the loss and every parameter's gradient
     (the bucket weights' summed over both layers) equal the sdpa stack's; an explicit tensor mask as well."""
-    from palm_plugin.modules.flex_attention import MaskFields
-
     fields, positions, _ = CASES[case]
     tokens = tokens_of(fields["padding_mask"])
     # a random projection of the top states (a sum of squares of LayerNorm outputs would be a constant)
@@ -228,10 +227,15 @@ def test_a_stack_trains_as_the_sdpa_stack(kernels, case, buckets):
     floor = 1e-6 * max(float(grad.abs().max()) for grad in expected_grads.values())
     for name, grad in expected_grads.items():
         assert float((grads[name] - grad).abs().max()) <= 1e-5 * float(grad.abs().max()) + floor, name
-    with torch.no_grad():  # a caller's own (B, T, T) mask reaches the kernels as it is
+    from palm_plugin.modules import unilm_transformer
+
+    with torch.no_grad():  # a caller's own (B, T, T) mask has no fields for the kernels: sdpa reads it, said once
         sdpa, triton_stack = stacks(buckets)
         dense = mask_from_fields(**fields)
-        assert torch.allclose(triton_stack(tokens, dense, positions), sdpa(tokens, dense, positions), atol=1e-5)
+        unilm_transformer._warn_explicit_mask.cache_clear()
+        with pytest.warns(UserWarning, match="--attention-impl triton: a mask given as a tensor .* goes through the "
+                                             "sdpa path"):
+            assert torch.equal(triton_stack(tokens, dense, positions), sdpa(tokens, dense, positions))
 
 
 @interpreted
@@ -251,6 +255,48 @@ def test_the_model_builds_and_refuses_attention_dropout(kernels):
 
 
 # ------------------------------------------------------------------------------------------------ without the kernels
+POINTER_TYPES = {"LSE": "fp32", "DELTA": "fp32", "BUCKET_SUMS": "fp32", "CODES": "i32", "COUNTS": "i32",
+                 "TILES": "i32", "POS": "i32", "BUCKETS": "i32"}  # the others hold the model's dtype
+
+
+@needs_triton
+@pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the card, which the interpreter does not")
+def test_kernels_compile_for_the_h100_without_spills(tmp_path):
+    """The interpreter accepts code the compiler may refuse: the three kernels compiled here, without a GPU, for the
+    card's architecture (sm_90) at base size (heads of 64) in bf16, with and without UniLMv2's bias, down to the
+    binary by the ptxas Triton ships, with the module's tiles and warps. No register spills; the products on Hopper's
+    warp-group MMA; and no score tile moved between layouts through shared memory (a mask read as a (rows, keys)
+    tile made the compiler carry the softmax in a second layout and convert every tile's scores)."""
+    import re
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from palm_plugin.modules import attention_triton as kernels
+
+    block_m, block_n = kernels.BLOCK
+    for has_bias in (True, False):
+        for name in ("_forward_kernel", "_query_gradient_kernel", "_key_gradient_kernel"):
+            kernel = getattr(kernels, name)
+            constants = dict(HAS_BIAS=has_bias, DIM=64, BLOCK_M=block_m, BLOCK_N=block_n, PRECISION="tf32")
+            if "NUM_BUCKETS" in kernel.arg_names:
+                constants["NUM_BUCKETS"] = 32
+            signature = {arg: "constexpr" if arg in constants else f"*{POINTER_TYPES.get(arg, 'bf16')}"
+                         if arg.isupper() else "fp32" if arg.startswith("scale") else "i32" for arg in kernel.arg_names}
+            compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                                      options=dict(num_warps=kernels.WARPS))
+            ptx_file = tmp_path / f"{name}.ptx"
+            ptx_file.write_text(compiled.asm["ptx"])
+            report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx_file, "-o", os.devnull],
+                                    capture_output=True, text=True, check=True).stderr
+            assert " 0 bytes spill stores, 0 bytes spill loads" in report, (name, has_bias, report)
+            ir = compiled.asm["ttgir"]
+            assert "ttng.warp_group_dot " in ir, (name, has_bias)
+            assert not re.search(rf"convert_layout %\S+ : tensor<{block_m}x{block_n}xf32", ir), (name, has_bias)
+
+
+
 def brute_force_tiles(mask, rows, columns):
     """Each tile's kind by looking at it: 0 partly shown, 1 wholly shown, 2 hidden (out-of-bounds cells hidden)."""
     batch, queries, keys = mask.shape
@@ -263,6 +309,16 @@ def brute_force_tiles(mask, rows, columns):
                 tile[:part.shape[0], :part.shape[1]] = part
                 kinds[b, i, j] = 1 if tile.all() else 0 if tile.any() else 2
     return kinds
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="no kernel runs here")
+def test_one_rule_covers_every_mask_of_the_family():
+    """The kernels evaluate every mask by the pseudo-masked LM's rule from one code per token: UniLM's four
+    objectives, the mix, bidirectional with padding and UniLMv2's layouts laid out as its steps and kinds give the
+    masks of attention_masks.py, cell by cell."""
+    for name, (fields, _, _) in CASES.items():
+        padding = fields["padding_mask"]
+        assert torch.equal(pmlm_mask(*as_pmlm_layout(**fields), padding), mask_from_fields(**fields)), name
 
 
 @needs_triton
@@ -303,10 +359,10 @@ def test_where_the_kernels_cannot_run_the_build_stops_or_a_checkpoint_attends_wi
                                       f"is available (torch {torch.__version__}); use --attention-impl sdpa")
         from palm_plugin.modules.attention_triton import TritonMask
 
-        mask = torch.ones(1, 3, 3, dtype=torch.bool)
+        fields = MaskFields(torch.zeros(1, 3, dtype=torch.bool))
         with pytest.raises(SystemExit, match="its kernels run on CUDA tensors, and these are on cpu .*; use "
                                              "--attention-impl sdpa$"):
-            TritonMask(mask).attend(*torch.randn(3, 1, 1, 3, 16))
+            TritonMask(fields).attend(*torch.randn(3, 1, 1, 3, 16))
     with caplog.at_level(logging.WARNING):
         model = build("unilm2_tiny", dictionary, for_training=False, attention_impl="triton")
     assert model.stack.attention_impl == "sdpa" and model.cfg.attention_impl == "triton"

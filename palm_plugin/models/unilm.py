@@ -243,7 +243,7 @@ class UniLMModel(FairseqEncoderDecoderModel):
             ``(B, T, C)``, or classification logits; ``extra["inner_states"]`` holds ``H^0 .. H^L`` when asked.
         """
         padding = src_tokens.eq(self.padding_idx)
-        if attention_mask is None and self.stack.attention_impl == "flex":  # its block mask comes from the fields
+        if attention_mask is None and self.stack.attention_impl != "sdpa":  # the kernels read the fields
             attention_mask = flex_attention.MaskFields(padding, objectives, source_lengths, target_lengths, steps,
                                                        kinds)
         elif attention_mask is None:

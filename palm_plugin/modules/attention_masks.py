@@ -219,3 +219,36 @@ def pseudo_seq2seq_mask(source_lengths: torch.Tensor, target_lengths: torch.Tens
     """
     steps, kinds = pseudo_seq2seq_layout(source_lengths, target_lengths, padding_mask.size(1))
     return pmlm_mask(steps, kinds, padding_mask)
+
+
+def unilm_layout(objectives: torch.Tensor, source_lengths: torch.Tensor, seq_len: int):
+    """UniLM's four masks as the pseudo-masked LM's rule (:func:`pmlm_mask`): steps and kinds ``(B, T)`` such that
+    ``pmlm_mask(steps, kinds, padding)`` is :func:`unilm_mask` of the same rows.
+
+    A bidirectional row is all CONTEXT. Left-to-right: every token the ORIGINAL token of the step of its index, so a
+    row sees the earlier steps and itself; right-to-left: the step of minus its index; seq2seq: the source CONTEXT
+    (seen by every row, seeing only itself), the target left-to-right. One rule then covers the whole family, which
+    lets a kernel evaluate any of its masks from one integer per token
+    (:mod:`palm_plugin.modules.attention_triton`).
+    """
+    column = torch.arange(seq_len, device=objectives.device).unsqueeze(0)  # (1, T)
+    objectives = objectives.view(-1, 1)
+    ordered = (objectives == Objective.LEFT_TO_RIGHT) | (objectives == Objective.RIGHT_TO_LEFT) | (
+        (objectives == Objective.SEQ2SEQ) & (column >= source_lengths.view(-1, 1)))
+    steps = torch.where(objectives == Objective.RIGHT_TO_LEFT, -column, column).expand(objectives.size(0), -1)
+    kinds = torch.where(ordered, int(PseudoMaskKind.ORIGINAL), int(PseudoMaskKind.CONTEXT))
+    return steps.masked_fill(~ordered, 0), kinds
+
+
+def as_pmlm_layout(padding_mask, objectives=None, source_lengths=None, target_lengths=None, steps=None, kinds=None):
+    """Steps and kinds ``(B, T)`` of any batch of the family for :func:`pmlm_mask`, from the fields
+    :func:`mask_from_fields` takes: ``pmlm_mask(*as_pmlm_layout(padding, **fields), padding)`` is
+    ``mask_from_fields(padding, **fields)``."""
+    if steps is not None:
+        return steps, kinds
+    if target_lengths is not None:
+        return pseudo_seq2seq_layout(source_lengths, target_lengths, padding_mask.size(1))
+    if objectives is not None:
+        return unilm_layout(objectives, source_lengths, padding_mask.size(1))
+    zeros = torch.zeros(padding_mask.shape, dtype=torch.long, device=padding_mask.device)
+    return zeros, zeros  # bidirectional: every token CONTEXT

@@ -36,9 +36,14 @@ import triton.language as tl
 from torch import Tensor
 
 from palm_plugin.modules.attention_impl import SDPA_INSTEAD, FusedMask, TritonAttentionError
+from palm_plugin.modules.attention_masks import as_pmlm_layout, pmlm_mask
+from palm_plugin.modules.flex_attention import MaskFields
 
-# (BLOCK_M query rows, BLOCK_N keys) of a tile; powers of two, at least 16 (tl.dot's least). Not yet tuned on a card.
-BLOCK = (64, 64)
+# (BLOCK_M query rows, BLOCK_N keys) of a tile (powers of two, at least 16: tl.dot's least) and the warps of a program:
+# compiled for the H100 at base size in bf16, the only choice tried without spills in all three kernels, with and
+# without the bias (tests/test_attention_triton.py); not yet timed on a card.
+BLOCK = (128, 64)
+WARPS = 8
 # whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 LOG2E = 1.4426950408889634  # the kernels work in base 2: exp2 is one instruction
@@ -46,40 +51,57 @@ LOG2E = 1.4426950408889634  # the kernels work in base 2: exp2 is one instructio
 
 # ------------------------------------------------------------------------------------------------ one tile's scores
 @triton.jit
-def _scores(q, k, rows, columns, query_positions, key_base, mask_base, table_base, center, queries, keys, scale2,
+def _scores(q, k, rows, columns, query_positions, key_base, code_base, table_base, center, queries, keys, scale2,
             PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """The tile's scores in base 2, ``(q k^T / sqrt(d) + b) log2(e)``, -inf where the mask hides a pair (partial
     tiles only; a whole tile has no pair out of bounds, as :func:`tile_lists` counts the tiles at the edges partial)."""
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
     if HAS_BIAS:
         key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
         offsets = key_positions[None, :] - query_positions[:, None] + center
-        scores += tl.load(table_base + offsets).to(tl.float32) * 1.4426950408889634
+        # the bias enters the product as its accumulator, in units of the product (q k^T), then both are scaled
+        bias = tl.load(table_base + offsets).to(tl.float32) * (1.4426950408889634 / scale2)
+        scores = tl.dot(q, tl.trans(k), bias, input_precision=PRECISION) * scale2
+    else:
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
     if PARTIAL:
-        shown = tl.load(mask_base + rows[:, None] * keys + columns[None, :],
-                        mask=(rows[:, None] < queries) & (columns[None, :] < keys), other=0)
-        scores = tl.where(shown != 0, scores, float("-inf"))
+        row_codes = tl.load(code_base + rows, mask=rows < queries, other=3)  # past the end: padding
+        column_codes = tl.load(code_base + columns, mask=columns < keys, other=3)
+        scores = tl.where(_shown(row_codes, column_codes, rows, columns), scores, float("-inf"))
     return scores
+
+
+@triton.jit
+def _shown(row_codes, column_codes, rows, columns):
+    """The pseudo-masked LM's rule (:func:`~palm_plugin.modules.attention_masks.pmlm_mask`), which covers the family
+    (:func:`~palm_plugin.modules.attention_masks.as_pmlm_layout`), from each token's code ``4 step + kind`` (kind 0
+    CONTEXT, 1 PSEUDO, 2 ORIGINAL, 3 padding): a CONTEXT key is shown to every row; an appended row also sees the
+    ORIGINAL keys of earlier steps and the keys of its own step and kind; padding keys to none; a padding row sees
+    itself only."""
+    row_kind, key_kind = (row_codes & 3)[:, None], (column_codes & 3)[None, :]
+    row_step, key_step = (row_codes >> 2)[:, None], (column_codes >> 2)[None, :]
+    shown = (key_kind == 0) | ((row_kind != 0) & (((key_kind == 2) & (key_step < row_step))
+                                                   | ((key_kind == row_kind) & (key_step == row_step))))
+    return tl.where(row_kind == 3, rows[:, None] == columns[None, :], shown & (key_kind != 3))
 
 
 @triton.jit
 def _load_rows(base, stride, rows, count, dims, head_dim):
     """A ``(rows, DIM)`` tile of a ``(B, h, T, d)`` tensor (zero past the length and past ``d``)."""
-    return tl.load(base + rows[:, None].to(tl.int64) * stride + dims[None, :],
+    return tl.load(base + rows[:, None] * stride + dims[None, :],
                    mask=(rows[:, None] < count) & (dims[None, :] < head_dim), other=0.0)
 
 
 # ------------------------------------------------------------------------------------------------ forward
 @triton.jit
 def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base, v_base, stride_k, stride_v,
-                  key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
+                  key_base, code_base, table_base, center, queries, keys, head_dim, scale2,
                   PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   PRECISION: tl.constexpr):
     columns = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    scores = _scores(q, k, rows, columns, query_positions, key_base, mask_base, table_base, center, queries, keys,
+    scores = _scores(q, k, rows, columns, query_positions, key_base, code_base, table_base, center, queries, keys,
                      scale2, PARTIAL, HAS_BIAS, PRECISION)
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that has seen nothing yet keeps its zeros
@@ -91,7 +113,7 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
 
 
 @triton.jit
-def _forward_kernel(Q, K, V, O, LSE, MASK, COUNTS, TILES, POS, TABLE,
+def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
                     heads, queries, keys, head_dim, table_width, scale2,
@@ -108,7 +130,7 @@ def _forward_kernel(Q, K, V, O, LSE, MASK, COUNTS, TILES, POS, TABLE,
     key_base = POS + b64 * keys
     query_positions = tl.load(POS + b64 * queries + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
     k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
-    mask_base, table_base = MASK + b64 * queries * keys, TABLE + h64 * table_width
+    code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
     center = table_width // 2
     acc = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -116,16 +138,16 @@ def _forward_kernel(Q, K, V, O, LSE, MASK, COUNTS, TILES, POS, TABLE,
     lists = b64 * tl.num_programs(0) + row_tile
     partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
     tiles = TILES + lists * tl.cdiv(keys, BLOCK_N)
-    for i in range(0, partial):
-        acc, row_max, row_sum = _forward_tile(
-            q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
-            True, HAS_BIAS, DIM, BLOCK_N, PRECISION)
     for i in range(partial, partial + whole):
         acc, row_max, row_sum = _forward_tile(
             q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
+            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2,
             False, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+    for i in range(0, partial):
+        acc, row_max, row_sum = _forward_tile(
+            q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
+            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2,
+            True, HAS_BIAS, DIM, BLOCK_N, PRECISION)
     row_sum = tl.where(row_sum == 0, 1.0, row_sum)  # a row that sees no key (no mask of ours has one) gives zeros
     out = acc / row_sum[:, None]
     o_base = O + b64 * stride_ob + h64 * stride_oh
@@ -136,29 +158,43 @@ def _forward_kernel(Q, K, V, O, LSE, MASK, COUNTS, TILES, POS, TABLE,
 
 # ------------------------------------------------------------------------------------------------ backward
 @triton.jit
-def _query_gradient_tile(q, do, lse, delta, dq, tile, rows, query_positions, k_base, v_base, stride_k, stride_v,
-                         key_base, mask_base, table_base, center, queries, keys, head_dim, scale2,
+def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_positions, k_base, v_base, stride_k,
+                         stride_v, key_base, code_base, table_base, buckets, center, queries, keys, head_dim, scale2,
                          PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                         NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr):
     columns = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    scores = _scores(q, k, rows, columns, query_positions, key_base, mask_base, table_base, center, queries, keys,
+    scores = _scores(q, k, rows, columns, query_positions, key_base, code_base, table_base, center, queries, keys,
                      scale2, PARTIAL, HAS_BIAS, PRECISION)
     probs = tl.math.exp2(scores - lse[:, None])
-    grad_scores = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])  # dL/d(score): softmax's backward
-    return dq + tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION)
+    # dL/d(score), softmax's backward
+    grad_scores = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+    if HAS_BIAS:  # the tile's score gradients summed per bucket, over the buckets its offsets reach
+        key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
+        tile_buckets = tl.load(buckets + key_positions[None, :] - query_positions[:, None] + center)
+        # a select with the gradients before the loop, so that the compiler moves the bucket ids into the
+        # gradients' layout once per tile, not once per bucket (buckets are never negative)
+        tile_buckets = tl.where(grad_scores == grad_scores, tile_buckets, -1)
+        slots = tl.arange(0, NUM_BUCKETS)
+        bucket, last = tl.min(tile_buckets), tl.max(tile_buckets)  # over the whole tile: no layout of a row
+        while bucket <= last:
+            share = tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0))  # (as the bounds)
+            bucket_sums = tl.where(slots == bucket, bucket_sums + share, bucket_sums)
+            bucket += 1
+    return dq + tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION), bucket_sums
 
 
 @triton.jit
-def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, MASK, COUNTS, TILES, POS, TABLE,
+def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUNTS, TILES, POS, TABLE, BUCKETS,
                            stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                            stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                            heads, queries, keys, head_dim, table_width, scale, scale2,
                            HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per (tile of query rows, sentence x head): ``dQ`` of the rows (stored in ``Q``'s layout)."""
+                           BLOCK_N: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per (tile of query rows, sentence x head): ``dQ`` of the rows (stored in ``Q``'s layout) and, with a
+    bias, the program's per-bucket sums of the score gradients (``BUCKET_SUMS[b, h, tile]``)."""
     row_tile = tl.program_id(0)
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
@@ -173,30 +209,37 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, MASK, COUNTS, TILES, POS
     key_base = POS + b64 * keys
     query_positions = tl.load(POS + b64 * queries + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
     k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
-    mask_base, table_base = MASK + b64 * queries * keys, TABLE + h64 * table_width
+    code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
     center = table_width // 2
     dq = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
+    bucket_sums = tl.zeros((NUM_BUCKETS,), dtype=tl.float32)
     lists = b64 * tl.num_programs(0) + row_tile
     partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
     tiles = TILES + lists * tl.cdiv(keys, BLOCK_N)
+    for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
+        dq, bucket_sums = _query_gradient_tile(
+            q, do, lse, delta, dq, bucket_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
+            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, False,
+            HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION)
     for i in range(0, partial):
-        dq = _query_gradient_tile(q, do, lse, delta, dq, tl.load(tiles + i), rows, query_positions, k_base, v_base,
-                                  stride_kt, stride_vt, key_base, mask_base, table_base, center, queries, keys,
-                                  head_dim, scale2, True, HAS_BIAS, DIM, BLOCK_N, PRECISION)
-    for i in range(partial, partial + whole):
-        dq = _query_gradient_tile(q, do, lse, delta, dq, tl.load(tiles + i), rows, query_positions, k_base, v_base,
-                                  stride_kt, stride_vt, key_base, mask_base, table_base, center, queries, keys,
-                                  head_dim, scale2, False, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+        dq, bucket_sums = _query_gradient_tile(
+            q, do, lse, delta, dq, bucket_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
+            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, True,
+            HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION)
     dq_base = DQ + b64 * stride_qb + h64 * stride_qh
     tl.store(dq_base + rows[:, None].to(tl.int64) * stride_qt + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=(rows[:, None] < queries) & (dims[None, :] < head_dim))
+    if HAS_BIAS:
+        slots = tl.arange(0, NUM_BUCKETS)
+        tl.store(BUCKET_SUMS + ((b64 * heads + h64) * tl.num_programs(0) + row_tile) * NUM_BUCKETS + slots,
+                 bucket_sums)
 
 
 @triton.jit
-def _key_gradient_tile(k, v, dk, dv, bucket_sums, tile, columns, key_positions, q_base, do_base, stride_q, stride_do,
-                       stats_base, position_base, mask_base, table_base, buckets, center, queries, keys, head_dim,
-                       scale2, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr,
-                       BLOCK_M: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr, LSE, DELTA):
+def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, stride_do, stats_base, position_base,
+                       code_base, table_base, center, queries, keys, head_dim, scale2, PARTIAL: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+                       LSE, DELTA):
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, DIM)
     q = _load_rows(q_base, stride_q, rows, queries, dims, head_dim)
@@ -204,33 +247,23 @@ def _key_gradient_tile(k, v, dk, dv, bucket_sums, tile, columns, key_positions, 
     lse = tl.load(LSE + stats_base + rows, mask=rows < queries, other=0.0)
     delta = tl.load(DELTA + stats_base + rows, mask=rows < queries, other=0.0)
     query_positions = tl.load(position_base + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
-    scores = _scores(q, k, rows, columns, query_positions, position_base, mask_base, table_base, center, queries,
+    scores = _scores(q, k, rows, columns, query_positions, position_base, code_base, table_base, center, queries,
                      keys, scale2, PARTIAL, HAS_BIAS, PRECISION)
     probs = tl.math.exp2(scores - lse[:, None])
     dv += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
     grad_scores = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
     dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q, input_precision=PRECISION)
-    if HAS_BIAS:  # the tile's score gradients summed per bucket, over the buckets its offsets reach
-        tile_buckets = tl.load(buckets + key_positions[None, :] - query_positions[:, None] + center)
-        slots = tl.arange(0, NUM_BUCKETS)
-        bucket = tl.min(tl.min(tile_buckets, 1), 0)
-        last = tl.max(tl.max(tile_buckets, 1), 0)
-        while bucket <= last:
-            share = tl.sum(tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0), 1), 0)
-            bucket_sums = tl.where(slots == bucket, bucket_sums + share, bucket_sums)
-            bucket += 1
-    return dk, dv, bucket_sums
+    return dk, dv
 
 
 @triton.jit
-def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, BUCKET_SUMS, MASK, COUNTS, TILES, POS, TABLE, BUCKETS,
+def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, POS, TABLE,
                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                          stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                          heads, queries, keys, head_dim, table_width, scale, scale2,
                          HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per (tile of keys, sentence x head): ``dK``, ``dV`` of the keys (in ``K``'s and ``V``'s layouts)
-    and, with a bias, the program's per-bucket sums of the score gradients (``BUCKET_SUMS[b, h, tile]``)."""
+                         PRECISION: tl.constexpr):
+    """One program per (tile of keys, sentence x head): ``dK``, ``dV`` of the keys (in ``K``'s and ``V``'s layouts)."""
     key_tile = tl.program_id(0)
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
@@ -240,37 +273,29 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, BUCKET_SUMS, MASK, COU
     k = _load_rows(K + b64 * stride_kb + h64 * stride_kh, stride_kt, columns, keys, dims, head_dim)
     v = _load_rows(V + b64 * stride_vb + h64 * stride_vh, stride_vt, columns, keys, dims, head_dim)
     position_base = POS + b64 * keys
-    key_positions = tl.load(position_base + columns, mask=columns < keys, other=0) if HAS_BIAS else columns
     q_base, do_base = Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_db + h64 * stride_dh
     stats_base = (b64 * heads + h64) * queries
-    mask_base, table_base = MASK + b64 * queries * keys, TABLE + h64 * table_width
+    code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
     center = table_width // 2
     dk = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
-    bucket_sums = tl.zeros((NUM_BUCKETS,), dtype=tl.float32)
     lists = b64 * tl.num_programs(0) + key_tile
     partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
     tiles = TILES + lists * tl.cdiv(queries, BLOCK_M)
+    for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
+        dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
+                                    stats_base, position_base, code_base, table_base, center, queries, keys, head_dim,
+                                    scale2, False, HAS_BIAS, DIM, BLOCK_M, PRECISION, LSE, DELTA)
     for i in range(0, partial):
-        dk, dv, bucket_sums = _key_gradient_tile(
-            k, v, dk, dv, bucket_sums, tl.load(tiles + i), columns, key_positions, q_base, do_base, stride_qt,
-            stride_dt, stats_base, position_base, mask_base, table_base, BUCKETS, center, queries, keys, head_dim,
-            scale2, True, HAS_BIAS, DIM, BLOCK_M, NUM_BUCKETS, PRECISION, LSE, DELTA)
-    for i in range(partial, partial + whole):
-        dk, dv, bucket_sums = _key_gradient_tile(
-            k, v, dk, dv, bucket_sums, tl.load(tiles + i), columns, key_positions, q_base, do_base, stride_qt,
-            stride_dt, stats_base, position_base, mask_base, table_base, BUCKETS, center, queries, keys, head_dim,
-            scale2, False, HAS_BIAS, DIM, BLOCK_M, NUM_BUCKETS, PRECISION, LSE, DELTA)
+        dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
+                                    stats_base, position_base, code_base, table_base, center, queries, keys, head_dim,
+                                    scale2, True, HAS_BIAS, DIM, BLOCK_M, PRECISION, LSE, DELTA)
     tile_mask = (columns[:, None] < keys) & (dims[None, :] < head_dim)
     dk_base, dv_base = DK + b64 * stride_kb + h64 * stride_kh, DV + b64 * stride_vb + h64 * stride_vh
     tl.store(dk_base + columns[:, None].to(tl.int64) * stride_kt + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=tile_mask)
     tl.store(dv_base + columns[:, None].to(tl.int64) * stride_vt + dims[None, :], dv.to(DV.dtype.element_ty),
              mask=tile_mask)
-    if HAS_BIAS:
-        slots = tl.arange(0, NUM_BUCKETS)
-        tl.store(BUCKET_SUMS + ((b64 * heads + h64) * tl.num_programs(0) + key_tile) * NUM_BUCKETS + slots,
-                 bucket_sums)
 
 
 # ------------------------------------------------------------------------------------------------ the tile lists
@@ -292,22 +317,25 @@ def tile_lists(mask: Tensor, block_rows: int, block_columns: int):
 
 
 class TritonMask(FusedMask):
-    """What every layer of one forward shares under ``--attention-impl triton``: the batch's mask as bytes, its
-    tile lists by rows (forward, ``dQ``) and by columns (``dK``, ``dV``), and, for UniLMv2, the position ids with the
-    bucket of every offset."""
+    """What every layer of one forward shares under ``--attention-impl triton``: each token's mask code, the tile lists
+    by rows (forward, ``dQ``) and by columns (``dK``, ``dV``) and, for UniLMv2, the position ids with the bucket of
+    every offset."""
 
     error = TritonAttentionError
 
-    def __init__(self, mask: Tensor, positions: Optional[Tensor] = None, bias_weight: Optional[Tensor] = None,
+    def __init__(self, fields: MaskFields, positions: Optional[Tensor] = None, bias_weight: Optional[Tensor] = None,
                  offset_buckets: Optional[Tensor] = None):
         """
         Args:
-            mask: boolean ``(B, T, T)``, True = may attend (every row sees a key: the padding rows themselves).
+            fields: the batch's mask fields (padding ``(B, T)`` and the family's own).
             positions: ``(B, T)`` position ids, below ``P``; bias_weight: ``(h, num_buckets)``
                 (:attr:`RelativePositionBias.weight`); offset_buckets: ``(2P - 1,)`` the bucket of each offset
                 ``1 - P .. P - 1`` (:meth:`RelativePositionBias.offset_buckets`). All three, or none (UniLM).
         """
-        self.mask = mask.contiguous().view(torch.uint8)
+        padding = fields.padding_mask
+        steps, kinds = as_pmlm_layout(padding, **fields.fields)
+        self.codes = (4 * steps + kinds).masked_fill(padding, 3).int().contiguous()  # _shown's code; 3: padding
+        mask = pmlm_mask(steps, kinds, padding)
         self.by_rows = tile_lists(mask, *BLOCK)
         self.by_columns = tile_lists(mask.transpose(1, 2), BLOCK[1], BLOCK[0])
         self.positions = None if positions is None else positions.int().contiguous()
@@ -362,9 +390,9 @@ class _TritonAttention(torch.autograd.Function):
         dim, row_grid, _ = _kernel_sizes(q)
         scale = head_dim ** -0.5
         _forward_kernel[row_grid](
-            q, k, v, out, lse, plan.mask, *plan.by_rows, positions, table, *_strides(q, k, v, out),
+            q, k, v, out, lse, plan.codes, *plan.by_rows, positions, table, *_strides(q, k, v, out),
             heads, queries, queries, head_dim, table.size(1), scale * LOG2E,
-            HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q))
+            HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q), num_warps=WARPS)
         ctx.save_for_backward(q, k, v, out, lse, table)
         ctx.plan, ctx.has_bias = plan, has_bias
         return out
@@ -382,16 +410,17 @@ class _TritonAttention(torch.autograd.Function):
         positions = plan.positions if has_bias else plan.by_rows[0]
         buckets = plan.offset_buckets if has_bias else plan.by_rows[0]
         num_buckets = triton.next_power_of_2(plan.bias_weight.size(1)) if has_bias else 1
-        bucket_sums = q.new_zeros(batch, heads, column_grid[0], num_buckets, dtype=torch.float32)
-        common = dict(HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q))
+        bucket_sums = q.new_zeros(batch, heads, row_grid[0], num_buckets, dtype=torch.float32)
+        common = dict(HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q),
+                      num_warps=WARPS)
         _query_gradient_kernel[row_grid](
-            q, k, v, grad_out, lse, delta, dq, plan.mask, *plan.by_rows, positions, table,
+            q, k, v, grad_out, lse, delta, dq, bucket_sums, plan.codes, *plan.by_rows, positions, table, buckets,
+            *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale, scale * LOG2E,
+            NUM_BUCKETS=num_buckets, **common)
+        _key_gradient_kernel[column_grid](
+            q, k, v, grad_out, lse, delta, dk, dv, plan.codes, *plan.by_columns, positions, table,
             *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale, scale * LOG2E,
             **common)
-        _key_gradient_kernel[column_grid](
-            q, k, v, grad_out, lse, delta, dk, dv, bucket_sums, plan.mask, *plan.by_columns, positions, table,
-            buckets, *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale,
-            scale * LOG2E, NUM_BUCKETS=num_buckets, **common)
         grad_weight = None
         if has_bias and ctx.needs_input_grad[3]:
             grad_weight = bucket_sums.sum((0, 2))[:, :plan.bias_weight.size(1)].to(plan.bias_weight.dtype)

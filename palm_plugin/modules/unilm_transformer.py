@@ -32,9 +32,9 @@ from palm_plugin.modules.relative_position import RelativePositionBias, masked_o
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_explicit_mask():
-    warnings.warn("--attention-impl flex: a mask given as a tensor (not built from the batch's fields) goes through "
-                  "the sdpa path", stacklevel=3)
+def _warn_explicit_mask(impl):
+    warnings.warn(f"--attention-impl {impl}: a mask given as a tensor (not built from the batch's fields) goes "
+                  f"through the sdpa path", stacklevel=3)
 
 
 class UniLMEmbeddings(nn.Module):
@@ -245,21 +245,17 @@ class UniLMTransformer(nn.Module):
         return flex_attention.FlexMask(block_mask, score_mod)
 
     def triton_mask(self, positions, mask):
-        """What :meth:`attention_bias` gives the SDPA path, for the Triton kernels: the dense boolean mask (from
-        ``mask``, a boolean ``(B, T, T)`` or ``(T, T)`` tensor, a
-        :class:`~palm_plugin.modules.flex_attention.MaskFields`, or None: every row sees every column) with its tile
-        lists and, with a relative position bias, the bucket weights and the bucket of every offset."""
+        """What :meth:`attention_bias` gives the SDPA path, for the Triton kernels: the mask of ``mask`` (a
+        :class:`~palm_plugin.modules.flex_attention.MaskFields`, or None: bidirectional without padding) and, with a
+        relative position bias, the bucket weights and the bucket of every offset."""
         from palm_plugin.modules.attention_triton import TritonMask
 
         batch, length = positions.shape
-        if isinstance(mask, flex_attention.MaskFields):
-            mask = mask.dense()
-        elif mask is None:
-            mask = positions.new_ones(batch, length, length, dtype=torch.bool)
-        mask = mask.expand(batch, length, length)
+        fields = mask if mask is not None else flex_attention.MaskFields(
+            positions.new_zeros(batch, length, dtype=torch.bool))
         if self.relative_position is None:
-            return TritonMask(mask)
-        return TritonMask(mask, positions, self.relative_position.weight,
+            return TritonMask(fields)
+        return TritonMask(fields, positions, self.relative_position.weight,
                           self.relative_position.offset_buckets(self.embeddings.positions.num_embeddings))
 
     def forward(
@@ -288,17 +284,17 @@ class UniLMTransformer(nn.Module):
         positions = self.default_positions(tokens) if positions is None else positions
         segments = torch.zeros_like(tokens) if segments is None else segments
         x = self.embeddings(tokens, positions, segments)
-        if self.attention_impl == "triton":
+        if self.attention_impl == "triton" and not torch.is_tensor(attention_mask):
             attn_mask = self.triton_mask(positions, attention_mask)
         elif self.attention_impl == "flex" and not torch.is_tensor(attention_mask):
             attn_mask = self.flex_mask(positions, attention_mask, x.dtype)
         else:
             if isinstance(attention_mask, flex_attention.MaskFields):
                 attention_mask = attention_mask.dense()
-            elif self.attention_impl == "flex":
-                # an explicit mask (a caller's own; full recomputation while decoding) has no structure to build a
-                # block mask from: SDPA reads it as it is
-                _warn_explicit_mask()
+            elif self.attention_impl != "sdpa":
+                # an explicit mask (a caller's own; full recomputation while decoding) has no structure for the
+                # kernels to read: SDPA reads it as it is
+                _warn_explicit_mask(self.attention_impl)
             attn_mask = self.attention_bias(positions, positions, attention_mask, x.dtype)
         hiddens: List[torch.Tensor] = [x]
         for layer in self.layers:
