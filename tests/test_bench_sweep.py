@@ -241,22 +241,20 @@ def test_speed_card_calls_plan_what_issue_38_measures():
     selected = run_cli(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
                        "tests/test_gpu.py", "-k", args.tests, cwd=REPO).stdout
     for test in ("test_flex_attention_backward_on_cuda_equals_sdpa",
-                 "test_flex_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa",
+                 "test_fused_attention_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa[flex]",
                  "test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory",
                  "test_compiled_copy_attention_on_cuda_equals_float64_reference_in_less_memory"):
         assert f"::{test}" in selected, test
 
 
 def test_next_speed_card_call_measures_what_the_last_card_left_open():
-    """Section 8's call for the next card: it parses, runs the CUDA tests of session 21's changes (the bias without a
-    padded copy, auto's triton default) and of the copy kernels, measures every family beside roberta at 64 and 256
-    sequences (the targets at 256 that session 21 did not measure), then PALM's levers first: blocked_copy (the
-    baseline of the new default), fused AdamW against the multi-tensor Adam, the compiled model after the decoder
-    fix, and on the UniLM family FlexAttention compiled per shape beside flex; and a row started just before its time
-    budget ends still ends inside its timeout. Then the training check of
-    the new default at once, in a second call of a few minutes."""
+    """Section 9's calls for the next card: they parse; the first runs the CUDA tests of the Triton attention kernels
+    (values and gradients, the training step's memory) and of session 21's changes, measures every family beside
+    roberta at 64 and 256 sequences (the targets at 256), then the levers, pmlm's first: triton_attention beside its
+    baseline and FlexAttention compiled per shape, then PALM's; a row started just before the time budget ends still
+    ends inside its timeout. The second, at once: the 200-update curves of both kernels through fairseq-train."""
     text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
-    lines = text[text.index("## 8. The second card run of issue 38"):].splitlines()
+    lines = text[text.index("## 9. Issue 38: the plugin's own attention kernels"):].splitlines()
     tests = next(line for line in lines if line.startswith("timeout ") and " pytest " in line)
     line = next(line for line in lines if line.startswith("timeout ") and "palm_tools.bench.cli" in line)
     timeout, command = re.match(r"^timeout (\d+) python3 -m palm_tools\.bench\.cli (.*?); tar ", line).groups()
@@ -265,31 +263,35 @@ def test_next_speed_card_call_measures_what_the_last_card_left_open():
     selection = shlex.split(tests.split(" 2>&1")[0])
     selected = run_cli(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
                        "tests/test_gpu.py", "-k", selection[selection.index("-k") + 1], cwd=REPO).stdout
-    for test in ("test_relative_bias_reaches_cuda_attention_without_a_padded_copy",
-                 "test_relative_bias_gradient_on_cuda_equals_float64_reference",
+    for test in ("test_triton_attention_on_cuda_equals_sdpa",
+                 "test_fused_attention_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa[triton]",
+                 "test_relative_bias_reaches_cuda_attention_without_a_padded_copy",
                  "test_default_copy_attention_on_cuda_is_tritons",
                  "test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory"):
         assert f"::{test}" in selected, test
+    assert "[flex]" not in selected  # FlexAttention's compilation would take the card's minutes
     args = benchmark.parse_args(shlex.split(command) + ["--plan-only"])
     assert args.device == "cuda" and args.sequences == [64, 256] and args.profile_dir
     sweep, levers, estimate, _ = benchmark.plan(args)
     assert set(sweep.split(" at ")[0].split(": ")[1].split(", ")) == {
         "roberta", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "palm", "palm_nocopy"}
-    assert levers.startswith("levers: palm: blocked_copy, torch_adamw, compile, all, all_kernels; ")
-    for config in ("pmlm_ae_par", "unilm_pretraining"):
-        assert f"{config}: flex_static, flex, torch_adamw, compile, all" in levers
-    assert args.profile_levers == ["flex_static", "all"]
+    assert levers.startswith("levers: pmlm_ae_par: triton_attention, no_attention_dropout, flex_static, "), levers
+    assert "unilm_pretraining: triton_attention, no_attention_dropout, flex_static" in levers
+    assert "palm: blocked_copy, torch_adamw, compile, all_triton" in levers
+    assert args.profile_levers == ["triton_attention"]
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)
 
-    # the second call: PALM's 200-update curve with the Triton copy kernels against the blocked path, within 4 minutes
-    from palm_tools.experiments import gpu_check
+    # the second call: the curves of pmlm with the attention kernels and PALM with the copy kernels, within 4 minutes
+    from palm_tools.experiments import gpu_check, gpu_training
 
+    assert gpu_training.KERNEL_FLAGS["unilm2"] == ["--attention-impl", "triton"]
     check = shlex.split(next(line for line in lines if "palm_tools.experiments.gpu_check" in line))[3:]
     assert gpu_check.main(check + ["--plan-only"]) == 0
     check = gpu_check.parse_args(check + ["--plan-only"])
-    assert (check.configs, check.sizes, check.updates, check.parts) == (["palm_ft"], ["base"], 200, ["training"])
-    assert {"fp32", "bf16", "bf16-kernels"} <= set(check.precisions) and len(check.precisions) <= check.jobs
-    assert check.run_timeout <= 240
+    assert (check.configs, check.sizes, check.updates, check.parts) == (["unilm2_pmlm", "palm_ft"], ["base"], 200,
+                                                                        ["training"])
+    assert {"fp32", "bf16", "bf16-kernels"} <= set(check.precisions)
+    assert len(check.configs) * len(check.precisions) <= check.jobs and check.run_timeout <= 240
 
 
 @pytest.mark.slow

@@ -484,16 +484,16 @@ def test_default_copy_attention_on_cuda_is_tritons():
 FLEX_CASES = ("unilm pre-training mix", "pmlm AE+PAR", "pseudo-mask seq2seq")
 
 
-def flex_loss_and_grads(case, impl, device, dtype):
-    """One attention call with UniLMv2's relative bias under ``case``'s mask (tests/test_flex_attention.py), through
-    FlexAttention (``flex``) or SDPA with the dense additive mask (``sdpa``): the loss and the gradients of q, k, v
-    and of the bucket weights."""
+def fused_loss_and_grads(case, impl, device, dtype, buckets=32):
+    """One attention call (with UniLMv2's relative bias unless ``buckets`` is 0) under ``case``'s mask
+    (tests/test_flex_attention.py), through FlexAttention (``flex``), the plugin's Triton kernels (``triton``) or SDPA
+    with the dense mask (``sdpa``): the loss and the gradients of q, k, v and of the bucket weights."""
     import torch.nn.functional as F
 
     from palm_plugin.modules.flex_attention import MaskFields
     from tests.test_flex_attention import BATCH, CASES, LENGTH, make_stack
 
-    stack = make_stack(32).to(device, dtype)
+    stack = make_stack(buckets).to(device, dtype)
     fields, positions = CASES[case]
     fields, positions = to_device(fields, device), positions.to(device)
     generator = torch.Generator().manual_seed(2)
@@ -502,12 +502,16 @@ def flex_loss_and_grads(case, impl, device, dtype):
     weights = torch.randn(BATCH, 4, LENGTH, 16, generator=generator).to(device, dtype)
     if impl == "flex":
         context = stack.flex_mask(positions, MaskFields(**fields), dtype).attend(q, k, v)
+    elif impl == "triton":
+        context = stack.triton_mask(positions, MaskFields(**fields)).attend(q, k, v)
     else:
         additive = stack.attention_bias(positions, positions, MaskFields(**fields).dense(), dtype)
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
     loss = (context * weights).sum()
     loss.backward()
-    grads = {"q": q.grad, "k": k.grad, "v": v.grad, "bucket weights": stack.relative_position.weight.grad}
+    grads = {"q": q.grad, "k": k.grad, "v": v.grad}
+    if buckets:
+        grads["bucket weights"] = stack.relative_position.weight.grad
     return loss.detach().double().cpu(), {name: grad.double().cpu() for name, grad in grads.items()}
 
 
@@ -517,8 +521,8 @@ def flex_loss_and_grads(case, impl, device, dtype):
 def test_flex_attention_backward_on_cuda_equals_sdpa(case, dtype):
     """--attention-impl flex's kernel, forward and backward (the bias as a score_mod, its table's gradient from the
     kernel) against SDPA's dense path in float64 on the CPU."""
-    expected_loss, expected_grads = flex_loss_and_grads(case, "sdpa", "cpu", torch.float64)
-    loss, grads = flex_loss_and_grads(case, "flex", CUDA, dtype)
+    expected_loss, expected_grads = fused_loss_and_grads(case, "sdpa", "cpu", torch.float64)
+    loss, grads = fused_loss_and_grads(case, "flex", CUDA, dtype)
     tolerance = {torch.float32: 1e-5, **HALF_TOLERANCE}[dtype]
     assert relative_error(loss, expected_loss) < tolerance
     for name, grad in expected_grads.items():
@@ -526,9 +530,26 @@ def test_flex_attention_backward_on_cuda_equals_sdpa(case, dtype):
 
 
 @needs_cuda
-def test_flex_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa():
-    """A UniLMv2 pmlm (AE+PAR) training step, bf16, base width, 8 texts of about 500 tokens: FlexAttention keeps no
-    (B, h, T, T) mask + bias nor its gradient, so its peak memory is below the SDPA path's; the losses agree."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case, buckets", [(case, 32) for case in FLEX_CASES] + [("unilm pre-training mix", 0)])
+def test_triton_attention_on_cuda_equals_sdpa(case, buckets, dtype):
+    """--attention-impl triton's kernels, forward and backward (the mask from each token's code, hidden tiles
+    skipped; the bias read and its gradient summed per bucket in the kernels), against SDPA's dense path in float64
+    on the CPU: 6 rows of 299 tokens of unequal lengths, heads of 16 (tiles of 128 x 64: partial ones at the ends)."""
+    expected_loss, expected_grads = fused_loss_and_grads(case, "sdpa", "cpu", torch.float64, buckets)
+    loss, grads = fused_loss_and_grads(case, "triton", CUDA, dtype, buckets)
+    tolerance = {torch.float32: 1e-5, **HALF_TOLERANCE}[dtype]
+    assert relative_error(loss, expected_loss) < tolerance
+    for name, grad in expected_grads.items():
+        assert relative_error(grads[name], grad) < 10 * tolerance, name  # sums over many scores, one more rounding
+
+
+@needs_cuda
+@pytest.mark.parametrize("impl", ["flex", "triton"])
+def test_fused_attention_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa(impl):
+    """A UniLMv2 pmlm (AE+PAR) training step, bf16, base width, 8 texts of about 500 tokens: FlexAttention and the
+    Triton kernels keep no (B, h, T, T) mask + bias nor its gradient, so their peak memory is below the SDPA path's;
+    the loss (a random projection of the top states) and the bucket weights' gradient agree with SDPA's."""
     from palm_plugin.modules.flex_attention import MaskFields
     from tests.test_flex_attention import pmlm_fields, tokens_of
 
@@ -539,22 +560,25 @@ def test_flex_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa():
     stack = UniLMTransformer(vocab_size=40, padding_idx=1, dim=768, ffn_dim=3072, layers=2, num_heads=12,
                              max_positions=512, num_segments=2, dropout=0.0, attention_dropout=0.0,
                              relative_position_buckets=32).to(CUDA, torch.bfloat16).train()
+    projection = torch.randn(*tokens.shape, 768, device=CUDA, dtype=torch.bfloat16)
 
-    def step(impl):
-        stack.attention_impl = impl
+    def step(attention_impl):
+        stack.attention_impl = attention_impl
         stack.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        loss = stack(tokens, MaskFields(**fields), positions).float().pow(2).mean()
+        loss = (stack(tokens, MaskFields(**fields), positions).float() * projection).mean()
         loss.backward()
         torch.cuda.synchronize()
-        return float(loss), torch.cuda.max_memory_allocated() - before
+        peak = torch.cuda.max_memory_allocated() - before
+        return float(loss), stack.relative_position.weight.grad.double().cpu(), peak
 
-    step("flex")  # compiles
-    flex_loss, flex_peak = step("flex")
-    sdpa_loss, sdpa_peak = step("sdpa")
-    print(f"pmlm step, 8 x 680 tokens, 2 base layers, bf16: peak above the weights {flex_peak / 2**20:.0f} MiB with "
-          f"flex, {sdpa_peak / 2**20:.0f} MiB with sdpa")
-    assert abs(flex_loss - sdpa_loss) <= HALF_TOLERANCE[torch.bfloat16] * abs(sdpa_loss)
-    assert flex_peak < sdpa_peak
+    step(impl)  # compiles
+    loss, bias_grad, peak = step(impl)
+    sdpa_loss, sdpa_bias_grad, sdpa_peak = step("sdpa")
+    print(f"pmlm step, 8 x 680 tokens, 2 base layers, bf16: peak above the weights {peak / 2**20:.0f} MiB with "
+          f"{impl}, {sdpa_peak / 2**20:.0f} MiB with sdpa")
+    assert abs(loss - sdpa_loss) <= HALF_TOLERANCE[torch.bfloat16] * abs(sdpa_loss)
+    assert relative_error(bias_grad, sdpa_bias_grad) < 10 * HALF_TOLERANCE[torch.bfloat16]
+    assert peak < sdpa_peak

@@ -92,6 +92,12 @@ def _flex_args(spec):
         "unilm") else []
 
 
+def _triton_attention_args(spec):
+    """--attention-impl triton, for the UniLM family (no attention dropout either: no_attention_dropout is its
+    baseline)."""
+    return ["--attention-impl", "triton", "--attention-dropout", "0"] if _flex_args(spec) else []
+
+
 def _flex_shapes(shapes):
     """Each flex lever sets how FlexAttention compiles on CUDA, so that one row's choice does not reach the next."""
     from palm_plugin.modules import flex_attention
@@ -135,6 +141,9 @@ LEVERS = {
                                         "inductor's kernels without bound checks where lengths are multiples of 128)",
                          applies=lambda spec: bool(_flex_args(spec)), args=_flex_args,
                          after_build=lambda built: _flex_shapes("static"), compiles=True),
+    "triton_attention": Lever("triton_attention", "--attention-impl triton --attention-dropout 0 (the plugin's "
+                              "Triton kernels: hidden tiles skipped, UniLMv2's bias inside the kernels)",
+                              applies=lambda spec: bool(_triton_attention_args(spec)), args=_triton_attention_args),
     "triton_copy": Lever("triton_copy", "--copy-attention-impl triton (equation (3) in hand-written Triton kernels)",
                          applies=lambda spec: bool(_triton_copy_args(spec)), args=_triton_copy_args),
     "blocked_copy": Lever("blocked_copy", "--copy-attention-impl blocked (torch's kernels in blocks: the CPU's path, "
@@ -153,6 +162,11 @@ LEVERS = {
                          args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec)
                          + _flex_args(spec) + _triton_copy_args(spec),
                          after_build=lambda built: (_compile_baseline(built), _flex_shapes("dynamic")), compiles=True),
+    "all_triton": Lever("all_triton", "torch_adamw + compile + syncs_at_start + triton_attention + triton_copy: all with "
+                                      "the plugin's own kernels",
+                        args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec)
+                        + _triton_attention_args(spec) + _triton_copy_args(spec),
+                        after_build=_compile_baseline, compiles=True),
 }  # fmt: skip
 
 

@@ -9,7 +9,7 @@
    beside fp32 (issue 24): ``fp32-seed2`` (a second seed: how far two fp32 runs drift; not judged itself, but when it
    ran, a half-precision run of the same configuration is held to the larger of its tolerance and that drift) and
    ``fp16-scale16`` (``--fp16-init-scale 16``, judged as fp16); and, for issue 38, ``bf16-kernels`` (each family's
-   fused kernels, ``--attention-impl flex`` or ``--copy-attention-impl triton``, judged against the bf16 run).
+   own kernels, ``--attention-impl triton`` or ``--copy-attention-impl triton``, judged against the bf16 run).
 2. Numerics: tests/test_gpu.py (copy layer, attention masks, cached decoding, GPU against CPU generation) under
    pytest; pass/fail per test.
 3. Profile: unilm_seq2seq tiny in each precision, a few updates under torch.profiler: key_averages tables in

@@ -24,11 +24,12 @@ PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 # go last, so they override the command's own
 VARIANTS = {"fp32-seed2": ("fp32", ["--seed", "2"]), "fp16-scale16": ("fp16", ["--fp16-init-scale", "16"]),
             "bf16-kernels": ("bf16", "kernels")}
-# issue 38: bf16-kernels trains with each family's fused kernels (FlexAttention for the UniLM family, the Triton copy
-# layer for PALM) and is judged against the bf16 run of today's path: same precision, seed and data, so the curves
-# differ only by the kernels' order of arithmetic (every check run has dropout off, as FlexAttention needs)
-KERNEL_FLAGS = {"palm": ["--copy-attention-impl", "triton"], "unilm": ["--attention-impl", "flex"],
-                "unilm2": ["--attention-impl", "flex"]}
+# issue 38: bf16-kernels trains with each family's own kernels (the Triton attention for the UniLM family, since
+# session 22, FlexAttention before; the Triton copy layer for PALM) and is judged against the bf16 run of today's
+# path: same precision, seed and data, so the curves differ only by the kernels' order of arithmetic (every check run
+# has dropout off, as the attention kernels need)
+KERNEL_FLAGS = {"palm": ["--copy-attention-impl", "triton"], "unilm": ["--attention-impl", "triton"],
+                "unilm2": ["--attention-impl", "triton"]}
 # every other run names today's path, which PALM's default no longer is on CUDA (auto takes triton there)
 REFERENCE_FLAGS = {"palm": ["--copy-attention-impl", "blocked"], "unilm": ["--attention-impl", "sdpa"],
                    "unilm2": ["--attention-impl", "sdpa"]}
