@@ -1,5 +1,6 @@
 """Started in the suite's tool processes only (``tests/conftest.py:tool_env`` puts this folder on their PYTHONPATH):
-scikit-learn and scipy.stats load when fairseq first uses them, not when it starts.
+scikit-learn and scipy.stats load when fairseq first uses them, not when it starts; and in a process that runs Triton
+kernels under the interpreter (``TRITON_INTERPRET=1``), the interpreter's fix of tests/triton_interpreter.py.
 
 ``import fairseq`` imports every criterion, and ``sentence_prediction``'s imports pull in scikit-learn and
 scipy.stats for four metrics (F1, Matthews, Pearson, Spearman): about 2.5 of the 5.5 CPU seconds a fairseq process
@@ -10,6 +11,7 @@ them, load the real module on first use; what is computed is unchanged. Users' p
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 
@@ -59,3 +61,8 @@ def _attribute(name, attribute):
 
 FINDER = _Deferred()
 sys.meta_path.insert(0, FINDER)
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.triton_interpreter import install
+
+    install()
