@@ -31,7 +31,7 @@ IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernels_under_the_interpreter's process")
 BATCH, LENGTH, HEADS, HEAD_DIM, POSITIONS = 5, 70, 2, 24, 128
 LENGTHS = torch.tensor([70, 61, 45, 53, 66])  # unequal, odd and even, across tile edges
-INTERPRETED_TESTS = 15
+INTERPRETED_TESTS = 17
 
 if IN_INTERPRETER:
     from tests.triton_interpreter import install
@@ -90,7 +90,8 @@ def kernels(monkeypatch):
     from palm_plugin.modules import attention_triton
 
     assert attention_triton.INTERPRETED
-    monkeypatch.setattr(attention_triton, "BLOCK", (16, 16))
+    for kernel in ("FORWARD", "QUERY_GRADIENT", "KEY_GRADIENT"):
+        monkeypatch.setattr(attention_triton, kernel, attention_triton.Tiles(16, 16, 4))
     return attention_triton
 
 
@@ -182,7 +183,8 @@ def run_case(kernels, name, dtype=torch.float32):
     pairs = {"output": (out, expected), **{f"d{n}": (a.grad, b.grad) for n, a, b in zip("qkv", own, leaves)}}
     if with_bias:
         pairs["bucket weights"] = (own_weight.grad, weight64.grad)
-    return {key: float((a.detach().double() - b.detach()).abs().max() / b.abs().max()) for key, (a, b) in pairs.items()}
+    return {key: float((a.detach().double() - b.detach()).abs().max() / b.detach().abs().max())
+            for key, (a, b) in pairs.items()}
 
 
 @interpreted
@@ -196,9 +198,11 @@ def test_outputs_and_gradients_equal_the_papers_attention_in_float64(kernels, ca
 
 @interpreted
 def test_tiles_of_unequal_sides(kernels, monkeypatch):
-    """Query tiles of 16 rows against key tiles of 32 (the forward's and dQ's tile rows are not the dK/dV kernel's
-    tile columns)."""
-    monkeypatch.setattr(kernels, "BLOCK", (16, 32))
+    """Tiles of unequal sides, each kernel's its own (as the card's are): rows and keys of one tile list are not the
+    next kernel's."""
+    monkeypatch.setattr(kernels, "FORWARD", kernels.Tiles(16, 32, 4))
+    monkeypatch.setattr(kernels, "QUERY_GRADIENT", kernels.Tiles(32, 16, 4))
+    monkeypatch.setattr(kernels, "KEY_GRADIENT", kernels.Tiles(16, 32, 4))
     errors = run_case(kernels, "pmlm AE+PAR")
     assert max(errors.values()) < 2e-6, errors
 
@@ -268,19 +272,57 @@ def test_a_stack_trains_as_the_sdpa_stack(kernels, case, buckets):
 
 
 @interpreted
-def test_the_model_builds_and_refuses_attention_dropout(kernels):
-    """A unilm2 model built to train with the kernels (here: under the interpreter) has the triton stack; with
-    attention dropout, which the kernels lack, the build stops with one line naming the two ways out."""
+def test_the_model_trains_with_the_recipes_attention_dropout(kernels):
+    """A unilm2 model built to train with the kernels (here: under the interpreter), with BERT's attention dropout 0.1
+    as the recipes train: the triton stack, whose layers hand the kernels their dropout."""
     from tests.test_unilm_decoding import tiny_dictionary
 
-    dictionary = tiny_dictionary()
-    model = build("unilm2_tiny", dictionary, for_training=True, attention_impl="triton", attention_dropout=0.0)
-    assert model.stack.attention_impl == "triton"
-    with pytest.raises(SystemExit) as stopped:
-        build("unilm2_tiny", dictionary, for_training=True, attention_impl="triton")
-    assert stopped.value.code == (
-        "error: --attention-impl triton: its kernels have no dropout on the attention probabilities; train with "
-        "--attention-dropout 0, or keep --attention-dropout 0.1 and use --attention-impl sdpa")
+    model = build("unilm2_tiny", tiny_dictionary(), for_training=True, attention_impl="triton")
+    assert model.stack.attention_impl == "triton" and model.cfg.attention_dropout == 0.1
+
+
+@interpreted
+@pytest.mark.parametrize("case", ["pmlm AE+PAR", "unilm pre-training mix"])
+def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels, case):
+    """Dropout 0.25: the output and every gradient equal float64 autograd of the papers' attention with the kept
+    pairs the kernels draw (:func:`kept_pairs` under the call's seed) scaled by 1 / 0.75, so the backward kernels drew
+    the forward's pairs; about 75% of the pairs kept; another seed, other pairs."""
+    rate = 0.25
+    fields, positions, with_bias = CASES[case]
+    mask = mask_from_fields(**fields)
+    torch.manual_seed(5)
+    seed = kernels.draw_seed()
+    kept = kernels.kept_pairs(seed, rate, BATCH, HEADS, LENGTH, "cpu")
+    share = float(kept.float().mean())
+    assert abs(share - (1 - rate)) < 4 * ((rate * (1 - rate)) / kept.numel()) ** 0.5, share
+    assert not torch.equal(kept, kernels.kept_pairs(seed + 1, rate, BATCH, HEADS, LENGTH, "cpu"))
+
+    q, k, v = attention_inputs(torch.float32)
+    weight = bias_module().weight.detach() if with_bias else None
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    weight64 = torch.nn.Parameter(weight.double()) if with_bias else None
+    scores = leaves[0] @ leaves[1].transpose(-1, -2) / HEAD_DIM**0.5 + to_additive(mask, torch.float64).unsqueeze(1)
+    if with_bias:
+        module = bias_module()
+        module.weight = weight64
+        scores = scores + module(positions, positions)
+    expected = (torch.softmax(scores, -1) * kept / (1 - rate)) @ leaves[2]
+    grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    expected.backward(grad)
+
+    own = [t.detach().requires_grad_() for t in (q, k, v)]
+    own_weight = weight.clone().requires_grad_() if with_bias else None
+    plan = kernels.TritonMask(MaskFields(**fields), positions if with_bias else None, own_weight,
+                              bias_module().offset_buckets(POSITIONS) if with_bias else None)
+    torch.manual_seed(5)  # the call draws the seed drawn above
+    out = plan.attend(*own, rate)
+    out.backward(grad.float())
+    pairs = {"output": (out, expected), **{f"d{n}": (a.grad, b.grad) for n, a, b in zip("qkv", own, leaves)}}
+    if with_bias:
+        pairs["bucket weights"] = (own_weight.grad, weight64.grad)
+    for name, (actual, reference) in pairs.items():
+        error = float((actual.detach().double() - reference.detach()).abs().max() / reference.abs().max())
+        assert error < 2e-6, (name, error)
 
 
 # ------------------------------------------------------------------------------------------------ without the kernels
@@ -292,8 +334,8 @@ POINTER_TYPES = {"LSE": "fp32", "DELTA": "fp32", "BUCKET_SUMS": "fp32", "CODES":
 @pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the card, which the interpreter does not")
 def test_kernels_compile_for_the_h100_without_spills(tmp_path):
     """The interpreter accepts code the compiler may refuse: the three kernels compiled here, without a GPU, for the
-    card's architecture (sm_90) at base size (heads of 64) in bf16, with and without UniLMv2's bias, down to the
-    binary by the ptxas Triton ships, with the module's tiles and warps. No register spills; the products on Hopper's
+    card's architecture (sm_90) at base size (heads of 64) in bf16, with and without UniLMv2's bias and attention
+    dropout, down to the binary by the ptxas Triton ships, with the module's tiles and warps. No register spills; the products on Hopper's
     warp-group MMA; and no score tile moved between layouts through shared memory (a mask read as a (rows, keys)
     tile made the compiler carry the softmax in a second layout and convert every tile's scores)."""
     import re
@@ -304,25 +346,29 @@ def test_kernels_compile_for_the_h100_without_spills(tmp_path):
 
     from palm_plugin.modules import attention_triton as kernels
 
-    block_m, block_n = kernels.BLOCK
-    for has_bias in (True, False):
-        for name in ("_forward_kernel", "_query_gradient_kernel", "_key_gradient_kernel"):
+    launches = {"_forward_kernel": kernels.FORWARD, "_query_gradient_kernel": kernels.QUERY_GRADIENT,
+                "_key_gradient_kernel": kernels.KEY_GRADIENT}
+    for has_bias, dropout in ((True, True), (True, False), (False, True), (False, False)):
+        for name, tiles in launches.items():
             kernel = getattr(kernels, name)
-            constants = dict(HAS_BIAS=has_bias, DIM=64, BLOCK_M=block_m, BLOCK_N=block_n, PRECISION="tf32")
+            constants = dict(HAS_BIAS=has_bias, DIM=64, BLOCK_M=tiles.rows, BLOCK_N=tiles.keys, PRECISION="tf32",
+                             DROPOUT=dropout)
             if "NUM_BUCKETS" in kernel.arg_names:
                 constants["NUM_BUCKETS"] = 32
             signature = {arg: "constexpr" if arg in constants else f"*{POINTER_TYPES.get(arg, 'bf16')}"
-                         if arg.isupper() else "fp32" if arg.startswith("scale") else "i32" for arg in kernel.arg_names}
+                         if arg.isupper() else "fp32" if arg.startswith("scale") or arg == "rate" else "i32"
+                         for arg in kernel.arg_names}
             compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
-                                      options=dict(num_warps=kernels.WARPS))
+                                      options=dict(num_warps=tiles.warps))
             ptx_file = tmp_path / f"{name}.ptx"
             ptx_file.write_text(compiled.asm["ptx"])
             report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx_file, "-o", os.devnull],
                                     capture_output=True, text=True, check=True).stderr
-            assert " 0 bytes spill stores, 0 bytes spill loads" in report, (name, has_bias, report)
+            assert " 0 bytes spill stores, 0 bytes spill loads" in report, (name, has_bias, dropout, report)
             ir = compiled.asm["ttgir"]
-            assert "ttng.warp_group_dot " in ir, (name, has_bias)
-            assert not re.search(rf"convert_layout %\S+ : tensor<{block_m}x{block_n}xf32", ir), (name, has_bias)
+            assert "ttng.warp_group_dot " in ir, (name, has_bias, dropout)
+            score_tile = rf"convert_layout %\S+ : tensor<{tiles.rows}x{tiles.keys}xf32"
+            assert not re.search(score_tile, ir), (name, has_bias, dropout)
 
 
 

@@ -25,9 +25,9 @@ HELP = ("how the self-attention of a full sequence is computed. sdpa (default): 
         "the backward, and trained slower than sdpa on an H100 (0.63x on pmlm, 0.97x on UniLM's pre-training mix: "
         "docs/benchmarks-gpu.md, section 8). triton: the plugin's own kernels (palm_plugin/modules/attention_triton.py"
         "): FlashAttention's tiles with the batch's mask read per tile and its hidden tiles skipped, UniLMv2's bias "
-        "read and its gradient summed per bucket inside the kernels; needs CUDA and the triton package, not yet "
-        "measured on a card (docs/benchmarks-gpu.md, section 9). flex and triton have no attention dropout (train "
-        "with --attention-dropout 0); incremental decoding uses sdpa with every choice")
+        "read and its gradient summed per bucket inside the kernels, attention dropout drawn inside them; needs CUDA "
+        "and the triton package, not yet measured on a card (docs/benchmarks-gpu.md, section 9). flex has no "
+        "attention dropout (train with --attention-dropout 0); incremental decoding uses sdpa with every choice")
 SDPA_INSTEAD = "use --attention-impl sdpa"
 
 
@@ -64,10 +64,6 @@ def check_usable(impl: str, training: bool, attention_dropout: float) -> None:
         if not triton_runs_here():
             raise TritonAttentionError(f"its kernels run on CUDA, and no CUDA device is available (torch "
                                        f"{torch.__version__}); {SDPA_INSTEAD}")
-        if training and attention_dropout > 0:
-            raise TritonAttentionError(f"its kernels have no dropout on the attention probabilities; train with "
-                                       f"--attention-dropout 0, or keep --attention-dropout {attention_dropout} and "
-                                       f"{SDPA_INSTEAD}")
 
 
 class FusedMask(abc.ABC):
@@ -77,5 +73,6 @@ class FusedMask(abc.ABC):
     error = CommandError  # raised, with its option as prefix, for what the kernel cannot do
 
     @abc.abstractmethod
-    def attend(self, q, k, v) -> torch.Tensor:
-        """``softmax(q k^T / sqrt(d) + bias, masked) v`` for ``q``, ``k``, ``v`` ``(B, h, T, d)``."""
+    def attend(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        """``dropout(softmax(q k^T / sqrt(d) + bias, masked), dropout_p) v`` for ``q``, ``k``, ``v``
+        ``(B, h, T, d)``."""

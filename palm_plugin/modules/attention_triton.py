@@ -12,22 +12,25 @@ The algorithm is FlashAttention's (Dao et al. 2022; the backward of FlashAttenti
 probabilities from the saved log-sum-exp, one kernel for ``dQ`` (walking key tiles) and one for ``dK``, ``dV``
 (walking query tiles). What is particular to UniLM:
 
-* The mask is the batch's dense boolean mask (the rules of :mod:`palm_plugin.modules.attention_masks`, built once per
-  forward and shared by all heads and layers) with, from it, per tile row and per tile column, the list of tiles the
-  mask shows partly and of tiles it shows whole (:class:`TritonMask`). Hidden tiles are never visited; whole ones
-  are computed without reading the mask.
+* The mask is evaluated from one code per token, ``4 step + kind`` (UniLM's masks written as the pseudo-masked LM's
+  rule: :func:`~palm_plugin.modules.attention_masks.as_pmlm_layout`), read once per row and once per key tile; the
+  dense mask, built once per forward by torch, only sorts the tiles: per tile row and per tile column, the lists of
+  tiles the mask shows partly and shows whole (:class:`TritonMask`), shared by all heads and layers. Hidden tiles
+  are never visited; whole ones are computed without the rule.
 * UniLMv2's bias: score ``(i, j)`` of head ``h`` adds ``table[h, pos_j - pos_i + P - 1]`` from the bias of every
   offset (``weight[h, bucket(offset)]``, :class:`~palm_plugin.modules.relative_position.RelativePositionBias`), by
-  the two tokens' position ids. Its gradient is that of the ``(h, num_buckets)`` weight: the ``dK``/``dV`` kernel
-  sums each tile's score gradients per bucket, over the buckets the tile's offsets reach (a few, away from the
+  the two tokens' position ids, as the starting value of the tile's ``q k^T`` product. Its gradient is that of the
+  ``(h, num_buckets)`` weight: the ``dQ`` kernel sums each tile's score gradients per bucket, over the buckets the tile's offsets reach (a few, away from the
   diagonal), and writes one partial sum per program, which torch adds up: deterministic, no atomics.
-* No dropout on the attention probabilities (refused when a model is built, as for FlexAttention).
+* Attention dropout (BERT's 0.1, the recipes'): pair ``(i, j)`` of a (sentence, head) is kept by Philox's draw at
+  counter ``i T + j`` under a key made of the call's seed (drawn from torch's generator, so ``--seed`` fixes it) and
+  the (sentence, head); the forward and both backward kernels draw the same pairs, and nothing of the mask is stored.
 
 Sums run in float32 whatever the inputs' dtype; probabilities are rounded to it before their products with ``V`` (as
 FlashAttention does). The kernels run on CUDA tensors; under Triton's interpreter (``TRITON_INTERPRET=1`` when triton
 is imported: tests/test_attention_triton.py) on any, slowly.
 """
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +42,24 @@ from palm_plugin.modules.attention_impl import SDPA_INSTEAD, FusedMask, TritonAt
 from palm_plugin.modules.attention_masks import as_pmlm_layout, pmlm_mask
 from palm_plugin.modules.flex_attention import MaskFields
 
-# (BLOCK_M query rows, BLOCK_N keys) of a tile (powers of two, at least 16: tl.dot's least) and the warps of a program:
-# compiled for the H100 at base size in bf16, the only choice tried without spills in all three kernels, with and
-# without the bias (tests/test_attention_triton.py); not yet timed on a card.
-BLOCK = (128, 64)
-WARPS = 8
+
+
+class Tiles(NamedTuple):
+    """A kernel's tile, ``rows`` (query rows) x ``keys`` (powers of two, at least 16: tl.dot's least), and the warps of
+    its programs. The forward and dQ programs hold ``rows`` and walk tiles of ``keys``; the dK/dV programs hold
+    ``keys`` and walk tiles of ``rows``."""
+
+    rows: int
+    keys: int
+    warps: int
+
+
+# Each kernel's tiles: compiled for the H100 at base size in bf16, with and without the bias and dropout, the choices
+# tried that leave no register spilled in any of them (tests/test_attention_triton.py; the walked tile narrower in
+# the backward, whose programs hold more); not yet timed on a card.
+FORWARD = Tiles(128, 64, 8)
+QUERY_GRADIENT = Tiles(128, 32, 8)
+KEY_GRADIENT = Tiles(32, 64, 4)
 # whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 LOG2E = 1.4426950408889634  # the kernels work in base 2: exp2 is one instruction
@@ -85,6 +101,21 @@ def _shown(row_codes, column_codes, rows, columns):
 
 
 @triton.jit
+def _kept(probs, rows, columns, keys, stream, rate):
+    """Attention dropout: ``probs`` with each pair kept with probability ``1 - rate`` and scaled by ``1 / (1 - rate)``,
+    0 elsewhere. Whether pair ``(i, j)`` is kept is Philox's draw at counter ``i * keys + j`` under the program's
+    ``stream`` (the call's seed and the (sentence, head)), so every kernel of a call draws the same pairs."""
+    keep = tl.rand(stream, rows[:, None] * keys + columns[None, :]) >= rate
+    return tl.where(keep, probs * (1.0 / (1.0 - rate)), 0.0)
+
+
+@triton.jit
+def _stream(seed, b64, h64, heads):
+    """The Philox key of one (sentence, head) under a call's ``seed`` (below 2^31): unique per call and program."""
+    return seed.to(tl.int64) + (b64 * heads + h64) * 4294967296
+
+
+@triton.jit
 def _load_rows(base, stride, rows, count, dims, head_dim):
     """A ``(rows, DIM)`` tile of a ``(B, h, T, d)`` tensor (zero past the length and past ``d``)."""
     return tl.load(base + rows[:, None] * stride + dims[None, :],
@@ -94,9 +125,9 @@ def _load_rows(base, stride, rows, count, dims, head_dim):
 # ------------------------------------------------------------------------------------------------ forward
 @triton.jit
 def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base, v_base, stride_k, stride_v,
-                  key_base, code_base, table_base, center, queries, keys, head_dim, scale2,
+                  key_base, code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
                   PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
     columns = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
@@ -107,7 +138,9 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that has seen nothing yet keeps its zeros
     probs = tl.math.exp2(scores - shift[:, None])
     rescale = tl.math.exp2(row_max - shift)
-    row_sum = row_sum * rescale + tl.sum(probs, 1)
+    row_sum = row_sum * rescale + tl.sum(probs, 1)  # the softmax's sum: before dropout
+    if DROPOUT:
+        probs = _kept(probs, rows, columns, keys, stream, rate)
     acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
     return acc, new_max, row_sum
 
@@ -116,9 +149,9 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
 def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-                    heads, queries, keys, head_dim, table_width, scale2,
+                    heads, queries, keys, head_dim, table_width, scale2, seed, rate,
                     HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    PRECISION: tl.constexpr):
+                    PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
     """One program per (tile of query rows, sentence x head): the rows' outputs and base-2 log-sum-exps."""
     row_tile = tl.program_id(0)
     b = tl.program_id(1) // heads
@@ -132,6 +165,7 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
     k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
     code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
     center = table_width // 2
+    stream = _stream(seed, b64, h64, heads)
     acc = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -141,13 +175,13 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
     for i in range(partial, partial + whole):
         acc, row_max, row_sum = _forward_tile(
             q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2,
-            False, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+            False, HAS_BIAS, DIM, BLOCK_N, PRECISION, DROPOUT)
     for i in range(0, partial):
         acc, row_max, row_sum = _forward_tile(
             q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2,
-            True, HAS_BIAS, DIM, BLOCK_N, PRECISION)
+            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+            True, HAS_BIAS, DIM, BLOCK_N, PRECISION, DROPOUT)
     row_sum = tl.where(row_sum == 0, 1.0, row_sum)  # a row that sees no key (no mask of ours has one) gives zeros
     out = acc / row_sum[:, None]
     o_base = O + b64 * stride_ob + h64 * stride_oh
@@ -160,8 +194,9 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
 @triton.jit
 def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_positions, k_base, v_base, stride_k,
                          stride_v, key_base, code_base, table_base, buckets, center, queries, keys, head_dim, scale2,
-                         PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                         NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr):
+                         stream, rate, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr,
+                         BLOCK_N: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr,
+                         DROPOUT: tl.constexpr):
     columns = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
@@ -169,8 +204,10 @@ def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_p
     scores = _scores(q, k, rows, columns, query_positions, key_base, code_base, table_base, center, queries, keys,
                      scale2, PARTIAL, HAS_BIAS, PRECISION)
     probs = tl.math.exp2(scores - lse[:, None])
-    # dL/d(score), softmax's backward
-    grad_scores = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+    grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    if DROPOUT:  # through the dropout: the pairs it kept, scaled as it scaled them
+        grad_probs = _kept(grad_probs, rows, columns, keys, stream, rate)
+    grad_scores = probs * (grad_probs - delta[:, None])  # dL/d(score), softmax's backward
     if HAS_BIAS:  # the tile's score gradients summed per bucket, over the buckets its offsets reach
         key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
         tile_buckets = tl.load(buckets + key_positions[None, :] - query_positions[:, None] + center)
@@ -190,9 +227,10 @@ def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_p
 def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUNTS, TILES, POS, TABLE, BUCKETS,
                            stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                            stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
-                           heads, queries, keys, head_dim, table_width, scale, scale2,
+                           heads, queries, keys, head_dim, table_width, scale, scale2, seed, rate,
                            HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr):
+                           BLOCK_N: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr,
+                           DROPOUT: tl.constexpr):
     """One program per (tile of query rows, sentence x head): ``dQ`` of the rows (stored in ``Q``'s layout) and, with a
     bias, the program's per-bucket sums of the score gradients (``BUCKET_SUMS[b, h, tile]``)."""
     row_tile = tl.program_id(0)
@@ -211,6 +249,7 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
     code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
     center = table_width // 2
+    stream = _stream(seed, b64, h64, heads)
     dq = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
     bucket_sums = tl.zeros((NUM_BUCKETS,), dtype=tl.float32)
     lists = b64 * tl.num_programs(0) + row_tile
@@ -219,13 +258,13 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
         dq, bucket_sums = _query_gradient_tile(
             q, do, lse, delta, dq, bucket_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, False,
-            HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION)
+            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
+            rate, False, HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION, DROPOUT)
     for i in range(0, partial):
         dq, bucket_sums = _query_gradient_tile(
             q, do, lse, delta, dq, bucket_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, True,
-            HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION)
+            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
+            rate, True, HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION, DROPOUT)
     dq_base = DQ + b64 * stride_qb + h64 * stride_qh
     tl.store(dq_base + rows[:, None].to(tl.int64) * stride_qt + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=(rows[:, None] < queries) & (dims[None, :] < head_dim))
@@ -237,9 +276,9 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
 
 @triton.jit
 def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, stride_do, stats_base, position_base,
-                       code_base, table_base, center, queries, keys, head_dim, scale2, PARTIAL: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
-                       LSE, DELTA):
+                       code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+                       PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       PRECISION: tl.constexpr, DROPOUT: tl.constexpr, LSE, DELTA):
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, DIM)
     q = _load_rows(q_base, stride_q, rows, queries, dims, head_dim)
@@ -250,8 +289,14 @@ def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, s
     scores = _scores(q, k, rows, columns, query_positions, position_base, code_base, table_base, center, queries,
                      keys, scale2, PARTIAL, HAS_BIAS, PRECISION)
     probs = tl.math.exp2(scores - lse[:, None])
-    dv += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
-    grad_scores = probs * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+    if DROPOUT:  # dV from the kept pairs; the gradient reaches the kept probabilities only
+        dv += tl.dot(tl.trans(_kept(probs, rows, columns, keys, stream, rate).to(do.dtype)), do,
+                     input_precision=PRECISION)
+        grad_probs = _kept(tl.dot(do, tl.trans(v), input_precision=PRECISION), rows, columns, keys, stream, rate)
+    else:
+        dv += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
+        grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    grad_scores = probs * (grad_probs - delta[:, None])
     dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q, input_precision=PRECISION)
     return dk, dv
 
@@ -260,9 +305,9 @@ def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, s
 def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, POS, TABLE,
                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                          stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
-                         heads, queries, keys, head_dim, table_width, scale, scale2,
+                         heads, queries, keys, head_dim, table_width, scale, scale2, seed, rate,
                          HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PRECISION: tl.constexpr):
+                         PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
     """One program per (tile of keys, sentence x head): ``dK``, ``dV`` of the keys (in ``K``'s and ``V``'s layouts)."""
     key_tile = tl.program_id(0)
     b = tl.program_id(1) // heads
@@ -277,6 +322,7 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, 
     stats_base = (b64 * heads + h64) * queries
     code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
     center = table_width // 2
+    stream = _stream(seed, b64, h64, heads)
     dk = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
     lists = b64 * tl.num_programs(0) + key_tile
@@ -285,11 +331,13 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, 
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
         dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
                                     stats_base, position_base, code_base, table_base, center, queries, keys, head_dim,
-                                    scale2, False, HAS_BIAS, DIM, BLOCK_M, PRECISION, LSE, DELTA)
+                                    scale2, stream, rate, False, HAS_BIAS, DIM, BLOCK_M, PRECISION, DROPOUT, LSE,
+                                    DELTA)
     for i in range(0, partial):
         dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
                                     stats_base, position_base, code_base, table_base, center, queries, keys, head_dim,
-                                    scale2, True, HAS_BIAS, DIM, BLOCK_M, PRECISION, LSE, DELTA)
+                                    scale2, stream, rate, True, HAS_BIAS, DIM, BLOCK_M, PRECISION, DROPOUT, LSE,
+                                    DELTA)
     tile_mask = (columns[:, None] < keys) & (dims[None, :] < head_dim)
     dk_base, dv_base = DK + b64 * stride_kb + h64 * stride_kh, DV + b64 * stride_vb + h64 * stride_vh
     tl.store(dk_base + columns[:, None].to(tl.int64) * stride_kt + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
@@ -336,15 +384,43 @@ class TritonMask(FusedMask):
         steps, kinds = as_pmlm_layout(padding, **fields.fields)
         self.codes = (4 * steps + kinds).masked_fill(padding, 3).int().contiguous()  # _shown's code; 3: padding
         mask = pmlm_mask(steps, kinds, padding)
-        self.by_rows = tile_lists(mask, *BLOCK)
-        self.by_columns = tile_lists(mask.transpose(1, 2), BLOCK[1], BLOCK[0])
+        self.forward_tiles = tile_lists(mask, FORWARD.rows, FORWARD.keys)
+        self.query_gradient_tiles = tile_lists(mask, QUERY_GRADIENT.rows, QUERY_GRADIENT.keys)
+        self.key_gradient_tiles = tile_lists(mask.transpose(1, 2), KEY_GRADIENT.keys, KEY_GRADIENT.rows)
         self.positions = None if positions is None else positions.int().contiguous()
         self.bias_weight = bias_weight
         self.offset_buckets = None if offset_buckets is None else offset_buckets.int().contiguous()
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
         _runnable(q)
-        return _TritonAttention.apply(q, k, v, self.bias_weight, self)
+        return _TritonAttention.apply(q, k, v, self.bias_weight, self, dropout_p)
+
+
+def draw_seed() -> int:
+    """The seed of one attention call's dropout, from torch's default generator (so ``--seed`` fixes it), on the host:
+    no device synchronisation."""
+    return int(torch.randint(2**31 - 1, ()))
+
+
+@triton.jit
+def _kept_pairs_kernel(KEPT, seed, rate, heads, queries, keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    b = tl.program_id(2) // heads
+    h = tl.program_id(2) % heads
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ones = tl.full((BLOCK_M, BLOCK_N), 1.0, dtype=tl.float32)
+    kept = _kept(ones, rows, columns, keys, _stream(seed, b.to(tl.int64), h.to(tl.int64), heads), rate) != 0
+    base = KEPT + tl.program_id(2).to(tl.int64) * queries * keys
+    tl.store(base + rows[:, None] * keys + columns[None, :], kept.to(tl.int8),
+             mask=(rows[:, None] < queries) & (columns[None, :] < keys))
+
+
+def kept_pairs(seed: int, rate: float, batch: int, heads: int, length: int, device) -> Tensor:
+    """``(B, h, T, T)`` bool: the pairs the kernels' dropout keeps in a call drawn with ``seed`` (for tests)."""
+    kept = torch.empty(batch, heads, length, length, dtype=torch.int8, device=device)
+    grid = triton.cdiv(length, 16), triton.cdiv(length, 16), batch * heads
+    _kept_pairs_kernel[grid](kept, seed, rate, heads, length, length, BLOCK_M=16, BLOCK_N=16)
+    return kept.bool()
 
 
 def _runnable(tensor: Tensor):
@@ -353,11 +429,14 @@ def _runnable(tensor: Tensor):
                                    f"(elsewhere only under TRITON_INTERPRET=1, for tests); {SDPA_INSTEAD}")
 
 
-def _kernel_sizes(q: Tensor):
-    """The head size as the kernels' tiles hold it (a power of two, at least 16: tl.dot's least) and the grids."""
-    batch, heads, queries, head_dim = q.shape
-    return max(16, triton.next_power_of_2(head_dim)), (triton.cdiv(queries, BLOCK[0]), batch * heads), \
-        (triton.cdiv(queries, BLOCK[1]), batch * heads)
+def _launch(tiles: Tiles, held: int, q: Tensor, **constants):
+    """The grid of a kernel whose programs each hold ``held`` rows or keys of one (sentence, head), and its constants:
+    the tile, the head size as the tiles hold it (a power of two, at least 16: tl.dot's least), the products'
+    precision."""
+    batch, heads, length, head_dim = q.shape
+    grid = triton.cdiv(length, held), batch * heads
+    return grid, dict(constants, DIM=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=tiles.rows,
+                      BLOCK_N=tiles.keys, PRECISION=_precision(q), num_warps=tiles.warps)
 
 
 def _precision(q: Tensor) -> str:
@@ -379,22 +458,22 @@ def _like_heads(t: Tensor) -> Tensor:
 class _TritonAttention(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, q, k, v, bias_weight, plan: TritonMask):
+    def forward(ctx, q, k, v, bias_weight, plan: TritonMask, dropout_p: float):
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
         batch, heads, queries, head_dim = q.shape
         has_bias = bias_weight is not None
         table = bias_weight[:, plan.offset_buckets.long()].to(q.dtype).contiguous() if has_bias else q.new_zeros(1, 1)
-        positions = plan.positions if has_bias else plan.by_rows[0]  # any int32 tensor when unread
+        positions = plan.positions if has_bias else plan.codes  # any int32 tensor when unread
         out = _like_heads(q)
         lse = q.new_empty(batch, heads, queries, dtype=torch.float32)
-        dim, row_grid, _ = _kernel_sizes(q)
         scale = head_dim ** -0.5
-        _forward_kernel[row_grid](
-            q, k, v, out, lse, plan.codes, *plan.by_rows, positions, table, *_strides(q, k, v, out),
-            heads, queries, queries, head_dim, table.size(1), scale * LOG2E,
-            HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q), num_warps=WARPS)
+        seed = draw_seed() if dropout_p > 0 else 0
+        grid, constants = _launch(FORWARD, FORWARD.rows, q, HAS_BIAS=has_bias, DROPOUT=dropout_p > 0)
+        _forward_kernel[grid](
+            q, k, v, out, lse, plan.codes, *plan.forward_tiles, positions, table, *_strides(q, k, v, out),
+            heads, queries, queries, head_dim, table.size(1), scale * LOG2E, seed, dropout_p, **constants)
         ctx.save_for_backward(q, k, v, out, lse, table)
-        ctx.plan, ctx.has_bias = plan, has_bias
+        ctx.plan, ctx.has_bias, ctx.seed, ctx.dropout_p = plan, has_bias, seed, dropout_p
         return out
 
     @staticmethod
@@ -405,23 +484,23 @@ class _TritonAttention(torch.autograd.Function):
         batch, heads, queries, head_dim = q.shape
         delta = (grad_out.float() * out.float()).sum(-1)  # (B, h, T): row i's sum_j p_ij dL/dp_ij
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts: the strides passed
-        dim, row_grid, column_grid = _kernel_sizes(q)
         scale = head_dim ** -0.5
-        positions = plan.positions if has_bias else plan.by_rows[0]
-        buckets = plan.offset_buckets if has_bias else plan.by_rows[0]
+        positions = plan.positions if has_bias else plan.codes
+        buckets = plan.offset_buckets if has_bias else plan.codes
         num_buckets = triton.next_power_of_2(plan.bias_weight.size(1)) if has_bias else 1
-        bucket_sums = q.new_zeros(batch, heads, row_grid[0], num_buckets, dtype=torch.float32)
-        common = dict(HAS_BIAS=has_bias, DIM=dim, BLOCK_M=BLOCK[0], BLOCK_N=BLOCK[1], PRECISION=_precision(q),
-                      num_warps=WARPS)
-        _query_gradient_kernel[row_grid](
-            q, k, v, grad_out, lse, delta, dq, bucket_sums, plan.codes, *plan.by_rows, positions, table, buckets,
+        flags = dict(HAS_BIAS=has_bias, DROPOUT=ctx.dropout_p > 0)
+        grid, constants = _launch(QUERY_GRADIENT, QUERY_GRADIENT.rows, q, NUM_BUCKETS=num_buckets, **flags)
+        bucket_sums = q.new_zeros(batch, heads, grid[0], num_buckets, dtype=torch.float32)
+        _query_gradient_kernel[grid](
+            q, k, v, grad_out, lse, delta, dq, bucket_sums, plan.codes, *plan.query_gradient_tiles, positions, table,
+            buckets, *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale,
+            scale * LOG2E, ctx.seed, ctx.dropout_p, **constants)
+        grid, constants = _launch(KEY_GRADIENT, KEY_GRADIENT.keys, q, **flags)
+        _key_gradient_kernel[grid](
+            q, k, v, grad_out, lse, delta, dk, dv, plan.codes, *plan.key_gradient_tiles, positions, table,
             *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale, scale * LOG2E,
-            NUM_BUCKETS=num_buckets, **common)
-        _key_gradient_kernel[column_grid](
-            q, k, v, grad_out, lse, delta, dk, dv, plan.codes, *plan.by_columns, positions, table,
-            *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale, scale * LOG2E,
-            **common)
+            ctx.seed, ctx.dropout_p, **constants)
         grad_weight = None
         if has_bias and ctx.needs_input_grad[3]:
             grad_weight = bucket_sums.sum((0, 2))[:, :plan.bias_weight.size(1)].to(plan.bias_weight.dtype)
-        return dq, dk, dv, grad_weight, None
+        return dq, dk, dv, grad_weight, None, None

@@ -207,7 +207,10 @@ class FlexMask(FusedMask):
         self.block_mask = block_mask
         self.score_mod = score_mod
 
-    def attend(self, q, k, v) -> torch.Tensor:
+    def attend(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        if dropout_p > 0:  # the model refuses this when built; a stack built directly is stopped here
+            raise FlexAttentionError(f"FlexAttention has no attention dropout; set attention_dropout 0 (now "
+                                     f"{dropout_p}) or {SDPA_INSTEAD}")
         if q.requires_grad and q.device.type != "cuda":
             raise FlexAttentionError(f"FlexAttention's backward runs only on CUDA, and this forward on {q.device} "
                                      f"records a graph for one; run inference under torch.no_grad(), or "

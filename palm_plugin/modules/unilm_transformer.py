@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from palm_plugin.modules import flex_attention
-from palm_plugin.modules.attention_impl import IMPLEMENTATIONS, SDPA_INSTEAD, FusedMask
+from palm_plugin.modules.attention_impl import IMPLEMENTATIONS, FusedMask
 from palm_plugin.modules.attention_masks import to_additive
 from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 
@@ -114,10 +114,7 @@ class UniLMLayer(nn.Module):
         q, k, v = self.project(x)
         dropout_p = self.attention_dropout if self.training else 0.0
         if isinstance(attn_mask, FusedMask):
-            if dropout_p > 0:  # the model refuses this when built; a stack built directly is stopped here
-                raise attn_mask.error(f"the kernel has no attention dropout; set attention_dropout 0 (now "
-                                      f"{dropout_p}) or {SDPA_INSTEAD}")
-            context = attn_mask.attend(q, k, v)
+            context = attn_mask.attend(q, k, v, dropout_p)
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         return self._finish(x, context), (k, v)

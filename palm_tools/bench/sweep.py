@@ -93,9 +93,9 @@ def _flex_args(spec):
 
 
 def _triton_attention_args(spec):
-    """--attention-impl triton, for the UniLM family (no attention dropout either: no_attention_dropout is its
-    baseline)."""
-    return ["--attention-impl", "triton", "--attention-dropout", "0"] if _flex_args(spec) else []
+    """--attention-impl triton, for the UniLM family (with the configuration's attention dropout, which the kernels
+    draw: the plain row is its baseline)."""
+    return ["--attention-impl", "triton"] if _flex_args(spec) else []
 
 
 def _flex_shapes(shapes):
@@ -141,8 +141,8 @@ LEVERS = {
                                         "inductor's kernels without bound checks where lengths are multiples of 128)",
                          applies=lambda spec: bool(_flex_args(spec)), args=_flex_args,
                          after_build=lambda built: _flex_shapes("static"), compiles=True),
-    "triton_attention": Lever("triton_attention", "--attention-impl triton --attention-dropout 0 (the plugin's "
-                              "Triton kernels: hidden tiles skipped, UniLMv2's bias inside the kernels)",
+    "triton_attention": Lever("triton_attention", "--attention-impl triton (the plugin's Triton kernels: hidden "
+                              "tiles skipped, UniLMv2's bias and the attention dropout inside the kernels)",
                               applies=lambda spec: bool(_triton_attention_args(spec)), args=_triton_attention_args),
     "triton_copy": Lever("triton_copy", "--copy-attention-impl triton (equation (3) in hand-written Triton kernels)",
                          applies=lambda spec: bool(_triton_copy_args(spec)), args=_triton_copy_args),
