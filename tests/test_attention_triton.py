@@ -31,7 +31,7 @@ IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernels_under_the_interpreter's process")
 BATCH, LENGTH, HEADS, HEAD_DIM, POSITIONS = 5, 70, 2, 24, 128
 LENGTHS = torch.tensor([70, 61, 45, 53, 66])  # unequal, odd and even, across tile edges
-INTERPRETED_TESTS = 17
+INTERPRETED_TESTS = 18
 
 if IN_INTERPRETER:
     from tests.triton_interpreter import install
@@ -269,6 +269,28 @@ def test_a_stack_trains_as_the_sdpa_stack(kernels, case, buckets):
         with pytest.warns(UserWarning, match="--attention-impl triton: a mask given as a tensor .* goes through the "
                                              "sdpa path"):
             assert torch.equal(triton_stack(tokens, dense, positions), sdpa(tokens, dense, positions))
+
+
+@interpreted
+def test_compiled_layers_compile_around_the_kernels(kernels):
+    """--compile-layers with the kernels: each layer compiled (aot_eager, the suite's backend) runs its attention
+    through the kernels uncompiled and gives the loss and the gradients of the plain stack."""
+    from palm_plugin.modules.flex_attention import MaskFields
+
+    fields, positions, _ = CASES["pmlm AE+PAR"]
+    tokens = tokens_of(fields["padding_mask"])
+    projection = torch.randn(BATCH, LENGTH, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(4))
+    results = []
+    for compile_layers in (False, True):
+        stack = stacks(32)[1]
+        if compile_layers:
+            for layer in stack.layers:
+                layer.compile(backend="aot_eager")
+        loss = (stack(tokens, MaskFields(**fields), positions) * projection).sum()
+        loss.backward()
+        results.append((loss, stack.relative_position.weight.grad, stack.layers[0].q_proj.weight.grad))
+    for plain, compiled in zip(*results):
+        assert float((compiled - plain).abs().max()) <= 1e-5 * float(plain.abs().max())
 
 
 @interpreted

@@ -391,6 +391,9 @@ class TritonMask(FusedMask):
         self.bias_weight = bias_weight
         self.offset_buckets = None if offset_buckets is None else offset_buckets.int().contiguous()
 
+    # --compile-layers compiles around the kernels, not through them: each launch is a plain Python call, and the
+    # seed a host-side draw
+    @torch.compiler.disable
     def attend(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
         _runnable(q)
         return _TritonAttention.apply(q, k, v, self.bias_weight, self, dropout_p)
