@@ -71,6 +71,16 @@ def tool_env(**extra):
     return dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
 
 
+def run_interpreted(test_file, tests: int, timeout=900):
+    """Run ``test_file`` again in a process that imports triton with TRITON_INTERPRET=1 (Triton decides whether it
+    interprets when it is imported), where its tests marked for the interpreter run; assert that ``tests`` of them
+    passed."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)], cwd=REPO,
+                            env=tool_env(TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith(f"{tests} passed"), result.stdout[-3000:]
+
+
 def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None, input=None):
     """Run ``tool`` (a fairseq console script such as ``fairseq-train``, or a path to a Python script) as a real
     process with this interpreter's environment (``input``: its standard input); return the completed process. On

@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ import torch
 from palm_plugin.modules.attention_masks import Objective, as_pmlm_layout, mask_from_fields, pmlm_mask, to_additive
 from palm_plugin.modules.flex_attention import MaskFields
 from palm_plugin.modules.relative_position import RelativePositionBias
-from tests.conftest import REPO, tool_env
+from tests.conftest import run_interpreted
 from tests.test_flex_attention import build, pmlm_fields
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
@@ -43,10 +42,7 @@ if IN_INTERPRETER:
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is that process")
 def test_kernels_under_the_interpreter():
     """The tests marked ``interpreted``, in a process that imports triton with TRITON_INTERPRET=1."""
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            cwd=REPO, env=tool_env(TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.stdout.splitlines()[-1].startswith(f"{INTERPRETED_TESTS} passed"), result.stdout[-3000:]
+    run_interpreted(__file__, INTERPRETED_TESTS)
 
 
 @needs_triton

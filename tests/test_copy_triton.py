@@ -12,14 +12,13 @@ import logging
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from palm_plugin.fixes import saved_model_build
 from palm_plugin.modules.copy_generator import AdditiveAttentionScores, check_copy_attention_impl
-from tests.conftest import REPO, tool_env
+from tests.conftest import run_interpreted
 from tests.test_palm_copy_generator import assert_gradients_equal_dense_reference, make_generator, make_inputs
 from tests.test_palm_model import build
 
@@ -33,11 +32,8 @@ BATCH, STEPS, SOURCES, DIM = 2, 5, 7, 24
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is that process")
 def test_kernels_under_the_interpreter():
     """The tests marked ``interpreted``, in a process that imports triton with TRITON_INTERPRET=1."""
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            cwd=REPO, env=tool_env(TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     # the interpreted tests: three dtypes of the kernels, the pointer-generator, the model build
-    assert result.stdout.splitlines()[-1].startswith("5 passed"), result.stdout[-3000:]
+    run_interpreted(__file__, 5)
 
 
 @pytest.fixture
@@ -120,7 +116,6 @@ def test_kernels_compile_for_the_h100_without_spills_or_reductions_in_their_loop
     through shared memory: in Triton's GPU IR no reduction, layout conversion or shared-memory buffer inside a loop
     (the first kernels reduced and converted at every step: 192 shuffles and 6 barriers in the forward kernel alone,
     and they ran slower than torch's blocked path on an H100)."""
-    import subprocess
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas

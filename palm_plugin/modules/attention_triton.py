@@ -116,6 +116,20 @@ def _stream(seed, b64, h64, heads):
 
 
 @triton.jit
+def _sentence_and_head(heads):
+    """The (sentence, head) of this program (the grid's second axis), as 64-bit offsets."""
+    return (tl.program_id(1) // heads).to(tl.int64), (tl.program_id(1) % heads).to(tl.int64)
+
+
+@triton.jit
+def _tile_list(COUNTS, TILES, b64, held, walked):
+    """How many partly and wholly shown tiles the program walks, and where their indices start
+    (:func:`tile_lists`: ``held`` is the program's row (or column) of tiles, ``walked`` the tiles along it)."""
+    lists = b64 * tl.num_programs(0) + held
+    return tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1), TILES + lists * walked
+
+
+@triton.jit
 def _load_rows(base, stride, rows, count, dims, head_dim):
     """A ``(rows, DIM)`` tile of a ``(B, h, T, d)`` tensor (zero past the length and past ``d``)."""
     return tl.load(base + rows[:, None] * stride + dims[None, :],
@@ -154,9 +168,7 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
                     PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
     """One program per (tile of query rows, sentence x head): the rows' outputs and base-2 log-sum-exps."""
     row_tile = tl.program_id(0)
-    b = tl.program_id(1) // heads
-    h = tl.program_id(1) % heads
-    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    b64, h64 = _sentence_and_head(heads)
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, DIM)
     q = _load_rows(Q + b64 * stride_qb + h64 * stride_qh, stride_qt, rows, queries, dims, head_dim)
@@ -169,9 +181,7 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
     acc = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    lists = b64 * tl.num_programs(0) + row_tile
-    partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
-    tiles = TILES + lists * tl.cdiv(keys, BLOCK_N)
+    partial, whole, tiles = _tile_list(COUNTS, TILES, b64, row_tile, tl.cdiv(keys, BLOCK_N))
     for i in range(partial, partial + whole):
         acc, row_max, row_sum = _forward_tile(
             q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
@@ -234,9 +244,7 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     """One program per (tile of query rows, sentence x head): ``dQ`` of the rows (stored in ``Q``'s layout) and, with a
     bias, the program's per-bucket sums of the score gradients (``BUCKET_SUMS[b, h, tile]``)."""
     row_tile = tl.program_id(0)
-    b = tl.program_id(1) // heads
-    h = tl.program_id(1) % heads
-    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    b64, h64 = _sentence_and_head(heads)
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, DIM)
     q = _load_rows(Q + b64 * stride_qb + h64 * stride_qh, stride_qt, rows, queries, dims, head_dim)
@@ -252,9 +260,7 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     stream = _stream(seed, b64, h64, heads)
     dq = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
     bucket_sums = tl.zeros((NUM_BUCKETS,), dtype=tl.float32)
-    lists = b64 * tl.num_programs(0) + row_tile
-    partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
-    tiles = TILES + lists * tl.cdiv(keys, BLOCK_N)
+    partial, whole, tiles = _tile_list(COUNTS, TILES, b64, row_tile, tl.cdiv(keys, BLOCK_N))
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
         dq, bucket_sums = _query_gradient_tile(
             q, do, lse, delta, dq, bucket_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
@@ -310,9 +316,7 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, 
                          PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
     """One program per (tile of keys, sentence x head): ``dK``, ``dV`` of the keys (in ``K``'s and ``V``'s layouts)."""
     key_tile = tl.program_id(0)
-    b = tl.program_id(1) // heads
-    h = tl.program_id(1) % heads
-    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    b64, h64 = _sentence_and_head(heads)
     columns = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, DIM)
     k = _load_rows(K + b64 * stride_kb + h64 * stride_kh, stride_kt, columns, keys, dims, head_dim)
@@ -325,9 +329,7 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, 
     stream = _stream(seed, b64, h64, heads)
     dk = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
-    lists = b64 * tl.num_programs(0) + key_tile
-    partial, whole = tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1)
-    tiles = TILES + lists * tl.cdiv(queries, BLOCK_M)
+    partial, whole, tiles = _tile_list(COUNTS, TILES, b64, key_tile, tl.cdiv(queries, BLOCK_M))
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
         dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
                                     stats_base, position_base, code_base, table_base, center, queries, keys, head_dim,
