@@ -6,15 +6,14 @@ way can run.
 * ``flex``: torch's FlexAttention (:mod:`palm_plugin.modules.flex_attention`).
 * ``triton``: the plugin's Triton kernels (:mod:`palm_plugin.modules.attention_triton`).
 
-``flex`` and ``triton`` hand every layer a :class:`FusedMask`, built once per forward; incremental decoding keeps
-SDPA with either.
+``flex`` and ``triton`` hand every layer a :class:`~palm_plugin.modules.fused_attention.FusedMask`, built once per
+forward; incremental decoding keeps SDPA with either.
 """
-import abc
 import importlib.util
 
 import torch
 
-from palm_plugin.errors import CommandError
+from palm_plugin.modules.fused_attention import SDPA_INSTEAD, TritonAttentionError
 
 IMPLEMENTATIONS = ("sdpa", "flex", "triton")
 HELP = ("how the self-attention of a full sequence is computed. sdpa (default): torch's scaled_dot_product_attention "
@@ -28,13 +27,6 @@ HELP = ("how the self-attention of a full sequence is computed. sdpa (default): 
         "read and its gradient summed per bucket inside the kernels, attention dropout drawn inside them; needs CUDA "
         "and the triton package, not yet measured on a card (docs/benchmarks-gpu.md, section 9). flex has no "
         "attention dropout (train with --attention-dropout 0); incremental decoding uses sdpa with every choice")
-SDPA_INSTEAD = "use --attention-impl sdpa"
-
-
-class TritonAttentionError(CommandError):
-    """What ``--attention-impl triton`` cannot do, with the option to use instead."""
-
-    prefix = "--attention-impl triton: "
 
 
 def triton_installed() -> bool:
@@ -46,9 +38,9 @@ def triton_runs_here() -> bool:
     """Whether the plugin's Triton kernels can run in this process: a CUDA device, or Triton's interpreter (tests)."""
     if not triton_installed():
         return False
-    from palm_plugin.modules import attention_triton
+    import triton
 
-    return torch.cuda.is_available() or attention_triton.INTERPRETED
+    return torch.cuda.is_available() or bool(triton.knobs.runtime.interpret)
 
 
 def check_usable(impl: str, training: bool, attention_dropout: float) -> None:
@@ -64,15 +56,3 @@ def check_usable(impl: str, training: bool, attention_dropout: float) -> None:
         if not triton_runs_here():
             raise TritonAttentionError(f"its kernels run on CUDA, and no CUDA device is available (torch "
                                        f"{torch.__version__}); {SDPA_INSTEAD}")
-
-
-class FusedMask(abc.ABC):
-    """What every layer of one forward shares under ``flex`` or ``triton``: the mask (and UniLMv2's bias) in the form
-    the kernel reads; :meth:`attend` is the layer's attention."""
-
-    error = CommandError  # raised, with its option as prefix, for what the kernel cannot do
-
-    @abc.abstractmethod
-    def attend(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        """``dropout(softmax(q k^T / sqrt(d) + bias, masked), dropout_p) v`` for ``q``, ``k``, ``v``
-        ``(B, h, T, d)``."""

@@ -38,9 +38,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from palm_plugin.modules.attention_impl import SDPA_INSTEAD, FusedMask, TritonAttentionError
+from palm_plugin.modules.fused_attention import SDPA_INSTEAD, FusedMask, TritonAttentionError
 from palm_plugin.modules.attention_masks import as_pmlm_layout, pmlm_mask
-from palm_plugin.modules.flex_attention import MaskFields
 
 
 
@@ -371,13 +370,12 @@ class TritonMask(FusedMask):
     by rows (forward, ``dQ``) and by columns (``dK``, ``dV``) and, for UniLMv2, the position ids with the bucket of
     every offset."""
 
-    error = TritonAttentionError
-
-    def __init__(self, fields: MaskFields, positions: Optional[Tensor] = None, bias_weight: Optional[Tensor] = None,
+    def __init__(self, fields, positions: Optional[Tensor] = None, bias_weight: Optional[Tensor] = None,
                  offset_buckets: Optional[Tensor] = None):
         """
         Args:
-            fields: the batch's mask fields (padding ``(B, T)`` and the family's own).
+            fields: the batch's mask fields (:class:`~palm_plugin.modules.flex_attention.MaskFields`: padding
+                ``(B, T)`` and the family's own).
             positions: ``(B, T)`` position ids, below ``P``; bias_weight: ``(h, num_buckets)``
                 (:attr:`RelativePositionBias.weight`); offset_buckets: ``(2P - 1,)`` the bucket of each offset
                 ``1 - P .. P - 1`` (:meth:`RelativePositionBias.offset_buckets`). All three, or none (UniLM).

@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from palm_plugin.errors import CommandError
-from palm_plugin.modules.attention_impl import SDPA_INSTEAD, FusedMask
+from palm_plugin.modules.fused_attention import SDPA_INSTEAD, FusedMask
 from palm_plugin.modules.attention_masks import Objective, PseudoMaskKind, mask_from_fields, pseudo_seq2seq_layout
 
 try:
@@ -200,8 +200,6 @@ def block_mask(mask_mod_fn: Callable, batch: int, length: int, device) -> "Block
 
 class FlexMask(FusedMask):
     """What every layer of one forward shares under ``--attention-impl flex``: the block mask and the score_mod."""
-
-    error = FlexAttentionError
 
     def __init__(self, block_mask: "BlockMask", score_mod: Optional[Callable] = None):
         self.block_mask = block_mask

@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from palm_plugin.modules import flex_attention
-from palm_plugin.modules.attention_impl import IMPLEMENTATIONS, FusedMask
+from palm_plugin.modules.attention_impl import IMPLEMENTATIONS
+from palm_plugin.modules.fused_attention import FusedMask
 from palm_plugin.modules.attention_masks import to_additive
 from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 
@@ -64,7 +65,7 @@ class UniLMLayer(nn.Module):
     """One post-LN Transformer block (BERT's), with two ways to attend:
 
     * :meth:`forward`: the whole sequence at once through ``scaled_dot_product_attention``, or through a kernel of
-      its own when given a :class:`~palm_plugin.modules.attention_impl.FusedMask` (training, scoring);
+      its own when given a :class:`~palm_plugin.modules.fused_attention.FusedMask` (training, scoring);
     * :meth:`forward_cached`: a few new query rows against keys and values computed before (incremental decoding),
       with the source keys/values stored once per sentence and shared by the sentence's beams.
     """
@@ -107,7 +108,7 @@ class UniLMLayer(nn.Module):
         Args:
             x: ``(B, T, C)``.
             attn_mask: boolean ``(B, 1, T, T)`` (True = may attend), additive float ``(B, h, T, T)``, or a
-                :class:`~palm_plugin.modules.attention_impl.FusedMask` (FlexAttention's, the Triton kernels').
+                :class:`~palm_plugin.modules.fused_attention.FusedMask` (FlexAttention's, the Triton kernels').
         Returns:
             ``(B, T, C)``, and the keys and values ``(B, h, T, d)`` of ``x`` (kept by the decoder's source cache).
         """
