@@ -30,7 +30,7 @@ IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernels_under_the_interpreter's process")
 BATCH, LENGTH, HEADS, HEAD_DIM, POSITIONS = 5, 70, 2, 24, 128
 LENGTHS = torch.tensor([70, 61, 45, 53, 66])  # unequal, odd and even, across tile edges
-INTERPRETED_TESTS = 18
+INTERPRETED_TESTS = 20
 
 if IN_INTERPRETER:
     from tests.triton_interpreter import install
@@ -161,10 +161,17 @@ def reference(q, k, v, mask, positions, weight):
     return out, leaves, weight
 
 
-def run_case(kernels, name, dtype=torch.float32):
-    fields, positions, with_bias = CASES[name]
+def run_case(kernels, name, dtype=torch.float32, positions=None, table_positions=POSITIONS, packed=False):
+    """The errors of the kernels against :func:`reference` on ``CASES[name]`` (``positions``: other position ids, below
+    ``table_positions``, the size of the bias table; ``packed``: q, k, v slices of one ``(B, T, 3, h, d)`` tensor)."""
+    fields, case_positions, with_bias = CASES[name]
+    positions = case_positions if positions is None else positions
     mask = mask_from_fields(**fields)
     q, k, v = attention_inputs(dtype)
+    if packed:
+        packed = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2)  # (B, T, 3, h, d)
+        q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+        assert not (q.is_contiguous() or q.transpose(1, 2).is_contiguous())
     weight = bias_module().weight.detach().to(dtype) if with_bias else None
     expected, leaves, weight64 = reference(q, k, v, mask, positions, weight)
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -172,7 +179,7 @@ def run_case(kernels, name, dtype=torch.float32):
     expected.backward(grad)
     own = [t.detach().requires_grad_() for t in (q, k, v)]
     own_weight = weight.clone().requires_grad_() if with_bias else None
-    buckets = bias_module().offset_buckets(POSITIONS) if with_bias else None
+    buckets = bias_module().offset_buckets(table_positions) if with_bias else None
     plan = kernels.TritonMask(MaskFields(**fields), positions if with_bias else None, own_weight, buckets)
     out = plan.attend(*own)
     out.backward(grad.to(dtype))
@@ -190,6 +197,32 @@ def test_outputs_and_gradients_equal_the_papers_attention_in_float64(kernels, ca
     q, k, v and of the bucket weights, within float32 rounding of float64 autograd's."""
     errors = run_case(kernels, case)
     assert max(errors.values()) < 2e-6, errors
+
+
+@interpreted
+def test_offsets_at_the_tables_ends_and_slices_of_a_packed_projection(kernels):
+    """Position ids running down from the table's last (offsets reaching +-(P - 1), the first and last cells of the
+    bias of every offset); q, k, v that are slices of one packed projection (strides the gradients cannot share:
+    copied to a layout whose gradients they can)."""
+    descending = torch.arange(LENGTH - 1, -1, -1).expand(BATCH, -1).contiguous()
+    errors = run_case(kernels, "bidirectional, relative bias", positions=descending, table_positions=LENGTH)
+    assert max(errors.values()) < 2e-6, errors
+    errors = run_case(kernels, "pmlm AE+PAR", packed=True)
+    assert max(errors.values()) < 2e-6, errors
+
+
+@interpreted
+def test_a_nan_gradient_reaches_the_bucket_weights(kernels):
+    """A NaN in the incoming gradient makes the bucket weights' gradient NaN, as autograd's sum does, so that no
+    check of that gradient misses it."""
+    fields, positions, _ = CASES["pmlm AE+PAR"]
+    q, k, v = (t.requires_grad_() for t in attention_inputs(torch.float32))
+    weight = bias_module().weight.detach().clone().requires_grad_()
+    plan = kernels.TritonMask(MaskFields(**fields), positions, weight, bias_module().offset_buckets(POSITIONS))
+    grad = torch.zeros(BATCH, HEADS, LENGTH, HEAD_DIM)
+    grad[0, 0, 3, 0] = float("nan")
+    plan.attend(q, k, v).backward(grad)
+    assert torch.isnan(weight.grad).any() and torch.isnan(q.grad).any()
 
 
 @interpreted
@@ -248,7 +281,7 @@ def test_a_stack_trains_as_the_sdpa_stack(kernels, case, buckets):
         loss.backward()
         results.append((loss, {name: p.grad for name, p in stack.named_parameters() if p.grad is not None}))
     (expected, expected_grads), (actual, grads) = results
-    assert abs(float(actual - expected)) <= 1e-5 * abs(float(expected))
+    assert abs(float(actual - expected)) <= 1e-5 * abs(float(expected.detach()))
     assert grads.keys() == expected_grads.keys()
     if buckets:
         assert "relative_position.weight" in grads
@@ -292,11 +325,30 @@ def test_compiled_layers_compile_around_the_kernels(kernels):
 @interpreted
 def test_the_model_trains_with_the_recipes_attention_dropout(kernels):
     """A unilm2 model built to train with the kernels (here: under the interpreter), with BERT's attention dropout 0.1
-    as the recipes train: the triton stack, whose layers hand the kernels their dropout."""
+    as the recipes train: its layers hand the kernels their dropout, drawn from torch's generator (the same seed,
+    the same output; another seed, another), and none in evaluation."""
     from tests.test_unilm_decoding import tiny_dictionary
 
-    model = build("unilm2_tiny", tiny_dictionary(), for_training=True, attention_impl="triton")
+    dictionary = tiny_dictionary()
+    model = build("unilm2_tiny", dictionary, for_training=True, attention_impl="triton", dropout=0.0)
     assert model.stack.attention_impl == "triton" and model.cfg.attention_dropout == 0.1
+    fields, positions, _ = CASES["pmlm AE+PAR"]
+    fields, positions = {key: value[:2] for key, value in fields.items()}, positions[:2]  # two rows: the interpreter
+    net_input = {key: value for key, value in fields.items() if key != "padding_mask"}
+    net_input.update(src_tokens=tokens_of(fields["padding_mask"]).clamp(max=len(dictionary) - 1),
+                     position_ids=positions, features_only=True)
+
+    def features(seed):
+        torch.manual_seed(seed)
+        return model(**net_input)[0]
+
+    first = features(0)
+    first.sum().backward()
+    assert torch.isfinite(model.stack.relative_position.weight.grad).all()
+    assert torch.equal(features(0), first.detach()) and not torch.equal(features(1), first.detach())
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(features(0), features(1))
 
 
 @interpreted
@@ -314,6 +366,12 @@ def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels
     share = float(kept.float().mean())
     assert abs(share - (1 - rate)) < 4 * ((rate * (1 - rate)) / kept.numel()) ** 0.5, share
     assert not torch.equal(kept, kernels.kept_pairs(seed + 1, rate, BATCH, HEADS, LENGTH, "cpu"))
+    # every (sentence, head) draws its own pairs: two of them agree as often as independent draws would
+    independent = (1 - rate) ** 2 + rate ** 2
+    spread = 5 * (independent * (1 - independent) / LENGTH ** 2) ** 0.5
+    for a, b in (((0, 0), (0, 1)), ((0, 0), (1, 0)), ((1, 1), (BATCH - 1, 1))):
+        agree = float((kept[a] == kept[b]).float().mean())
+        assert abs(agree - independent) < spread, (a, b, agree)
 
     q, k, v = attention_inputs(torch.float32)
     weight = bias_module().weight.detach() if with_bias else None
@@ -366,6 +424,8 @@ def test_kernels_compile_for_the_h100_without_spills(tmp_path):
 
     launches = {"_forward_kernel": kernels.FORWARD, "_query_gradient_kernel": kernels.QUERY_GRADIENT,
                 "_key_gradient_kernel": kernels.KEY_GRADIENT}
+    for name in (*launches, "_kept_pairs_kernel"):  # a seed of 1 would arrive as a constant, and not compile
+        assert next(p for p in getattr(kernels, name).params if p.name == "seed").do_not_specialize, name
     for has_bias, dropout in ((True, True), (True, False), (False, True), (False, False)):
         for name, tiles in launches.items():
             kernel = getattr(kernels, name)

@@ -83,7 +83,7 @@ def test_every_configuration_builds_the_experiments_command_at_each_size(precisi
             # the reference runs name today's path (PALM's default, auto, takes triton on CUDA); bf16-kernels the
             # kernels, last, so that they override nothing the comparison needs
             option, reference, kernel = (("--copy-attention-impl", "blocked", "triton") if config.startswith("palm")
-                                         else ("--attention-impl", "sdpa", "flex"))
+                                         else ("--attention-impl", "sdpa", "triton"))
             assert command[len(command) - 1 - command[::-1].index(option) + 1] == reference, config
             kernels = [str(a) for a in train_command(config, scale, updates, lr, tmp_path, "bf16-kernels", "cuda", 4,
                                                      tmp_path)]

@@ -158,7 +158,7 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
     return acc, new_max, row_sum
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
 def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
@@ -229,10 +229,12 @@ def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_p
             share = tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0))  # (as the bounds)
             bucket_sums = tl.where(slots == bucket, bucket_sums + share, bucket_sums)
             bucket += 1
+        # a NaN gradient, which the select above sent to no bucket, reaches every bucket (as autograd's sum would)
+        bucket_sums += tl.sum(tl.where(tile_buckets < 0, grad_scores, 0.0))
     return dq + tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION), bucket_sums
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
 def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUNTS, TILES, POS, TABLE, BUCKETS,
                            stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                            stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
@@ -306,7 +308,7 @@ def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, s
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
 def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, POS, TABLE,
                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                          stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
@@ -405,7 +407,7 @@ def draw_seed() -> int:
     return int(torch.randint(2**31 - 1, ()))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
 def _kept_pairs_kernel(KEPT, seed, rate, heads, queries, keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(2) // heads
     h = tl.program_id(2) % heads
@@ -451,6 +453,13 @@ def _strides(*tensors):
     return [stride for t in tensors for stride in t.stride()[:3]]
 
 
+def _heads_layout(t: Tensor) -> Tensor:
+    """``t`` ``(B, h, T, d)`` laid out ``(B, h, T, d)`` or ``(B, T, h, d)`` (the layers' projections), else a copy so
+    laid out: the kernels step ``d`` by 1, and store the gradients with the inputs' strides into ``empty_like``
+    tensors, which keep the strides of these two layouts only (not of slices of a packed projection, say)."""
+    return t if t.is_contiguous() or t.transpose(1, 2).is_contiguous() else t.contiguous()
+
+
 def _like_heads(t: Tensor) -> Tensor:
     """An empty ``(B, h, T, d)`` tensor laid out ``(B, T, h, d)``, as the layers' projections are: their outputs and
     gradients reshape to ``(B, T, C)`` without a copy."""
@@ -462,7 +471,7 @@ class _TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias_weight, plan: TritonMask, dropout_p: float):
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # the kernels step d by 1
+        q, k, v = (_heads_layout(t) for t in (q, k, v))
         batch, heads, queries, head_dim = q.shape
         has_bias = bias_weight is not None
         table = bias_weight[:, plan.offset_buckets.long()].to(q.dtype).contiguous() if has_bias else q.new_zeros(1, 1)
@@ -482,7 +491,7 @@ class _TritonAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse, table = ctx.saved_tensors
-        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+        grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()  # read with its own strides
         plan, has_bias = ctx.plan, ctx.has_bias
         batch, heads, queries, head_dim = q.shape
         delta = (grad_out.float() * out.float()).sum(-1)  # (B, h, T): row i's sum_j p_ij dL/dp_ij
