@@ -412,7 +412,7 @@ def test_kernels_compile_for_the_h100_without_spills(tmp_path):
     """The interpreter accepts code the compiler may refuse: the three kernels compiled here, without a GPU, for the
     card's architecture (sm_90) at base size (heads of 64) in bf16, with and without UniLMv2's bias and attention
     dropout, down to the binary by the ptxas Triton ships, with the module's tiles and warps. No register spills; the products on Hopper's
-    warp-group MMA; and no score tile moved between layouts through shared memory (a mask read as a (rows, keys)
+    warp-group MMA; the loads of the loop over tiles pipelined (asynchronous copies); and no score tile moved between layouts through shared memory (a mask read as a (rows, keys)
     tile made the compiler carry the softmax in a second layout and convert every tile's scores)."""
     import re
     import triton
@@ -445,6 +445,7 @@ def test_kernels_compile_for_the_h100_without_spills(tmp_path):
             assert " 0 bytes spill stores, 0 bytes spill loads" in report, (name, has_bias, dropout, report)
             ir = compiled.asm["ttgir"]
             assert "ttng.warp_group_dot " in ir, (name, has_bias, dropout)
+            assert "ttg.async_copy_global_to_local" in ir, (name, has_bias, dropout)  # loads pipelined
             score_tile = rf"convert_layout %\S+ : tensor<{tiles.rows}x{tiles.keys}xf32"
             assert not re.search(score_tile, ir), (name, has_bias, dropout)
 

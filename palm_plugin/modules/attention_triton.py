@@ -57,7 +57,7 @@ class Tiles(NamedTuple):
 # tried that leave no register spilled in any of them (tests/test_attention_triton.py; the walked tile narrower in
 # the backward, whose programs hold more); not yet timed on a card.
 FORWARD = Tiles(128, 64, 8)
-QUERY_GRADIENT = Tiles(128, 32, 8)
+QUERY_GRADIENT = Tiles(64, 32, 4)
 KEY_GRADIENT = Tiles(32, 64, 4)
 # whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
 INTERPRETED = bool(triton.knobs.runtime.interpret)
@@ -224,11 +224,13 @@ def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_p
         # gradients' layout once per tile, not once per bucket (buckets are never negative)
         tile_buckets = tl.where(grad_scores == grad_scores, tile_buckets, -1)
         slots = tl.arange(0, NUM_BUCKETS)
-        bucket, last = tl.min(tile_buckets), tl.max(tile_buckets)  # over the whole tile: no layout of a row
-        while bucket <= last:
-            share = tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0))  # (as the bounds)
-            bucket_sums = tl.where(slots == bucket, bucket_sums + share, bucket_sums)
-            bucket += 1
+        first, last = tl.min(tile_buckets), tl.max(tile_buckets)  # over the whole tile: no layout of a row
+        # every bucket unrolled, skipped when out of the tile's range: a loop of run-time length here kept the
+        # compiler from pipelining the loads of the loop over tiles
+        for bucket in tl.static_range(NUM_BUCKETS):
+            if (bucket >= first) & (bucket <= last):
+                share = tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0))  # (as the bounds)
+                bucket_sums = tl.where(slots == bucket, bucket_sums + share, bucket_sums)
         # a NaN gradient, which the select above sent to no bucket, reaches every bucket (as autograd's sum would)
         bucket_sums += tl.sum(tl.where(tile_buckets < 0, grad_scores, 0.0))
     return dq + tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION), bucket_sums
