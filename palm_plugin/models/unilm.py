@@ -29,9 +29,8 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.fixes.saved_model_build import building_from_checkpoint
-from palm_plugin.modules import table_extension
 from palm_plugin.modules import attention_impl as attention_impls
-from palm_plugin.modules import compiled_layers, flex_attention
+from palm_plugin.modules import compiled_layers, flex_attention, table_extension
 from palm_plugin.modules.dictionary_check import (
     FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
 )

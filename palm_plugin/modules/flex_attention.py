@@ -26,8 +26,8 @@ from typing import Callable, Dict, Optional
 import torch
 
 from palm_plugin.errors import CommandError
-from palm_plugin.modules.fused_attention import SDPA_INSTEAD, FusedMask
 from palm_plugin.modules.attention_masks import Objective, PseudoMaskKind, mask_from_fields, pseudo_seq2seq_layout
+from palm_plugin.modules.fused_attention import SDPA_INSTEAD, FusedMask
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention

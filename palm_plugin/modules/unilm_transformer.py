@@ -12,8 +12,8 @@ position bias it goes to ``scaled_dot_product_attention`` as is; with one (UniLM
 once per forward into one additive float mask ``to_additive(M) + bias`` shared by every layer. With
 ``attention_impl="flex"`` the full-sequence forward goes through FlexAttention instead
 (:mod:`palm_plugin.modules.flex_attention`: a block mask, and the bias as a score_mod), with ``"triton"`` through the
-plugin's kernels (:mod:`palm_plugin.modules.attention_triton`: the mask read per tile, the bias inside the kernel);
-decoding keeps SDPA.
+plugin's kernels (:mod:`palm_plugin.modules.attention_triton`: the mask from a code per token, the bias and the
+attention dropout inside the kernels); decoding keeps SDPA.
 
 Shapes: ``B`` batch, ``T`` query length, ``S`` key length, ``C`` model dimension, ``h`` heads, ``d = C / h``.
 """
@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from palm_plugin.modules import flex_attention
 from palm_plugin.modules.attention_impl import IMPLEMENTATIONS
-from palm_plugin.modules.fused_attention import FusedMask
 from palm_plugin.modules.attention_masks import to_additive
+from palm_plugin.modules.fused_attention import FusedMask
 from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 
 
