@@ -411,8 +411,9 @@ POINTER_TYPES = {"LSE": "fp32", "DELTA": "fp32", "BUCKET_SUMS": "fp32", "CODES":
 def test_kernels_compile_for_the_h100_without_spills(tmp_path):
     """The interpreter accepts code the compiler may refuse: the three kernels compiled here, without a GPU, for the
     card's architecture (sm_90) at base size (heads of 64) in bf16, with and without UniLMv2's bias and attention
-    dropout, down to the binary by the ptxas Triton ships, with the module's tiles and warps. No register spills; the products on Hopper's
-    warp-group MMA; the loads of the loop over tiles pipelined (asynchronous copies); and no score tile moved between layouts through shared memory (a mask read as a (rows, keys)
+    dropout, down to the binary by the ptxas Triton ships, with the module's tiles and warps. No register spills; the
+    products on Hopper's warp-group MMA; the loads of the loop over tiles pipelined (asynchronous copies); and no
+    score tile moved between layouts through shared memory (a mask read as a (rows, keys)
     tile made the compiler carry the softmax in a second layout and convert every tile's scores)."""
     import re
     import triton

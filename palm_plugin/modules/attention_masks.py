@@ -227,8 +227,8 @@ def unilm_layout(objectives: torch.Tensor, source_lengths: torch.Tensor, seq_len
 
     A bidirectional row is all CONTEXT. Left-to-right: every token the ORIGINAL token of the step of its index, so a
     row sees the earlier steps and itself; right-to-left: the step of minus its index; seq2seq: the source CONTEXT
-    (seen by every row, and seeing the source only), the target left-to-right. One rule then covers the whole family, which
-    lets a kernel evaluate any of its masks from one integer per token
+    (seen by every row, and seeing the source only), the target left-to-right. One rule then covers the whole
+    family, which lets a kernel evaluate any of its masks from one integer per token
     (:mod:`palm_plugin.modules.attention_triton`).
     """
     column = torch.arange(seq_len, device=objectives.device).unsqueeze(0)  # (1, T)

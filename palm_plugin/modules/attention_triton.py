@@ -20,8 +20,9 @@ probabilities from the saved log-sum-exp, one kernel for ``dQ`` (walking key til
 * UniLMv2's bias: score ``(i, j)`` of head ``h`` adds ``table[h, pos_j - pos_i + P - 1]`` from the bias of every
   offset (``weight[h, bucket(offset)]``, :class:`~palm_plugin.modules.relative_position.RelativePositionBias`), by
   the two tokens' position ids, as the starting value of the tile's ``q k^T`` product. Its gradient is that of the
-  ``(h, num_buckets)`` weight: the ``dQ`` kernel sums each tile's score gradients per bucket, over the buckets the tile's offsets reach (a few, away from the
-  diagonal), and writes one partial sum per program, which torch adds up: deterministic, no atomics.
+  ``(h, num_buckets)`` weight: the ``dQ`` kernel sums each tile's score gradients per bucket, over the buckets the
+  tile's offsets reach (a few, away from the diagonal), and writes one partial sum per program, which torch adds
+  up: deterministic, no atomics.
 * Attention dropout (BERT's 0.1, the recipes'): pair ``(i, j)`` of a (sentence, head) is kept by Philox's draw at
   counter ``i T + j`` under a key made of the call's seed (drawn from torch's generator, so ``--seed`` fixes it) and
   the (sentence, head); the forward and both backward kernels draw the same pairs, and nothing of the mask is stored.
@@ -116,15 +117,16 @@ def _stream(seed, b64, h64, heads):
 
 @triton.jit
 def _sentence_and_head(heads):
-    """The (sentence, head) of this program (the grid's second axis), as 64-bit offsets."""
-    return (tl.program_id(1) // heads).to(tl.int64), (tl.program_id(1) % heads).to(tl.int64)
+    """The (sentence, head) of this program (the grid's first axis, the one CUDA lets exceed 65,535), as 64-bit
+    offsets."""
+    return (tl.program_id(0) // heads).to(tl.int64), (tl.program_id(0) % heads).to(tl.int64)
 
 
 @triton.jit
 def _tile_list(COUNTS, TILES, b64, held, walked):
     """How many partly and wholly shown tiles the program walks, and where their indices start
     (:func:`tile_lists`: ``held`` is the program's row (or column) of tiles, ``walked`` the tiles along it)."""
-    lists = b64 * tl.num_programs(0) + held
+    lists = b64 * tl.num_programs(1) + held
     return tl.load(COUNTS + 2 * lists), tl.load(COUNTS + 2 * lists + 1), TILES + lists * walked
 
 
@@ -165,8 +167,8 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
                     heads, queries, keys, head_dim, table_width, scale2, seed, rate,
                     HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
-    """One program per (tile of query rows, sentence x head): the rows' outputs and base-2 log-sum-exps."""
-    row_tile = tl.program_id(0)
+    """One program per (sentence x head, tile of query rows): the rows' outputs and base-2 log-sum-exps."""
+    row_tile = tl.program_id(1)
     b64, h64 = _sentence_and_head(heads)
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, DIM)
@@ -244,9 +246,9 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
                            HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr,
                            DROPOUT: tl.constexpr):
-    """One program per (tile of query rows, sentence x head): ``dQ`` of the rows (stored in ``Q``'s layout) and, with a
+    """One program per (sentence x head, tile of query rows): ``dQ`` of the rows (stored in ``Q``'s layout) and, with a
     bias, the program's per-bucket sums of the score gradients (``BUCKET_SUMS[b, h, tile]``)."""
-    row_tile = tl.program_id(0)
+    row_tile = tl.program_id(1)
     b64, h64 = _sentence_and_head(heads)
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, DIM)
@@ -279,7 +281,7 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
              mask=(rows[:, None] < queries) & (dims[None, :] < head_dim))
     if HAS_BIAS:
         slots = tl.arange(0, NUM_BUCKETS)
-        tl.store(BUCKET_SUMS + ((b64 * heads + h64) * tl.num_programs(0) + row_tile) * NUM_BUCKETS + slots,
+        tl.store(BUCKET_SUMS + ((b64 * heads + h64) * tl.num_programs(1) + row_tile) * NUM_BUCKETS + slots,
                  bucket_sums)
 
 
@@ -317,8 +319,8 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, 
                          heads, queries, keys, head_dim, table_width, scale, scale2, seed, rate,
                          HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
-    """One program per (tile of keys, sentence x head): ``dK``, ``dV`` of the keys (in ``K``'s and ``V``'s layouts)."""
-    key_tile = tl.program_id(0)
+    """One program per (sentence x head, tile of keys): ``dK``, ``dV`` of the keys (in ``K``'s and ``V``'s layouts)."""
+    key_tile = tl.program_id(1)
     b64, h64 = _sentence_and_head(heads)
     columns = key_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, DIM)
@@ -411,13 +413,13 @@ def draw_seed() -> int:
 
 @triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
 def _kept_pairs_kernel(KEPT, seed, rate, heads, queries, keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    b = tl.program_id(2) // heads
-    h = tl.program_id(2) % heads
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = tl.program_id(0) // heads
+    h = tl.program_id(0) % heads
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    columns = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     ones = tl.full((BLOCK_M, BLOCK_N), 1.0, dtype=tl.float32)
     kept = _kept(ones, rows, columns, keys, _stream(seed, b.to(tl.int64), h.to(tl.int64), heads), rate) != 0
-    base = KEPT + tl.program_id(2).to(tl.int64) * queries * keys
+    base = KEPT + tl.program_id(0).to(tl.int64) * queries * keys
     tl.store(base + rows[:, None] * keys + columns[None, :], kept.to(tl.int8),
              mask=(rows[:, None] < queries) & (columns[None, :] < keys))
 
@@ -425,7 +427,7 @@ def _kept_pairs_kernel(KEPT, seed, rate, heads, queries, keys, BLOCK_M: tl.const
 def kept_pairs(seed: int, rate: float, batch: int, heads: int, length: int, device) -> Tensor:
     """``(B, h, T, T)`` bool: the pairs the kernels' dropout keeps in a call drawn with ``seed`` (for tests)."""
     kept = torch.empty(batch, heads, length, length, dtype=torch.int8, device=device)
-    grid = triton.cdiv(length, 16), triton.cdiv(length, 16), batch * heads
+    grid = batch * heads, triton.cdiv(length, 16), triton.cdiv(length, 16)
     _kept_pairs_kernel[grid](kept, seed, rate, heads, length, length, BLOCK_M=16, BLOCK_N=16)
     return kept.bool()
 
@@ -441,7 +443,7 @@ def _launch(tiles: Tiles, held: int, q: Tensor, **constants):
     the tile, the head size as the tiles hold it (a power of two, at least 16: tl.dot's least), the products'
     precision."""
     batch, heads, length, head_dim = q.shape
-    grid = triton.cdiv(length, held), batch * heads
+    grid = batch * heads, triton.cdiv(length, held)
     return grid, dict(constants, DIM=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=tiles.rows,
                       BLOCK_N=tiles.keys, PRECISION=_precision(q), num_warps=tiles.warps)
 
@@ -504,7 +506,7 @@ class _TritonAttention(torch.autograd.Function):
         num_buckets = triton.next_power_of_2(plan.bias_weight.size(1)) if has_bias else 1
         flags = dict(HAS_BIAS=has_bias, DROPOUT=ctx.dropout_p > 0)
         grid, constants = _launch(QUERY_GRADIENT, QUERY_GRADIENT.rows, q, NUM_BUCKETS=num_buckets, **flags)
-        bucket_sums = q.new_zeros(batch, heads, grid[0], num_buckets, dtype=torch.float32)
+        bucket_sums = q.new_zeros(batch, heads, grid[1], num_buckets, dtype=torch.float32)
         _query_gradient_kernel[grid](
             q, k, v, grad_out, lse, delta, dq, bucket_sums, plan.codes, *plan.query_gradient_tiles, positions, table,
             buckets, *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale,
