@@ -545,6 +545,29 @@ def test_triton_attention_on_cuda_equals_sdpa(case, buckets, dtype):
 
 
 @needs_cuda
+def test_triton_attention_on_cuda_with_more_sentence_heads_than_a_grid_axis_takes():
+    """More (sentence, head) pairs than CUDA's second and third grid axes take (65,535): 2,731 short sentences of 24
+    heads, their outputs and gradients against SDPA's (fp32, padding hidden)."""
+    import torch.nn.functional as F
+
+    from palm_plugin.modules.attention_masks import mask_from_fields
+    from palm_plugin.modules.attention_triton import TritonMask
+    from palm_plugin.modules.flex_attention import MaskFields
+
+    batch, heads, length = 2731, 24, 16
+    padding = torch.arange(length, device=CUDA) >= torch.randint(1, length + 1, (batch, 1), device=CUDA)
+    q, k, v = (torch.randn(batch, heads, length, 16, device=CUDA, requires_grad=True) for _ in range(3))
+    weights = torch.randn(batch, heads, length, 16, device=CUDA)
+    results = []
+    for attend in (lambda: TritonMask(MaskFields(padding)).attend(q, k, v),
+                   lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask_from_fields(padding).unsqueeze(1))):
+        out = attend()
+        results.append((out.detach(), *torch.autograd.grad((out * weights).sum(), (q, k, v))))
+    for triton_value, sdpa_value in zip(*results):
+        assert relative_error(triton_value, sdpa_value.double().cpu()) < 1e-5
+
+
+@needs_cuda
 @pytest.mark.parametrize("impl", ["flex", "triton"])
 def test_fused_attention_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa(impl):
     """A UniLMv2 pmlm (AE+PAR) training step, bf16, base width, 8 texts of about 500 tokens: FlexAttention and the
