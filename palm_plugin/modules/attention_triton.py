@@ -39,9 +39,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from palm_plugin.modules.fused_attention import SDPA_INSTEAD, FusedMask, TritonAttentionError
 from palm_plugin.modules.attention_masks import as_pmlm_layout, pmlm_mask
-
+from palm_plugin.modules.fused_attention import SDPA_INSTEAD, FusedMask, TritonAttentionError
 
 
 class Tiles(NamedTuple):
@@ -413,12 +412,11 @@ def draw_seed() -> int:
 
 @triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
 def _kept_pairs_kernel(KEPT, seed, rate, heads, queries, keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    b = tl.program_id(0) // heads
-    h = tl.program_id(0) % heads
+    b64, h64 = _sentence_and_head(heads)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     columns = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     ones = tl.full((BLOCK_M, BLOCK_N), 1.0, dtype=tl.float32)
-    kept = _kept(ones, rows, columns, keys, _stream(seed, b.to(tl.int64), h.to(tl.int64), heads), rate) != 0
+    kept = _kept(ones, rows, columns, keys, _stream(seed, b64, h64, heads), rate) != 0
     base = KEPT + tl.program_id(0).to(tl.int64) * queries * keys
     tl.store(base + rows[:, None] * keys + columns[None, :], kept.to(tl.int8),
              mask=(rows[:, None] < queries) & (columns[None, :] < keys))

@@ -38,6 +38,12 @@ def _warn_explicit_mask(impl):
                   f"through the sdpa path", stacklevel=3)
 
 
+def _fields(positions, mask) -> flex_attention.MaskFields:
+    """The kernels' mask fields: ``mask``, or for None (every row sees every column) a batch without padding."""
+    return mask if mask is not None else flex_attention.MaskFields(positions.new_zeros(positions.shape,
+                                                                                       dtype=torch.bool))
+
+
 class UniLMEmbeddings(nn.Module):
     """Token + absolute position + segment embeddings, then LayerNorm and dropout (BERT's input layer)."""
 
@@ -233,9 +239,7 @@ class UniLMTransformer(nn.Module):
         :class:`~palm_plugin.modules.flex_attention.MaskFields`, or None: bidirectional without padding) and, with a
         relative position bias, the score_mod reading the bias of every offset by ``positions``."""
         batch, length = positions.shape
-        fields = mask if mask is not None else flex_attention.MaskFields(
-            positions.new_zeros(batch, length, dtype=torch.bool))
-        block_mask = flex_attention.block_mask(fields.mask_mod(), batch, length, positions.device)
+        block_mask = flex_attention.block_mask(_fields(positions, mask).mask_mod(), batch, length, positions.device)
         if self.relative_position is None:
             return flex_attention.FlexMask(block_mask)
         table = self.bias_table().to(dtype)
@@ -248,9 +252,7 @@ class UniLMTransformer(nn.Module):
         relative position bias, the bucket weights and the bucket of every offset."""
         from palm_plugin.modules.attention_triton import TritonMask
 
-        batch, length = positions.shape
-        fields = mask if mask is not None else flex_attention.MaskFields(
-            positions.new_zeros(batch, length, dtype=torch.bool))
+        fields = _fields(positions, mask)
         if self.relative_position is None:
             return TritonMask(fields)
         return TritonMask(fields, positions, self.relative_position.weight,
