@@ -90,13 +90,13 @@ def _shown(row_codes, column_codes, rows, columns):
     """The pseudo-masked LM's rule (:func:`~palm_plugin.modules.attention_masks.pmlm_mask`), which covers the family
     (:func:`~palm_plugin.modules.attention_masks.as_pmlm_layout`), from each token's code ``4 step + kind`` (kind 0
     CONTEXT, 1 PSEUDO, 2 ORIGINAL, 3 padding): a CONTEXT key is shown to every row; an appended row also sees the
-    ORIGINAL keys of earlier steps and the keys of its own step and kind; padding keys to none; a padding row sees
-    itself only."""
+    ORIGINAL keys of earlier steps and the keys of its own step and kind; so a padding key (a kind of its own) to
+    none; a padding row sees itself only."""
     row_kind, key_kind = (row_codes & 3)[:, None], (column_codes & 3)[None, :]
     row_step, key_step = (row_codes >> 2)[:, None], (column_codes >> 2)[None, :]
     shown = (key_kind == 0) | ((row_kind != 0) & (((key_kind == 2) & (key_step < row_step))
                                                    | ((key_kind == row_kind) & (key_step == row_step))))
-    return tl.where(row_kind == 3, rows[:, None] == columns[None, :], shown & (key_kind != 3))
+    return tl.where(row_kind == 3, rows[:, None] == columns[None, :], shown)
 
 
 @triton.jit
