@@ -248,11 +248,12 @@ def test_speed_card_calls_plan_what_issue_38_measures():
 
 
 def test_next_speed_card_call_measures_what_the_last_card_left_open():
-    """Section 9's calls for the next card: they parse; the first runs the CUDA tests of the Triton attention kernels
-    (values and gradients, the training step's memory) and of session 21's changes, measures every family beside
-    roberta at 64 and 256 sequences (the targets at 256), then the levers, pmlm's first: triton_attention beside its
-    baseline and FlexAttention compiled per shape, then PALM's; a row started just before the time budget ends still
-    ends inside its timeout. The second, at once: the 200-update curves of both kernels through fairseq-train."""
+    """The calls for the next card (end of section 10): they parse; the first runs the CUDA tests of the Triton
+    attention kernels (values and gradients, the training step's memory), of the padded vocabulary products and of
+    session 21's changes, measures every family beside roberta at 64 and 256 sequences (the targets at 256), then the
+    levers, pmlm's first: triton_attention beside its baseline, the unpadded vocabulary products and FlexAttention
+    compiled per shape, then PALM's; a row started just before the time budget ends still ends inside
+    its timeout. The second, at once: the 200-update curves of both kernels through fairseq-train."""
     text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
     lines = text[text.index("## 9. Issue 38: the plugin's own attention kernels"):].splitlines()
     tests = next(line for line in lines if line.startswith("timeout ") and " pytest " in line)
@@ -267,7 +268,8 @@ def test_next_speed_card_call_measures_what_the_last_card_left_open():
                  "test_fused_attention_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa[triton]",
                  "test_relative_bias_reaches_cuda_attention_without_a_padded_copy",
                  "test_default_copy_attention_on_cuda_is_tritons",
-                 "test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory"):
+                 "test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory",
+                 "test_vocabulary_products_on_cuda_multiply_by_a_padded_matrix_while_training"):
         assert f"::{test}" in selected, test
     assert "[flex]" not in selected  # FlexAttention's compilation would take the card's minutes
     args = benchmark.parse_args(shlex.split(command) + ["--plan-only"])
@@ -275,9 +277,10 @@ def test_next_speed_card_call_measures_what_the_last_card_left_open():
     sweep, levers, estimate, _ = benchmark.plan(args)
     assert set(sweep.split(" at ")[0].split(": ")[1].split(", ")) == {
         "roberta", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq", "palm", "palm_nocopy"}
-    assert levers.startswith("levers: pmlm_ae_par: triton_attention, no_attention_dropout, flex_static, "), levers
-    assert "unilm_pretraining: triton_attention, no_attention_dropout, flex_static" in levers
-    assert "palm: blocked_copy, torch_adamw, compile, all_triton" in levers
+    assert levers.startswith("levers: pmlm_ae_par: triton_attention, unaligned_vocabulary, no_attention_dropout, "
+                             "flex_static, "), levers
+    assert "unilm_pretraining: triton_attention, unaligned_vocabulary, no_attention_dropout, flex_static" in levers
+    assert "palm: unaligned_vocabulary, blocked_copy, torch_adamw, compile, all_triton" in levers
     assert args.profile_levers == ["triton_attention"]
     assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)
 
@@ -373,3 +376,34 @@ def test_flex_levers_choose_how_flexattention_compiles_on_cuda_each_for_its_own_
         assert flex_attention._COMPILED[flex_attention.flex_attention, "cuda", dynamic] is flex_attention.flex_attention
     assert len(flex_attention._COMPILED) == 3
     assert (flex_attention.flex_attention, "cpu", False) in flex_attention._COMPILED
+
+
+def test_unaligned_vocabulary_lever_measures_the_matrix_as_it_is_in_its_own_row_only(monkeypatch):
+    """unaligned_vocabulary (the baseline of lm_head's padded vocabulary products) applies to the plugin's models; the
+    sweep measures its row with the products on the matrix as it is, the rows before and after it padded; where the
+    dictionary needs no padding (the benchmark's 32000 types but for pmlm's pseudo token) it records the row as
+    skipped, saying why, instead of measuring the plain row again."""
+    from palm_plugin.modules import lm_head
+
+    every = {**SPECS, "unilm_bidirectional": bench_sweep.UNILM_BIDIRECTIONAL}
+    lever = bench_sweep.LEVERS["unaligned_vocabulary"]
+    assert {k for k, s in every.items() if lever.applies(s)} == {k for k, s in every.items() if s.plugin}
+    monkeypatch.setattr(lm_head, "pads_vocabulary", lambda states: True)
+    features, weight = torch.randn(5, 8, requires_grad=True), torch.randn(30, 8)
+    seen = []
+
+    def fake_point(self, spec, built, length, sequences, fit, variant, **options):
+        seen.append((spec.key, variant, lm_head.vocabulary_logits(features, weight).stride(0)))
+
+    types = {"pmlm_ae_par": 32001, "palm": 32000}
+    monkeypatch.setattr(Sweep, "_build", lambda self, spec, length, extra=(), reuse=None: SimpleNamespace(
+        task=SimpleNamespace(source_dictionary=range(types[spec.key]))))
+    monkeypatch.setattr(Sweep, "point", fake_point)
+    result = {"sweep": [], "missing": []}
+    sweep = Sweep(FakeArgs(), None, result, lambda: None, lambda: False)
+    for key in types:
+        sweep.levers(SPECS[key], [lever, bench_sweep.LEVERS["torch_adamw"]], Fit())
+    assert seen == [("pmlm_ae_par", "plain", 64), ("pmlm_ae_par", "unaligned_vocabulary", 30),
+                    ("pmlm_ae_par", "torch_adamw", 64), ("palm", "plain", 64), ("palm", "torch_adamw", 64)]
+    assert [(row["key"], row["variant"], row["status"], row["reason"]) for row in result["sweep"]] == [
+        ("palm", "unaligned_vocabulary", "skipped", "32000 types, a multiple of 64: nothing to pad")]

@@ -14,6 +14,8 @@ roundoff 4.9e-4), bf16 8 (3.9e-3); a few layers of sums and softmaxes grow that 
 the bounds are 1e-2 (fp16) and 5e-2 (bf16), while an error of the kind the tests look for (a wrong mask, a softmax
 over saturated scores, a lost gradient) is of order 1.
 """
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -269,6 +271,34 @@ def test_relative_bias_reaches_cuda_attention_without_a_padded_copy():
         counts.append(sum(name in ("constant_pad_nd", "slice_backward") and shape is not None and len(shape) == 4
                           and shape[-2] == length for name, shape in zip(calls.names, calls.shapes)))
     assert counts[0] == 0 and counts[1] > 0, counts
+
+
+@needs_cuda
+def test_vocabulary_products_on_cuda_multiply_by_a_padded_matrix_while_training():
+    """A training step of the masked-LM head on CUDA with UniLMv2's 32001 types (a 32000-type dictionary and its pseudo
+    token): every product has 32064 where it had 32001 (cuBLAS takes its slow kernels for a side that is not a
+    multiple of 8: docs/benchmarks-gpu.md, section 10), and the logits and gradients equal the plain product's within
+    bf16's tolerance; without gradients (decoding) the matrix is used as it is."""
+    from palm_plugin.modules import lm_head
+    from tests.test_speed_options import product_widths
+
+    torch.manual_seed(0)
+    head = lm_head.MaskedLMHead(768, 32001, torch.nn.Parameter(torch.randn(32001, 768) * 0.02)).double()
+    features = torch.randn(1024, 768, dtype=torch.float64)
+    results = {}
+    for device, precision in (("cpu", torch.float64), (CUDA, torch.bfloat16)):  # the CPU's: the plain product
+        model = copy.deepcopy(head).to(device, precision)
+        logits = model(features.to(device, precision))
+        logits.double().logsumexp(-1).sum().backward()
+        results[device] = [logits.detach()] + [p.grad for p in (model.weight, model.bias, model.dense.weight)]
+    for got, expected in zip(results[CUDA], results["cpu"]):
+        assert relative_error(got, expected) < HALF_TOLERANCE[torch.bfloat16]
+    head = head.to(CUDA, torch.bfloat16)
+    states = features.to(CUDA, torch.bfloat16)
+    widths = product_widths(lambda: head(states).float().logsumexp(-1).sum().backward())
+    assert 32064 in widths and 32001 not in widths
+    with torch.no_grad():
+        assert 32001 in product_widths(lambda: head(states))
 
 
 # ------------------------------------------------------------------------------------------------ (c), (d) decoding

@@ -281,3 +281,76 @@ def test_relative_bias_rows_from_the_table_equal_the_bias_computed_from_position
     query = torch.tensor([[0, 99], [50, 51]])
     keys = torch.tensor([[0, 1, 5, 20, 40, 98, 99], [0, 30, 49, 50, 51, 52, 99]])
     assert torch.equal(masked_offset_bias(table, query, keys), bias(query, keys))
+
+
+PRODUCTS = {"mm", "addmm", "bmm", "baddbmm"}
+
+
+def product_widths(run):
+    """The sizes of the results of every matrix product while ``run()`` runs (forward and backward)."""
+    from tests.test_multi_tensor_optimizer import Calls
+
+    with Calls() as calls:
+        run()
+    return {size for name, shape in zip(calls.names, calls.shapes) if name in PRODUCTS for size in shape}
+
+
+def test_vocabulary_products_pad_the_matrix_to_64_rows_and_give_the_plain_products_values_and_gradients(monkeypatch):
+    """lm_head.vocabulary_logits where it pads (training on CUDA; forced here): every product sees 1024 rows for a
+    vocabulary of 1001, never 1001, and the logits and the gradients of the states, the matrix and the bias are the
+    plain product's (float64); a vocabulary already a multiple of 64 and, on this CPU, the default take the plain
+    product; so does a call without gradients, where CUDA would copy the matrix for a few rows."""
+    from palm_plugin.modules import lm_head
+
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(3, 7, 24, dtype=torch.float64, generator=generator)
+    weight = torch.randn(1001, 24, dtype=torch.float64, generator=generator)
+    bias = torch.randn(1001, dtype=torch.float64, generator=generator)
+    upstream = torch.randn(3, 7, 1001, dtype=torch.float64, generator=generator)
+
+    def logits_and_gradients(with_bias):
+        inputs = [t.clone().requires_grad_() for t in (features, weight, bias)]
+        logits = lm_head.vocabulary_logits(inputs[0], inputs[1], inputs[2] if with_bias else None)
+        (logits * upstream).sum().backward()
+        return [logits.detach()] + [t.grad for t in inputs[: 3 if with_bias else 2]]
+
+    assert not lm_head.pads_vocabulary(features.requires_grad_())  # the CPU: as it is
+    plain = {b: logits_and_gradients(b) for b in (True, False)}
+    assert 1001 in product_widths(lambda: logits_and_gradients(True))
+    monkeypatch.setattr(lm_head, "pads_vocabulary", lambda states: True)
+    for with_bias in (True, False):
+        padded = logits_and_gradients(with_bias)
+        assert padded[0].shape == (3, 7, 1001)
+        for got, expected in zip(padded, plain[with_bias]):
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        widths = product_widths(lambda: logits_and_gradients(with_bias))
+        assert 1024 in widths and 1001 not in widths
+    widths = product_widths(lambda: lm_head.vocabulary_logits(features, weight[:960], bias[:960]))
+    assert 960 in widths and 1024 not in widths
+    monkeypatch.undo()
+    with torch.no_grad():
+        assert 1001 in product_widths(lambda: lm_head.vocabulary_logits(features.cuda() if torch.cuda.is_available()
+                                                                         else features, weight, bias))
+
+
+@pytest.mark.parametrize("key", ["pmlm_ae_par", "unilm_pretraining", "palm", "palm_pretrain"])
+def test_every_vocabulary_head_multiplies_by_the_padded_matrix_and_trains_as_the_plain_one(corpus, key, monkeypatch):
+    """Each model's products onto its vocabulary (UniLM's masked-LM head, PALM's equation (2) and its encoder's MLM
+    head) go through lm_head.vocabulary_logits: with the padding forced on this CPU no product of a training step has
+    the dictionary's size (not a multiple of 64 here) as a side; the loss and every gradient are the plain step's."""
+    from palm_plugin.modules import lm_head
+
+    built, batch = built_with(corpus, key)
+    types = len(built.task.source_dictionary)
+    assert types % lm_head.ROW_MULTIPLE
+    plain = loss_and_gradients(built.model, built.criterion, batch)
+    assert types in product_widths(lambda: loss_and_gradients(built.model, built.criterion, batch))
+    monkeypatch.setattr(lm_head, "pads_vocabulary", lambda states: True)
+    widths = product_widths(lambda: loss_and_gradients(built.model, built.criterion, batch))
+    assert types not in widths and types + -types % lm_head.ROW_MULTIPLE in widths
+    padded = loss_and_gradients(built.model, built.criterion, batch)
+    torch.testing.assert_close(padded[0], plain[0], rtol=1e-6, atol=1e-6)
+    assert padded[1:3] == plain[1:3] and padded[3].keys() == plain[3].keys()
+    for name, expected in plain[3].items():  # float32 sums in another order: 1e-5 of each tensor's scale (k's bias: 0)
+        atol = 1e-5 * float(expected.abs().max()) + 1e-9
+        torch.testing.assert_close(padded[3][name], expected, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")

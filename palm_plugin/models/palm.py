@@ -29,7 +29,6 @@ import torch
 from fairseq import utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model, register_model_architecture
-from fairseq.models.roberta.model import RobertaLMHead
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
@@ -42,6 +41,7 @@ from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncod
 from palm_plugin.modules import compiled_layers
 from palm_plugin.modules.copy_generator import (COPY_ATTENTION_IMPLS, CopyAttentionImplError, PointerGenerator,
                                                check_copy_attention_impl)
+from palm_plugin.modules.lm_head import MaskedLMHead
 from palm_plugin.modules.marker_embedding import MarkerEmbedding
 from palm_plugin.modules.size_check import check_sizes
 
@@ -259,7 +259,8 @@ class PalmModel(FairseqEncoderDecoderModel):
         )
         mlm_head = None
         if getattr(task, "trains_encoder_mlm", False):
-            mlm_head = RobertaLMHead(embed_dim, num_embeddings, cfg.activation_fn, weight=embed_tokens.weight)
+            activation = utils.get_activation_fn(cfg.activation_fn)
+            mlm_head = MaskedLMHead(embed_dim, num_embeddings, embed_tokens.weight, activation)
         model = cls(cfg, encoder, decoder, mlm_head)
         # RoBERTa's initialisation (normal(0, 0.02), zero biases, zero padding row) for every part of the model.
         model.apply(init_bert_params)
@@ -296,7 +297,7 @@ class PalmModel(FairseqEncoderDecoderModel):
                 raise ValueError("this PALM model has no MLM head: it is built only for the continuation_pair task")
             features = encoder_out["encoder_out"][0].transpose(0, 1)
             masked_tokens = self.encoder.source_layout(src_tokens, masked_tokens, False)
-            extra["mlm_logits"] = self.mlm_head(features, masked_tokens=masked_tokens)
+            extra["mlm_logits"] = self.mlm_head(features[masked_tokens])
         return log_probs, extra
 
     def max_positions(self):

@@ -23,7 +23,6 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model, register_model_architecture
 
@@ -37,6 +36,7 @@ from palm_plugin.modules.dictionary_check import (
 from palm_plugin.modules.size_check import check_sizes
 from palm_plugin.models.unilm_decoding import UniLMIncrementalDecoder, UniLMSourceEncoder
 from palm_plugin.modules.attention_masks import hide_padding, mask_from_fields
+from palm_plugin.modules.lm_head import MaskedLMHead
 from palm_plugin.modules.unilm_transformer import UniLMTransformer
 
 logger = logging.getLogger(__name__)
@@ -94,21 +94,6 @@ class UniLMConfig(FairseqDataclass):
     )
 
 
-class UniLMLMHead(nn.Module):
-    """BERT's masked-LM head: dense + GELU + LayerNorm, then the token embedding matrix (tied) and a bias."""
-
-    def __init__(self, dim, vocab_size, embed_weight, layer_norm_eps):
-        super().__init__()
-        self.dense = nn.Linear(dim, dim)
-        self.layer_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
-        self.weight = embed_weight
-        self.bias = nn.Parameter(torch.zeros(vocab_size))
-
-    def forward(self, features):
-        """``(*, C)`` -> logits ``(*, V)``."""
-        return F.linear(self.layer_norm(F.gelu(self.dense(features))), self.weight, self.bias)
-
-
 class UniLMClassificationHead(nn.Module):
     """Section 2.5: ``softmax(h_1^L W^C)``, a linear classifier on the top state of [SOS] (after dropout)."""
 
@@ -144,8 +129,8 @@ class UniLMModel(FairseqEncoderDecoderModel):
             relative_position_max_distance=cfg.relative_position_max_distance,
             attention_impl=attention_impl_choice or getattr(cfg, "attention_impl", "sdpa"),
         )
-        lm_head = UniLMLMHead(
-            cfg.encoder_embed_dim, len(dictionary), stack.embeddings.tokens.weight, cfg.layer_norm_eps
+        lm_head = MaskedLMHead(
+            cfg.encoder_embed_dim, len(dictionary), stack.embeddings.tokens.weight, layer_norm_eps=cfg.layer_norm_eps
         )
         super().__init__(
             UniLMSourceEncoder(dictionary, stack),

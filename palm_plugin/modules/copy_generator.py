@@ -39,6 +39,7 @@ from torch import Tensor
 from palm_plugin.errors import CommandError
 from palm_plugin.modules.attention_impl import triton_installed
 from palm_plugin.modules.compiled_layers import compiled
+from palm_plugin.modules.lm_head import vocabulary_logits
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class PointerGenerator(nn.Module):
 
     def vocabulary_log_probs(self, states: Tensor) -> Tensor:
         """Equation (2) in log space: ``(B, T, C) -> (B, T, num_types)`` float32; marker columns get LOG_ZERO."""
-        logits = F.linear(self.vocab_projection(states), self.output_embedding)
+        logits = vocabulary_logits(self.vocab_projection(states), self.output_embedding)
         log_p_vocab = F.log_softmax(logits.float(), dim=-1)
         extra_types = self.num_types - log_p_vocab.size(-1)
         if extra_types:

@@ -20,15 +20,17 @@ Rows go to ``result["sweep"]``; the record is saved after each row. ``--time-bud
 the run, decoding included) skips the rows not started when it is spent (recorded as skipped), so that a card run
 ends in its slot with what it measured.
 """
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, Optional
+from typing import Callable, ContextManager, Dict, Optional
 
 import torch
 from fairseq.data import iterators
 
 from palm_plugin.fixes.multi_tensor_optimizer import use_fairseq_loops
+from palm_plugin.modules import lm_head
 from palm_plugin.modules.compiled_layers import compile_layers
 from palm_tools.bench.models import TRAIN_SPECS, build, prepare_sample
 from palm_tools.bench.runlog import free_device_memory, log, record_failure, short_error, wanted
@@ -65,6 +67,8 @@ class Lever:
     after_build: Optional[Callable] = None  # what the benchmark does itself (fairseq's baselines)
     loader: bool = False  # batches drawn per update from fairseq's iterator (loader_workers: ``--loader-workers``)
     compiles: bool = False  # torch.compile runs in its first updates: warmed up before the peak memory is taken
+    setting: Callable[[], ContextManager] = contextlib.nullcontext  # a module's switch, set for this row only
+    unchanged: Callable = lambda built: None  # why the lever would measure the plain row again, if it would
 
 
 def _compile_args(spec):
@@ -109,6 +113,23 @@ def _triton_copy_args(spec):
     return ["--copy-attention-impl", "triton"] if spec.key == "palm" else []
 
 
+def _aligned_already(built):
+    types = len(built.task.source_dictionary)
+    if types % lm_head.ROW_MULTIPLE == 0:
+        return f"{types} types, a multiple of {lm_head.ROW_MULTIPLE}: nothing to pad"
+    return None
+
+
+@contextlib.contextmanager
+def _unaligned_vocabulary():
+    """The vocabulary products with the matrix as it is (palm_plugin/modules/lm_head.py pads its rows on CUDA)."""
+    saved, lm_head.ROW_MULTIPLE = lm_head.ROW_MULTIPLE, 1
+    try:
+        yield
+    finally:
+        lm_head.ROW_MULTIPLE = saved
+
+
 def _syncs_args(spec):
     """--syncs-at-start: an option of the UniLM criteria and of the palm model; fairseq's baselines have none."""
     return ["--syncs-at-start"] if spec.plugin and (_criterion(spec) in ("unilm_cloze", "pmlm_ae_par")
@@ -150,6 +171,10 @@ LEVERS = {
                           "and CUDA's default before auto chose triton there)",
                           applies=lambda spec: spec.key == "palm",
                           args=lambda spec: ["--copy-attention-impl", "blocked"]),
+    "unaligned_vocabulary": Lever("unaligned_vocabulary", "the vocabulary products with the embedding matrix as it is, "
+                                  "not padded to 64 rows (the baseline of palm_plugin/modules/lm_head.py)",
+                                  applies=lambda spec: spec.plugin, setting=_unaligned_vocabulary,
+                                  unchanged=_aligned_already),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
                             loader=True),
@@ -386,9 +411,14 @@ class Sweep:
             except Exception as error:
                 record_failure(self.missing, f"{spec.key} {lever.name}", f"length {length}, build", error)
                 continue
-            workers = self.args.loader_workers if lever.name == "loader_workers" else 0
-            self.point(spec, built, length, sequences, fit, lever.name, loader=lever.loader, workers=workers,
-                       stage="lever")  # fmt: skip
+            reason = lever.unchanged(built)
+            if reason:
+                self._skip(spec, length, sequences, lever.name, reason)
+            else:
+                workers = self.args.loader_workers if lever.name == "loader_workers" else 0
+                with lever.setting():
+                    self.point(spec, built, length, sequences, fit, lever.name, loader=lever.loader, workers=workers,
+                               stage="lever")  # fmt: skip
             del built
             free_device_memory()
 
@@ -404,9 +434,9 @@ class Sweep:
                 return
         self.point(spec, built, length, fit.fits, fit, "plain", how="largest")  # none above it fits
 
-    def _skip(self, spec, length, sequences, variant):
+    def _skip(self, spec, length, sequences, variant, reason="time budget spent"):
         self.rows.append({"key": spec.key, "label": spec.label, "variant": variant, "length": length,
-                          "sequences": sequences, "status": "skipped", "reason": "time budget spent"})  # fmt: skip
+                          "sequences": sequences, "status": "skipped", "reason": reason})  # fmt: skip
 
     def point(self, spec, built, length, sequences, fit, variant, how="requested", loader=False, workers=0,
               stage=None):
