@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from palm_plugin.modules.attention_masks import Objective, as_pmlm_layout, mask_from_fields, pmlm_mask, to_additive
+from palm_plugin.modules.attention_masks import Objective, mask_from_fields, to_additive
 from palm_plugin.modules.flex_attention import MaskFields
 from palm_plugin.modules.relative_position import RelativePositionBias
 from tests.conftest import run_interpreted
@@ -464,16 +464,6 @@ def brute_force_tiles(mask, rows, columns):
                 tile[:part.shape[0], :part.shape[1]] = part
                 kinds[b, i, j] = 1 if tile.all() else 0 if tile.any() else 2
     return kinds
-
-
-@pytest.mark.skipif(IN_INTERPRETER, reason="no kernel runs here")
-def test_one_rule_covers_every_mask_of_the_family():
-    """The kernels evaluate every mask by the pseudo-masked LM's rule from one code per token: UniLM's four
-    objectives, the mix, bidirectional with padding and UniLMv2's layouts laid out as its steps and kinds give the
-    masks of attention_masks.py, cell by cell."""
-    for name, (fields, _, _) in CASES.items():
-        padding = fields["padding_mask"]
-        assert torch.equal(pmlm_mask(*as_pmlm_layout(**fields), padding), mask_from_fields(**fields)), name
 
 
 @needs_triton

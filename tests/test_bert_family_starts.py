@@ -3,6 +3,7 @@ computes before any update (checked against transformers' BERT): UniLMv2's tasks
 [MASK], a relative position bias of zeros), PALM's encoder (positions, token types and LayerNorm epsilon mapped), and
 the head-only control (every parameter frozen but the MLM head's)."""
 import argparse
+import logging
 
 import pytest
 import torch
@@ -40,14 +41,19 @@ def unilm2_model(state, dictionary, **changes):
     return model.eval()
 
 
-def test_a_bert_checkpoint_under_unilm2_tasks_computes_what_the_checkpoint_computes(converted):
+def test_a_bert_checkpoint_under_unilm2_tasks_computes_what_the_checkpoint_computes(converted, caplog):
+    """A BERT checkpoint under UniLMv2's tasks (<pseudo> appended as a copy of [MASK], a relative bias of zeros)
+    computes what the checkpoint computes, and the log names each table that grew."""
     reference, out, state = converted
     dictionary = Dictionary.load(str(out / "dict.txt"))
     dictionary.add_symbol("<mask>")
     pseudo = dictionary.add_symbol(PSEUDO_SYMBOL)  # what pmlm and unilm_seq2seq --pseudo-masks append
     assert pseudo == len(dictionary) - 1 == state["model"]["encoder.stack.embeddings.tokens.weight"].size(0)
+    caplog.set_level(logging.INFO, logger="palm_plugin.models.unilm")
     model = unilm2_model(state, dictionary, relative_position_buckets=32)
     assert torch.count_nonzero(model.stack.relative_position.weight) == 0
+    assert "resized the checkpoint's tables to this model's: <pseudo> added as a copy of <mask>, relative position " \
+           "bias added, all zero" in caplog.messages
     tokens = sample_batch(dictionary, torch.Generator().manual_seed(2))
     real = tokens.ne(dictionary.pad())
     ids, table = bert_ids(dictionary, tokens)

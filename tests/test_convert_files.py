@@ -118,7 +118,8 @@ def test_s2s_ft_checkpoint_with_1_1_h_biases_and_training_buffers(tmp_path, caps
 
 def test_unilm_v1_files_without_layer_norm_eps_use_the_released_codes_1e_5(tmp_path, capsys):
     """UniLM v1's code hard-codes eps 1e-5; its config.json has no layer_norm_eps and 6 token types. A converter
-    that defaulted to BERT's 1e-12 would give other hidden states (checked to differ, so the test can fail)."""
+    that defaulted to BERT's 1e-12 would give other hidden states (checked to differ, so the test can fail). A
+    config.json without type_vocab_size either: the token-type table's 6 rows say UniLM v1."""
     config = tiny_bert_config(type_vocab_size=6, layer_norm_eps=1e-5)
     reference = randomize(transformers.BertForMaskedLM(config), seed=13).eval()
     reference.tie_weights()
@@ -136,6 +137,13 @@ def test_unilm_v1_files_without_layer_norm_eps_use_the_released_codes_1e_5(tmp_p
     convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "wrong"), "--layer-norm-eps", "1e-12"])
     with pytest.raises(AssertionError):
         check_masked_lm(reference, tmp_path / "wrong")
+    # a config.json that does not say type_vocab_size either: the token-type table's 6 rows say UniLM v1
+    del values["type_vocab_size"]
+    (source / "config.json").write_text(json.dumps(values))
+    capsys.readouterr()
+    convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "untyped")])
+    assert "layer_norm_eps 1e-05 (UniLM v1 (6 token types): its released code hard-codes" in capsys.readouterr().err
+    check_masked_lm(reference, tmp_path / "untyped")
 
 
 
@@ -639,6 +647,12 @@ def test_every_option_of_every_command_says_what_it_does():
                                   "back out.")
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(commands.choices) == {"bert", "roberta", "hf-roberta", "export"}
+    # palm-convert --help lists each command with what it converts
+    assert {choice.dest: choice.help for choice in commands._choices_actions} == {
+        "bert": "HF BERT / UniLM v1 / MiniLM / UniLMv2 directory (or .zip) -> unilm",
+        "roberta": "fairseq RoBERTa checkpoint -> unilm",
+        "hf-roberta": "HF RoBERTa directory -> fairseq RoBERTa for --roberta-path",
+        "export": "unilm checkpoint -> HF BERT directory"}
     for name, command in commands.choices.items():
         for action in command._actions:
             if action.option_strings and action.dest != "help":

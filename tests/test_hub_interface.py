@@ -133,8 +133,9 @@ def test_from_pretrained_reads_checkpoint_best_of_a_directory(tmp_path):
     assert isinstance(model, UniLMModel) and len(hub.task.source_dictionary) == expected[
         "encoder.stack.embeddings.tokens.weight"].size(0)
     assert all(torch.equal(value, expected[name]) for name, value in model.state_dict().items())
-    [again] = UniLMModel.from_pretrained(str(run)).models  # the model class's entry point, fairseq's hub style
-    assert all(torch.equal(value, expected[name]) for name, value in again.state_dict().items())
+    again = UniLMModel.from_pretrained(str(run), beam=3)  # the model class's entry point, fairseq's hub style
+    assert all(torch.equal(value, expected[name]) for name, value in again.models[0].state_dict().items())
+    assert again.cfg.generation.beam == 3 and hub.cfg.generation.beam != 3  # its options reach the configuration
     # generation options reach the generator: at most max_len_b tokens
     for length in (1, 3):
         assert 0 < len(hub.generate("w1 w2 w3 w4", beam=2, max_len_b=length).split()) <= length
@@ -249,6 +250,20 @@ def test_from_pretrained_of_a_pretraining_checkpoint_says_to_fine_tune_it_first(
         "--finetune-from-model this checkpoint) and load that one")
 
 
+def test_a_checkpoint_trained_with_the_plugin_elsewhere_loads_with_this_plugin(tmp_path):
+    """fairseq-train records --user-dir in the checkpoint; trained on another machine, the folder it names is not
+    here: from_pretrained (part of the plugin, so the plugin is loaded) never reads it, and loads the weights."""
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    saved = save_untrained_checkpoint(tmp_path, "model.pt", ["--task", "unilm_seq2seq", "--arch", "unilm_tiny",
+                                                             "--criterion", "unilm_cloze"])
+    state = torch.load(tmp_path / "model.pt", weights_only=False)
+    state["cfg"]["common"]["user_dir"] = "/home/someone/elsewhere/palm_plugin"
+    torch.save(state, tmp_path / "model.pt")
+    hub = from_pretrained(str(tmp_path), checkpoint_file="model.pt", data_name_or_path=str(tmp_path))
+    assert all(torch.equal(value, saved.state_dict()[name]) for name, value in hub.models[0].state_dict().items())
+
+
 def test_a_unilm_checkpoint_from_before_attention_impl_loads_with_sdpa(tmp_path):
     """fairseq builds an architecture name (unilm_tiny) from a saved configuration without the dataclass defaults: a
     checkpoint saved before --attention-impl existed has no such field, and is built with the default, sdpa."""
@@ -279,6 +294,11 @@ API_CASES = {
     "hf-name": (lambda hub, root: hub.generate("w1", num_beams=4), TypeError,
                 "generate: unknown option 'num_beams' (did you mean 'beam'?); give fairseq-generate's options, with _ "
                 "for - (beam, nbest, lenpen, max_len_a, max_len_b, min_len, ...)"),
+    # transformers' name of an option whose fairseq name no spelling is close to
+    "hf-name-far-from-fairseqs": (lambda hub, root: hub.generate("w1", max_new_tokens=20), TypeError,
+                                  "generate: unknown option 'max_new_tokens' (did you mean 'max_len_b'?); give "
+                                  "fairseq-generate's options, with _ for - (beam, nbest, lenpen, max_len_a, "
+                                  "max_len_b, min_len, ...)"),
     "score-typo": (lambda hub, root: hub.score("w1", "w2", lenpen_stlye="gnmt"), TypeError,
                    "score: unknown option 'lenpen_stlye' (did you mean 'lenpen_style'?); give fairseq-generate's "
                    "options, with _ for - (beam, nbest, lenpen, max_len_a, max_len_b, min_len, ...)"),

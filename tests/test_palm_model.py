@@ -555,20 +555,27 @@ def test_source_bos_layout_and_truncation():
     assert torch.equal(laid_out[0, 1:-1], full[0, :-2])
 
 
-def test_checkpoints_keep_their_source_format():
+def test_checkpoints_keep_their_source_format(caplog):
     """A checkpoint records whether its encoder read <s> first; loading it sets that format whatever the new
-    model was configured with, and a checkpoint from before the record (no entry) means no <s>."""
+    model was configured with, and says so; a checkpoint from before the record (no entry) means no <s>."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="palm_plugin.models.palm_stacks")
     trained_without = build(seed=1, no_source_bos=True).state_dict()
     model = build(seed=2)
+    caplog.clear()
     model.load_state_dict(dict(trained_without), strict=True)
     assert not model.encoder.source_bos
+    assert caplog.messages == ["the checkpoint's encoder was trained without <s> first: its sources keep that format"]
     old = {k: v for k, v in build(seed=1).state_dict().items() if k != SOURCE_FORMAT}
     model = build(seed=2)
     model.load_state_dict(old, strict=True)
     assert not model.encoder.source_bos and float(model.state_dict()[SOURCE_FORMAT]) == 0
     model = build(seed=2, no_source_bos=True)
+    caplog.clear()
     model.load_state_dict(build(seed=1).state_dict(), strict=True)
     assert model.encoder.source_bos
+    assert caplog.messages == ["the checkpoint's encoder was trained with <s> first: its sources keep that format"]
 
 
 def built_from_a_configuration_without(option):

@@ -58,15 +58,20 @@ def net_input(arch, src_tokens):
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_cached_steps_equal_recomputation_through_beam_reorders_and_batch_shrinking(arch, graph, monkeypatch):
     """The growing cache, and --decoding-graph's fixed-shape steps (run eagerly on the CPU; its buffer of 2 slots
-    doubles twice here), equal recomputation step by step."""
+    doubles twice here), equal recomputation step by step; UniLMv2's cached steps read the relative bias of every
+    offset that the encoder computed once per batch, never computing it again."""
     monkeypatch.setattr(fixed_shape_decoding, "INITIAL_SLOTS", 2)
     dictionary = tiny_dictionary()
     model = tiny_model(arch, dictionary)
     model.decoder.decoding_graph = graph
+    tables = []
+    bias_table = model.stack.bias_table
+    monkeypatch.setattr(model.stack, "bias_table", lambda: tables.append(bias_table()) or tables[-1])
     src = sources(dictionary, [7, 4, 5])
     beam = 3
     with torch.no_grad():
         encoder_out = model.encoder(**net_input(arch, src))
+        assert tables and (tables[-1] is not None) == (arch == "unilm2_tiny")  # the encoder's, once a batch
         encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.arange(3).repeat_interleave(beam))
         source_keys = encoder_out["source_keys"][0]
         assert source_keys.size(0) == 3  # once per sentence, not per beam
@@ -74,7 +79,9 @@ def test_cached_steps_equal_recomputation_through_beam_reorders_and_batch_shrink
         prev = torch.full((3 * beam, 1), dictionary.eos())
         generator = torch.Generator().manual_seed(2)
         for step in range(6):
+            computed = len(tables)
             cached, _ = model.decoder(prev, encoder_out, incremental_state=state)
+            assert len(tables) == computed
             recomputed, _ = model.decoder(prev, encoder_out)
             torch.testing.assert_close(
                 torch.log_softmax(cached, -1), torch.log_softmax(recomputed, -1), atol=1e-5, rtol=0

@@ -49,8 +49,6 @@ def from_pretrained(
         kwargs: overrides of the training configuration, as in fairseq: ``bpe="gpt2"``, ``tokenizer="moses"``,
             ``sentencepiece_model=...``, ``max_tokens=...``, ``batch_size=...``, generation defaults, ...
     """
-    import palm_plugin
-
     model_name_or_path, checkpoint_file = _path(model_name_or_path, "model_name_or_path"), _path(
         checkpoint_file, "checkpoint_file")
     data_name_or_path = _path(data_name_or_path, "data_name_or_path")
@@ -72,7 +70,6 @@ def from_pretrained(
         raise FileNotFoundError(f"data_name_or_path {data}: no such folder; give the fairseq-preprocess output with "
                                 f"the dictionaries (dict.*.txt), or leave it out to read them beside the checkpoint")
     overrides = set(kwargs)
-    kwargs.setdefault("user_dir", os.path.dirname(palm_plugin.__file__))
     try:
         loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
     except FileNotFoundError as error:  # the task's dictionary, named by fairseq or the task's own message
