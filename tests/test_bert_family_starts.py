@@ -15,8 +15,7 @@ from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.fixes import checkpoint_paths, safe_loading
 from palm_plugin.models.unilm import UniLMModel
 from palm_tools.convert import cli as convert
-from tests.test_convert_checkpoint import (VOCAB, bert_ids, randomize, sample_batch, tiny_bert_config,
-                                           write_bert_dir)
+from tests.test_convert_checkpoint import bert_ids, randomize, sample_batch, tiny_bert_config, write_bert_dir
 from tests.test_palm_model import build as build_palm
 
 

@@ -309,18 +309,19 @@ def test_vocabulary_products_pad_the_matrix_to_64_rows_and_give_the_plain_produc
     upstream = torch.randn(3, 7, 1001, dtype=torch.float64, generator=generator)
 
     def logits_and_gradients(with_bias):
-        inputs = [t.clone().requires_grad_() for t in (features, weight, bias)]
+        inputs = [t.detach().clone().requires_grad_() for t in (features, weight, bias)]
         logits = lm_head.vocabulary_logits(inputs[0], inputs[1], inputs[2] if with_bias else None)
         (logits * upstream).sum().backward()
         return [logits.detach()] + [t.grad for t in inputs[: 3 if with_bias else 2]]
 
-    assert not lm_head.pads_vocabulary(features.requires_grad_())  # the CPU: as it is
+    assert not lm_head.pads_vocabulary(features.clone().requires_grad_())  # the CPU: as it is
     plain = {b: logits_and_gradients(b) for b in (True, False)}
     assert 1001 in product_widths(lambda: logits_and_gradients(True))
     monkeypatch.setattr(lm_head, "pads_vocabulary", lambda states: True)
     for with_bias in (True, False):
         padded = logits_and_gradients(with_bias)
         assert padded[0].shape == (3, 7, 1001)
+        assert len(padded) == (4 if with_bias else 3) and all(t is not None for t in padded + plain[with_bias])
         for got, expected in zip(padded, plain[with_bias]):
             torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
         widths = product_widths(lambda: logits_and_gradients(with_bias))
