@@ -245,6 +245,7 @@ def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
         convert.main(["roberta", "--input", str(tmp_path / name), "--dict", str(tmp_path / "dict.txt"),
                       "--output", str(tmp_path / output)])
     model, ours = load_converted(tmp_path / "out")
+    assert model.cfg.max_positions == args.max_positions  # fairseq's table holds pad + 1 rows more
     for other in ("out_args", "out_omegaconf"):
         converted = safe_loading.load_state(str(tmp_path / other / "model.pt"))["model"]
         assert all(torch.equal(value, converted[name]) for name, value in model.state_dict().items()), other

@@ -254,6 +254,11 @@ def test_unsafe_bin_is_refused_and_never_run(tmp_path):
     with pytest.raises(SystemExit, match=f"^error: --output {source} is the folder of --input {source}: "):
         convert.main(["bert", "--input", str(source), "--output", str(source)])
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+    # nor the folder of roberta's --dict (its dict.txt would be replaced)
+    dictionary = source / "dict.txt"
+    with pytest.raises(SystemExit, match=f"^error: --output {source} is the folder of --dict {dictionary}: "):
+        convert.main(["roberta", "--input", str(tmp_path / "model.pt"), "--dict", str(dictionary), "--output",
+                      str(source)])
 
 
 def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path, capsys):
@@ -522,6 +527,13 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
                                    atol=1e-5, rtol=0)
     saved = torch.load(out / "model.pt", weights_only=True)
     assert saved["cfg"]["model"]["_name"] == "roberta" and saved["cfg"]["task"]["_name"] == "masked_lm"
+    assert saved["cfg"]["model"]["max_positions"] == config.max_position_embeddings - config.pad_token_id - 1 == 64
+    # a config.json that names no pad_token_id: RoBERTa's (1), as transformers' RobertaConfig defaults it
+    settings = json.loads((source / "config.json").read_text())
+    del settings["pad_token_id"]
+    (source / "config.json").write_text(json.dumps(settings))
+    convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "no_pad_id")])
+    assert torch.load(tmp_path / "no_pad_id" / "model.pt", weights_only=True)["cfg"]["model"]["max_positions"] == 64
 
     from safetensors.torch import load_file, save_file
 

@@ -270,3 +270,18 @@ def test_blocks_hold_one_row_when_a_row_exceeds_the_budget(monkeypatch):
     assert [(b.start, b.stop, t.start, t.stop) for b, t in blocks] == [
         (b, b + 1, t, t + 1) for b in range(2) for t in range(3)
     ]
+
+
+def test_each_copy_attention_impl_takes_its_own_evaluation(monkeypatch):
+    """Equation (3)'s evaluation by --copy-attention-impl: compiled through torch.compile's function (for batches whose
+    sides all exceed 1: torch specialises sizes of 1, so those take the blocks), blocked by blocks, and auto, on CPU
+    tensors, blocked."""
+    from palm_plugin.modules import copy_generator
+
+    monkeypatch.setattr(copy_generator, "compiled", lambda function: ("compiled", function))
+    memory, query = torch.zeros(2, 3, 4), torch.zeros(2, 5, 4)
+    scores, _ = copy_generator._evaluation("compiled", memory, query)
+    assert scores.args[0] == ("compiled", copy_generator._weighted_sums)
+    for impl, rows in (("blocked", 2), ("auto", 2), ("compiled", 1)):
+        scores, _ = copy_generator._evaluation(impl, memory[:rows], query[:rows])
+        assert scores.args[0] is copy_generator._blocked_weighted_sums, impl

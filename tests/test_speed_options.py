@@ -355,3 +355,14 @@ def test_every_vocabulary_head_multiplies_by_the_padded_matrix_and_trains_as_the
     for name, expected in plain[3].items():  # float32 sums in another order: 1e-5 of each tensor's scale (k's bias: 0)
         atol = 1e-5 * float(expected.abs().max()) + 1e-9
         torch.testing.assert_close(padded[3][name], expected, rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def test_compile_layers_compiles_each_layer_in_place_and_counts_them(monkeypatch):
+    """--compile-layers: each layer compiled in place (its parameters stay where the optimizer has them), the count
+    returned; none while a model is built from a checkpoint for use (decoding compiles nothing)."""
+    layers = [torch.nn.Linear(2, 2) for _ in range(3)]
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **options: compiled.append(self))
+    assert compiled_layers.compile_layers(layers) == 3 and compiled == layers
+    monkeypatch.setattr(compiled_layers, "compiling", lambda: False)
+    assert compiled_layers.compile_layers(layers) == 0 and len(compiled) == 3

@@ -286,3 +286,13 @@ def test_symbol_check_sees_a_difference_at_the_end_of_a_bert_size_dictionary():
     check_symbols({"fingerprint": symbol_fingerprint(saved)}, "fingerprint", saved)  # the same dictionary passes
     with pytest.raises(DictionaryMismatchError, match=f"2 of its {VOCABULARY} rows .* rows {last - 1} "):
         check_symbols({"fingerprint": symbol_fingerprint(saved)}, "fingerprint", other)
+
+
+def test_the_symbol_fingerprint_is_the_one_saved_checkpoints_hold():
+    """Checkpoints store the fingerprint and every later load compares it: a change of the hash (its function, its
+    byte order, its width) would refuse every checkpoint saved before. The values of a small dictionary, pinned."""
+    dictionary = Dictionary()
+    for symbol in ("the", "cat", "[MASK]", "<pseudo>", "ü"):
+        dictionary.add_symbol(symbol)
+    assert symbol_fingerprint(dictionary).tolist() == [629868599, 1897380479, 738443795, 1874546426, 1400053561,
+                                                       1569277365, 1071831769, 1159239934, 977442416]

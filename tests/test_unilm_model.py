@@ -81,7 +81,7 @@ def test_outputs_probabilities_and_explicit_masks():
 def test_next_sentence_logits_come_only_when_asked():
     """BERT's next-sentence head on the [SOS] state (tanh pooler, then 2 classes), in ``extra`` only when the caller
     asks (the pre-training criterion, for its bidirectional rows); a plain call (fine-tuning, scoring) leaves the
-    head out."""
+    head out, and the states of every layer."""
     model, dictionary = build(unilm_tiny)
     tokens = tokens_with_padding(dictionary)
     with torch.no_grad():
@@ -92,6 +92,7 @@ def test_next_sentence_logits_come_only_when_asked():
         _, plain = model(tokens)
     torch.testing.assert_close(asked["next_sentence_logits"], expected)
     assert "next_sentence_logits" not in plain
+    assert plain["inner_states"] is None  # nor each layer's states, which only return_all_hiddens keeps
 
 
 def features(model, tokens, how, rows=slice(None)):
