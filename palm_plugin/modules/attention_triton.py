@@ -20,9 +20,9 @@ probabilities from the saved log-sum-exp, one kernel for ``dQ`` (walking key til
 * UniLMv2's bias: score ``(i, j)`` of head ``h`` adds ``table[h, pos_j - pos_i + P - 1]`` from the bias of every
   offset (``weight[h, bucket(offset)]``, :class:`~palm_plugin.modules.relative_position.RelativePositionBias`), by
   the two tokens' position ids, as the starting value of the tile's ``q k^T`` product. Its gradient is that of the
-  ``(h, num_buckets)`` weight: the ``dQ`` kernel sums each tile's score gradients per bucket, over the buckets the
-  tile's offsets reach (a few, away from the diagonal), and writes one partial sum per program, which torch adds
-  up: deterministic, no atomics.
+  ``(h, num_buckets)`` weight: the ``dQ`` kernel sums each tile's score gradients per row and bucket, over the
+  buckets the tile's offsets reach (one, away from the diagonal), sums along rows staying within a warp, and
+  writes one partial sum per program, which torch adds up: deterministic, no atomics.
 * Attention dropout (BERT's 0.1, the recipes'): pair ``(i, j)`` of a (sentence, head) is kept by Philox's draw at
   counter ``i T + j`` under a key made of the call's seed (drawn from torch's generator, so ``--seed`` fixes it) and
   the (sentence, head); the forward and both backward kernels draw the same pairs, and nothing of the mask is stored.
@@ -202,7 +202,7 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
 
 # ------------------------------------------------------------------------------------------------ backward
 @triton.jit
-def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_positions, k_base, v_base, stride_k,
+def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_positions, k_base, v_base, stride_k,
                          stride_v, key_base, code_base, table_base, buckets, center, queries, keys, head_dim, scale2,
                          stream, rate, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr,
                          BLOCK_N: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr,
@@ -218,7 +218,7 @@ def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_p
     if DROPOUT:  # through the dropout: the pairs it kept, scaled as it scaled them
         grad_probs = _kept(grad_probs, rows, columns, keys, stream, rate)
     grad_scores = probs * (grad_probs - delta[:, None])  # dL/d(score), softmax's backward
-    if HAS_BIAS:  # the tile's score gradients summed per bucket, over the buckets its offsets reach
+    if HAS_BIAS:  # the tile's score gradients summed per row and bucket, over the buckets its offsets reach
         key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
         tile_buckets = tl.load(buckets + key_positions[None, :] - query_positions[:, None] + center)
         # a select with the gradients before the loop, so that the compiler moves the bucket ids into the
@@ -226,15 +226,16 @@ def _query_gradient_tile(q, do, lse, delta, dq, bucket_sums, tile, rows, query_p
         tile_buckets = tl.where(grad_scores == grad_scores, tile_buckets, -1)
         slots = tl.arange(0, NUM_BUCKETS)
         first, last = tl.min(tile_buckets), tl.max(tile_buckets)  # over the whole tile: no layout of a row
-        # every bucket unrolled, skipped when out of the tile's range: a loop of run-time length here kept the
-        # compiler from pipelining the loads of the loop over tiles
+        # sums along rows only, which stay within a warp (a sum over the whole tile waits on every warp, once per
+        # bucket); every bucket unrolled and skipped when out of the tile's range, as a loop of run-time length
+        # kept the compiler from pipelining the loads of the loop over tiles
         for bucket in tl.static_range(NUM_BUCKETS):
             if (bucket >= first) & (bucket <= last):
-                share = tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0))  # (as the bounds)
-                bucket_sums = tl.where(slots == bucket, bucket_sums + share, bucket_sums)
+                share = tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0), 1)
+                row_sums = tl.where(slots[None, :] == bucket, row_sums + share[:, None], row_sums)
         # a NaN gradient, which the select above sent to no bucket, reaches every bucket (as autograd's sum would)
-        bucket_sums += tl.sum(tl.where(tile_buckets < 0, grad_scores, 0.0))
-    return dq + tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION), bucket_sums
+        row_sums += tl.sum(tl.where(tile_buckets < 0, grad_scores, 0.0), 1)[:, None]
+    return dq + tl.dot(grad_scores.to(k.dtype), k, input_precision=PRECISION), row_sums
 
 
 @triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
@@ -263,16 +264,16 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     center = table_width // 2
     stream = _stream(seed, b64, h64, heads)
     dq = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
-    bucket_sums = tl.zeros((NUM_BUCKETS,), dtype=tl.float32)
+    row_sums = tl.zeros((BLOCK_M, NUM_BUCKETS), dtype=tl.float32)  # per row and bucket, added up at the end
     partial, whole, tiles = _tile_list(COUNTS, TILES, b64, row_tile, tl.cdiv(keys, BLOCK_N))
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
-        dq, bucket_sums = _query_gradient_tile(
-            q, do, lse, delta, dq, bucket_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
+        dq, row_sums = _query_gradient_tile(
+            q, do, lse, delta, dq, row_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
             stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
             rate, False, HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION, DROPOUT)
     for i in range(0, partial):
-        dq, bucket_sums = _query_gradient_tile(
-            q, do, lse, delta, dq, bucket_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
+        dq, row_sums = _query_gradient_tile(
+            q, do, lse, delta, dq, row_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
             stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
             rate, True, HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION, DROPOUT)
     dq_base = DQ + b64 * stride_qb + h64 * stride_qh
@@ -281,7 +282,7 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     if HAS_BIAS:
         slots = tl.arange(0, NUM_BUCKETS)
         tl.store(BUCKET_SUMS + ((b64 * heads + h64) * tl.num_programs(1) + row_tile) * NUM_BUCKETS + slots,
-                 bucket_sums)
+                 tl.sum(row_sums, 0))
 
 
 @triton.jit
