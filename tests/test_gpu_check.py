@@ -159,6 +159,40 @@ def test_kernels_variant_needs_its_reference_and_a_slow_test_run_still_gives_the
     assert logged == ["tests/test_gpu.py: stopped after --tests-timeout 1 s"]
 
 
+def test_a_failed_test_runs_again_alone_and_its_row_says_whether_an_earlier_test_broke_it(tmp_path, monkeypatch):
+    """Section 11 of docs/benchmarks-gpu.md: 15 of 17 CUDA tests failed in one process and passed one group a process
+    (section 12). Here a test leaves its process broken, as a CUDA error does; the test after it fails in the shared
+    run and passes alone, and its row says so; a test that fails alone too keeps its own message; the log counts."""
+    from palm_tools.experiments.gpu_check import TEST_FILE, markdown, numerics, parse_args
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / TEST_FILE).write_text(
+        "import os\n\n\n"
+        "def test_leaves_the_process_broken():\n    os.environ['CARD_STATE'] = 'broken'\n\n\n"
+        "def test_after_it():\n    assert os.environ.get('CARD_STATE') != 'broken', 'illegal memory access'\n\n\n"
+        "def test_wrong_values():\n    assert 1 + 1 == 3, 'values differ'\n")
+    monkeypatch.delenv("CARD_STATE", raising=False)
+    monkeypatch.chdir(tmp_path)  # the tests of the working directory come first
+    for corpus in ("chitchat10k", "sotu"):
+        (tmp_path / "bin" / corpus).mkdir(parents=True)
+    args = parse_args(["--out", str(tmp_path / "check"), "--data", str(tmp_path), "--device", "cpu"])
+    (args.out / "work" / "logs").mkdir(parents=True)
+    logged = []
+    rows = {row["test"]: row for row in numerics(args, args.out / "work", logged.append)}
+    assert rows["test_leaves_the_process_broken"] == {"test": "test_leaves_the_process_broken", "outcome": "passed",
+                                                      "detail": ""}
+    after, wrong = rows["test_after_it"], rows["test_wrong_values"]
+    assert (after["outcome"], after["alone"], wrong["outcome"], wrong["alone"]) == ("failed", "passed", "failed",
+                                                                                  "failed")
+    assert after["detail"].startswith("passes alone: an earlier test in the same process broke it")
+    assert "illegal memory access" in after["detail"]
+    assert wrong["detail"].startswith("alone: failed; ") and "values differ" in wrong["detail"]
+    assert logged == ["tests/test_gpu.py: 1 passed, 2 failed, 0 error, 0 skipped; 1 of the 2 failures pass alone"]
+    report = {"environment": {"device": "cpu", "torch": "-", "cuda": None, "fairseq": "-", "python": "-"},
+              "command": "palm-gpu-check", "seconds": 1, "profile": [], "tests": list(rows.values()), "training": []}
+    assert "| test_after_it | failed | passes alone: " in markdown(report)
+
+
 @pytest.mark.slow
 def test_quick_cpu_run_writes_the_report_with_pass_rows(tmp_path, small_palm_data):
     """A real harness run: fairseq-train in fp32 and bf16, the profiler, pytest on tests/test_gpu.py (skipped here)."""

@@ -11,7 +11,7 @@
    ``fp16-scale16`` (``--fp16-init-scale 16``, judged as fp16); and, for issue 38, ``bf16-kernels`` (each family's
    own kernels, ``--attention-impl triton`` or ``--copy-attention-impl triton``, judged against the bf16 run).
 2. Numerics: tests/test_gpu.py (copy layer, attention masks, cached decoding, GPU against CPU generation) under
-   pytest; pass/fail per test.
+   pytest; pass/fail per test, and each failed test once more in a process of its own (does it pass alone?).
 3. Profile: unilm_seq2seq tiny in each precision, a few updates under torch.profiler: key_averages tables in
    DIR/profile_<precision>.txt, time per update and host-device synchronisations per update; on CUDA the half
    precisions once more with cuDNN's attention backend off (the suspect of unilm_seq2seq's --fp16 slowdown: fp32
@@ -52,28 +52,13 @@ from palm_tools.experiments.logged_run import REPO
 PARTS = ["training", "tests", "profile"]
 
 
-def numerics(args, work, log):
-    """tests/test_gpu.py under pytest (from the repository, or the working directory when the package is installed
-    elsewhere); one row per test from its JUnit XML."""
-    root = next((r for r in (Path.cwd(), REPO) if (r / "tests" / "test_gpu.py").exists()), None)
-    if root is None:
-        return [{"test": "tests/test_gpu.py", "outcome": "not found", "detail": f"looked in {Path.cwd()} and {REPO}"}]
-    junit = args.out / "junit.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "--junitxml",
-               str(junit)] + (["-k", args.tests] if args.tests else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    log_path = work / "logs" / "pytest-test_gpu.log"
-    with open(log_path, "w") as output:
-        try:
-            subprocess.run(command, cwd=root, stdout=output, stderr=subprocess.STDOUT, env=env,
-                           timeout=args.tests_timeout)
-        except subprocess.TimeoutExpired:  # the report still comes: the tests' log says how far they got
-            log(f"tests/test_gpu.py: stopped after --tests-timeout {args.tests_timeout} s")
-            return [{"test": "tests/test_gpu.py", "outcome": "timeout",
-                     "detail": f"stopped after {args.tests_timeout} s (--tests-timeout); how far it got: "
-                               f"{log_path.relative_to(args.out)}"}]
-    if not junit.exists():
-        return [{"test": "tests/test_gpu.py", "outcome": "error", "detail": "pytest wrote no report"}]
+TEST_FILE = "tests/test_gpu.py"
+# failed tests run again one process each, at most this many: a CUDA error (an illegal address, say) stays with the
+# process that met it and fails every later test there (section 11 of docs/benchmarks-gpu.md: 15 of 17 failed so)
+ALONE_AT_MOST = 20
+
+
+def _junit_rows(junit):
     rows = []
     for case in ElementTree.parse(junit).iter("testcase"):
         outcome, detail = "passed", ""
@@ -83,8 +68,56 @@ def numerics(args, work, log):
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 detail = (element.get("message") or "").splitlines()[0][:200] if element.get("message") else ""
         rows.append({"test": case.get("name"), "outcome": outcome, "detail": detail})
-    log("tests/test_gpu.py: " + ", ".join(f"{sum(r['outcome'] == o for r in rows)} {o}"
-                                             for o in ("passed", "failed", "error", "skipped")))
+    return rows
+
+
+def numerics(args, work, log):
+    """tests/test_gpu.py under pytest (from the repository, or the working directory when the package is installed
+    elsewhere); one row per test from its JUnit XML. Each test that fails runs again alone (:data:`ALONE_AT_MOST`,
+    within --tests-timeout), and its row says whether it passes so: a failure that goes away alone was caused by an
+    earlier test of the same process."""
+    root = next((r for r in (Path.cwd(), REPO) if (r / TEST_FILE).exists()), None)
+    if root is None:
+        return [{"test": TEST_FILE, "outcome": "not found", "detail": f"looked in {Path.cwd()} and {REPO}"}]
+    deadline = time.monotonic() + args.tests_timeout
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+
+    def pytest(selection, junit, log_path):
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, "--junitxml", str(junit)]
+        with open(log_path, "w") as output:
+            subprocess.run(command, cwd=root, stdout=output, stderr=subprocess.STDOUT, env=env,
+                           timeout=max(1.0, deadline - time.monotonic()))
+
+    junit = args.out / "junit.xml"
+    log_path = work / "logs" / "pytest-test_gpu.log"
+    try:
+        pytest([TEST_FILE] + (["-k", args.tests] if args.tests else []), junit, log_path)
+    except subprocess.TimeoutExpired:  # the report still comes: the tests' log says how far they got
+        log(f"{TEST_FILE}: stopped after --tests-timeout {args.tests_timeout} s")
+        return [{"test": TEST_FILE, "outcome": "timeout",
+                 "detail": f"stopped after {args.tests_timeout} s (--tests-timeout); how far it got: "
+                           f"{log_path.relative_to(args.out)}"}]
+    if not junit.exists():
+        return [{"test": TEST_FILE, "outcome": "error", "detail": "pytest wrote no report"}]
+    rows = _junit_rows(junit)
+    failed = [row for row in rows if row["outcome"] in ("failed", "error")]
+    for index, row in enumerate(failed[:ALONE_AT_MOST]):
+        alone = work / f"alone-{index}.xml"
+        try:
+            pytest([f"{TEST_FILE}::{row['test']}"], alone, work / "logs" / f"pytest-alone-{index}.log")
+            outcome = _junit_rows(alone)[0]["outcome"] if alone.exists() else "error"
+        except subprocess.TimeoutExpired:
+            outcome = "not run (--tests-timeout reached)"
+        row["alone"] = outcome
+        if outcome == "passed":
+            row["detail"] = ("passes alone: an earlier test in the same process broke it (a CUDA error stays with "
+                             "the process); " + row["detail"])
+        else:
+            row["detail"] = f"alone: {outcome}; " + row["detail"]
+    log(f"{TEST_FILE}: " + ", ".join(f"{sum(r['outcome'] == o for r in rows)} {o}"
+                                      for o in ("passed", "failed", "error", "skipped"))
+        + (f"; {sum(r.get('alone') == 'passed' for r in failed)} of the {len(failed)} failures pass alone"
+           if failed else ""))
     return rows
 
 
