@@ -353,8 +353,8 @@ def test_kernel_levers_reach_the_models_they_are_for(synthetic_corpus):
 def test_flex_levers_choose_how_flexattention_compiles_on_cuda_each_for_its_own_row(monkeypatch):
     """flex_static (issue 38's experiment: inductor's FlexAttention kernels without bound checks, which it generates
     only where it knows the lengths) compiles FlexAttention on CUDA for the batch's shape; flex and all_kernels for
-    every shape, as the model does by default; each lever sets its own, so one row's choice never reaches the next.
-    On the CPU shapes stay static whatever the setting."""
+    every shape, as the model does by default; each lever's setting holds for its own row and is set back after it,
+    so one row's choice never reaches the next. On the CPU shapes stay static whatever the setting."""
     from palm_plugin.modules import flex_attention
 
     calls = []
@@ -365,11 +365,11 @@ def test_flex_levers_choose_how_flexattention_compiles_on_cuda_each_for_its_own_
     rows = (("flex_static", False, [False, False]), ("flex", True, [True]), ("flex_static", False, []),
             ("all_kernels", True, []))  # what each row compiles anew: once per device and mode
     for lever, dynamic, compiled in rows:
-        bench_sweep.LEVERS[lever].after_build(SimpleNamespace(spec_plugin=True))
         calls.clear()
-        flex_attention._compiled(flex_attention.flex_attention, cuda)
-        flex_attention._compiled(flex_attention.flex_attention, cpu)
-        assert calls == compiled, lever
+        with bench_sweep.LEVERS[lever].setting():
+            flex_attention._compiled(flex_attention.flex_attention, cuda)
+            flex_attention._compiled(flex_attention.flex_attention, cpu)
+        assert calls == compiled and flex_attention.CUDA_SHAPES == "dynamic", lever
         assert flex_attention._COMPILED[flex_attention.flex_attention, "cuda", dynamic] is flex_attention.flex_attention
     assert len(flex_attention._COMPILED) == 3
     assert (flex_attention.flex_attention, "cpu", False) in flex_attention._COMPILED

@@ -21,6 +21,7 @@ the run, decoding included) skips the rows not started when it is spent (recorde
 ends in its slot with what it measured.
 """
 import contextlib
+import importlib
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -102,11 +103,25 @@ def _triton_attention_args(spec):
     return ["--attention-impl", "triton"] if _flex_args(spec) else []
 
 
-def _flex_shapes(shapes):
-    """Each flex lever sets how FlexAttention compiles on CUDA, so that one row's choice does not reach the next."""
-    from palm_plugin.modules import flex_attention
+def _module_setting(module: str, name: str, value):
+    """A lever's ``setting``: ``palm_plugin.modules.<module>.<name>`` set to ``value`` while its row runs, and set back
+    after it, so that one row's choice never reaches the next."""
+    @contextlib.contextmanager
+    def setting():
+        switched = importlib.import_module(f"palm_plugin.modules.{module}")
+        saved = getattr(switched, name)
+        setattr(switched, name, value)
+        try:
+            yield
+        finally:
+            setattr(switched, name, saved)
 
-    flex_attention.CUDA_SHAPES = shapes
+    return setting
+
+
+def _flex_shapes(shapes):
+    """How FlexAttention compiles on CUDA in a flex lever's row: for every shape or for the batch's."""
+    return _module_setting("flex_attention", "CUDA_SHAPES", shapes)
 
 
 def _triton_copy_args(spec):
@@ -118,16 +133,6 @@ def _aligned_already(built):
     if types % lm_head.ROW_MULTIPLE == 0:
         return f"{types} types, a multiple of {lm_head.ROW_MULTIPLE}: nothing to pad"
     return None
-
-
-@contextlib.contextmanager
-def _unaligned_vocabulary():
-    """The vocabulary products with the matrix as it is (palm_plugin/modules/lm_head.py pads its rows on CUDA)."""
-    saved, lm_head.ROW_MULTIPLE = lm_head.ROW_MULTIPLE, 1
-    try:
-        yield
-    finally:
-        lm_head.ROW_MULTIPLE = saved
 
 
 def _syncs_args(spec):
@@ -157,11 +162,11 @@ LEVERS = {
                                   args=lambda spec: ["--attention-dropout", "0"]),
     "flex": Lever("flex", "--attention-impl flex --attention-dropout 0 (FlexAttention: block masks skip hidden tiles, "
                           "UniLMv2's bias inside the kernel)", applies=lambda spec: bool(_flex_args(spec)),
-                  args=_flex_args, after_build=lambda built: _flex_shapes("dynamic"), compiles=True),
+                  args=_flex_args, setting=_flex_shapes("dynamic"), compiles=True),
     "flex_static": Lever("flex_static", "flex compiled for the batch's shape, not for every shape (an experiment: "
                                         "inductor's kernels without bound checks where lengths are multiples of 128)",
                          applies=lambda spec: bool(_flex_args(spec)), args=_flex_args,
-                         after_build=lambda built: _flex_shapes("static"), compiles=True),
+                         setting=_flex_shapes("static"), compiles=True),
     "triton_attention": Lever("triton_attention", "--attention-impl triton (the plugin's Triton kernels: hidden "
                               "tiles skipped, UniLMv2's bias and the attention dropout inside the kernels)",
                               applies=lambda spec: bool(_triton_attention_args(spec)), args=_triton_attention_args),
@@ -173,7 +178,8 @@ LEVERS = {
                           args=lambda spec: ["--copy-attention-impl", "blocked"]),
     "unaligned_vocabulary": Lever("unaligned_vocabulary", "the vocabulary products with the embedding matrix as it is, "
                                   "not padded to 64 rows (the baseline of palm_plugin/modules/lm_head.py)",
-                                  applies=lambda spec: spec.plugin, setting=_unaligned_vocabulary,
+                                  applies=lambda spec: spec.plugin,
+                                  setting=_module_setting("lm_head", "ROW_MULTIPLE", 1),
                                   unchanged=_aligned_already),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
@@ -186,7 +192,7 @@ LEVERS = {
                                         "CUDA defaults of issue 38",
                          args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec)
                          + _flex_args(spec) + _triton_copy_args(spec),
-                         after_build=lambda built: (_compile_baseline(built), _flex_shapes("dynamic")), compiles=True),
+                         after_build=_compile_baseline, setting=_flex_shapes("dynamic"), compiles=True),
     "all_triton": Lever("all_triton", "torch_adamw + compile + syncs_at_start + triton_attention + triton_copy: all with "
                                       "the plugin's own kernels",
                         args=lambda spec: ["--optimizer", "torch_adamw"] + _compile_args(spec) + _syncs_args(spec)
