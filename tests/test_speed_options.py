@@ -212,6 +212,33 @@ def test_compiled_functions_take_other_batch_shapes_without_recompiling(monkeypa
         torch.testing.assert_close(got, weighted_sums(memory.double(), query.double(), w.double()).float())
 
 
+def test_compiled_layers_take_batches_of_other_lengths_after_one_recompile(monkeypatch):
+    """--compile-layers under fairseq's batches, whose length and size change every update: the first shape compiles,
+    the second once more with its sizes symbolic (torch's automatic dynamic shapes), and no later batch recompiles.
+    A layer whose code branched on a length would recompile for each batch, and past torch's limit of 8 run
+    uncompiled. A batch of one sentence compiles once more (torch specializes sizes of 1), and only once. UniLMv2's
+    stack (its relative bias read by offset) in training, dropout on."""
+    from palm_plugin.modules.flex_attention import MaskFields
+
+    monkeypatch.setattr(compiled_layers, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    stack = unilm_transformer.UniLMTransformer(vocab_size=50, padding_idx=1, dim=32, ffn_dim=64, layers=2, num_heads=4,
+                                               max_positions=128, num_segments=2, dropout=0.1, attention_dropout=0.1,
+                                               relative_position_buckets=32).train()
+    assert compiled_layers.compile_layers(stack.layers) == 2
+    shapes = [(3, 37), (2, 52), (4, 41), (3, 77), (5, 63), (1, 9), (1, 20), (2, 30)]
+    compiles = {0, 1, 5}  # the first shape, the second (symbolic sizes), the first batch of one
+    for call, (batch, length) in enumerate(shapes):
+        tokens = torch.randint(4, 50, (batch, length))
+        padding = torch.arange(length) >= torch.randint(length // 2, length + 1, (batch, 1))
+        tokens[padding] = 1
+        with torch.compiler.set_stance("default" if call in compiles else "fail_on_recompile"):
+            states = stack(tokens, MaskFields(padding), torch.arange(length).expand(batch, length))
+            states.square().sum().backward()
+        assert torch.isfinite(states).all() and stack.relative_position.weight.grad is not None
+
+
 def _updated_by(built, batch, make_optimizer, initial, updates=3):
     """The parameters after ``updates`` updates from ``initial`` with ``make_optimizer()`` (a fairseq optimizer,
     built after the parameters are reset: fairseq's FP16Optimizer copies them)."""

@@ -4,7 +4,9 @@ training) and the functions other modules hand to :func:`compiled` (PALM's ``--c
 A compiled layer (inductor) runs its elementwise work (bias adds, GELU, dropout, residual adds, layer norms) in a
 few fused kernels: fewer launches, fewer reads and writes of the activations, which is what bounds a GPU at the
 batch sizes of docs/benchmarks-gpu.md. Each layer is compiled in place (``nn.Module.compile``: parameter names in
-the state dict do not change); the first call of each new input shape compiles, later calls reuse it. A model built
+the state dict do not change); the first batch's shape compiles, a second compiles once more with its sizes symbolic
+(torch's automatic dynamic shapes), and later lengths and sizes reuse that code (a batch of one sentence compiles
+once more: torch specializes sizes of 1). A model built
 from a checkpoint's configuration for use (fairseq-generate, hub loading) is not compiled: decoding takes other
 paths (incremental states), which compiling would only slow down.
 """
