@@ -704,10 +704,14 @@ UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_t
      "left-to-right, right-to-left, none negative, that sum to 1"),
     (PALM_PRE + ["--roberta-path", "missing.pt"], SystemExit,  # FileNotFoundError: [Errno 2]
      "error: --roberta-path missing.pt: file not found; . holds no .pt file"),
+    (UNILM_PRE[:2] + ["--arch", "unilm", "--encoder-layers", 1, "--encoder-embed-dim", 30, "--encoder-ffn-embed-dim",
+                      60, "--encoder-attention-heads", 4, "--criterion", "unilm_cloze"], ValueError,
+     "--encoder-embed-dim 30 is not divisible by --encoder-attention-heads 4: each head takes an equal share; give a "
+     "width that is a multiple of the heads"),
 ], ids=["pmlm-palm", "continuation_pair-unilm", "unilm_seq2seq-palm", "pmlm_ae_par-unilm_seq2seq",
         "unilm_cloze-continuation_pair", "palm_mlm_lm-translation", "no-loss-weight", "no-markers",
         "pmlm-tokens-per-sample", "pmlm-positions", "unilm_pretraining-positions", "continuation_pair-positions",
-        "span-length-probs", "negative-objective-prob", "roberta-path-missing"])
+        "span-length-probs", "negative-objective-prob", "roberta-path-missing", "heads-do-not-divide"])
 def test_training_options_that_cannot_train_name_the_option(dictionaries, monkeypatch, arguments, error, message):
     monkeypatch.chdir(dictionaries)
     with pytest.raises(error) as stopped:

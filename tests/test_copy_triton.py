@@ -174,7 +174,9 @@ def test_cpu_tensors_outside_the_interpreter_name_the_option_to_use():
 @pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER, reason="checks the build without CUDA")
 def test_model_build_refuses_triton_without_cuda_or_package(monkeypatch):
     if importlib.util.find_spec("triton") is not None:
-        with pytest.raises(SystemExit, match="no CUDA device is available: use --copy-attention-impl blocked"):
+        with pytest.raises(SystemExit, match=re.escape(
+                "--copy-attention-impl triton runs its kernels on CUDA, and no CUDA device is available: use "
+                "--copy-attention-impl blocked (the CPU's fastest)")):
             build(copy_attention_impl="triton")
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "triton" else find_spec(name))

@@ -292,6 +292,7 @@ def test_model_overrides_the_checkpoint_lacks_stop_the_command(tmp_path, case):
     if message is None:
         models, cfg = load()
         assert cfg.model.decoding_graph is True and cfg.model.dropout == 0.0
+        assert models[0].decoder.decoding_graph is True  # the decoder decodes as the override asks
         return
     with pytest.raises(SystemExit) as stop:
         load()

@@ -3,6 +3,7 @@ real fairseq-train runs: ``generate`` gives fairseq-generate's hypotheses, ``sco
 --score-reference's scores, for palm, unilm and unilm2, with the plugin's decoding options."""
 import math
 import re
+import shutil
 
 import pytest
 import torch
@@ -343,7 +344,21 @@ API_CASES = {
                       "{root}/empty/dict.src.txt: no such dictionary; from_pretrained reads the dictionaries from "
                       "data_name_or_path ({root}/empty): give the fairseq-preprocess output the checkpoint was trained "
                       "with, or copy its dict.*.txt there"),
+    # the same, data_name_or_path left out: the checkpoint's folder, which has no dictionaries
+    "no-dictionary-beside": (lambda hub, root: _load_alone(root), FileNotFoundError,
+                             "{root}/alone/dict.src.txt: no such dictionary; from_pretrained reads the dictionaries "
+                             "from data_name_or_path ({root}/alone, by default the checkpoint folder): give the "
+                             "fairseq-preprocess output the checkpoint was trained with, or copy its dict.*.txt there"),
 }
+
+
+def _load_alone(root):
+    """from_pretrained on a copy of the checkpoint in a folder of its own, data_name_or_path left out."""
+    from palm_plugin.models.hub_interface import from_pretrained
+
+    (root / "alone").mkdir(exist_ok=True)
+    shutil.copy(root / "model.pt", root / "alone" / "model.pt")
+    return from_pretrained(root / "alone", checkpoint_file="model.pt")
 
 
 def _load(root, **options):

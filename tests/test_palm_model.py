@@ -532,6 +532,24 @@ def test_option_help_documents_the_table_6_ablations():
         assert option in text, option
 
 
+def test_activation_choice_reaches_the_mlm_head_and_probabilities_sum_to_one():
+    """--activation-fn relu reaches the encoder's MLM head as it reaches the layers (RoBERTa's head uses the model's
+    activation); the decoder's probabilities (log_probs=False) are the exponent of its log-probabilities and sum to
+    one over the extended vocabulary."""
+    model = build(seed=5, activation_fn="relu").eval()
+    below_zero = torch.tensor([-1.0, 2.0])
+    assert model.mlm_head.activation_fn(below_zero).tolist() == [0.0, 2.0]
+    dictionary = model.encoder.dictionary
+    sample = batch_maker(dictionary, copy_task=True, batch=2, length=5, seed=1)()
+    with torch.no_grad():
+        net = sample["net_input"]
+        output = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
+        probs = model.get_normalized_probs(output, log_probs=False)
+        log_probs = model.get_normalized_probs(output, log_probs=True)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:2]))
+    torch.testing.assert_close(probs, log_probs.exp())
+
+
 def test_source_bos_layout_and_truncation():
     """The encoder reads '<s> source </s>' right-padded whatever the batch's padding side, exactly as a model
     without source_bos reads the sources with <s> written in; a source of the full position budget loses the
@@ -546,6 +564,7 @@ def test_source_bos_layout_and_truncation():
         read = model.encoder(left)
         reference = plain.encoder(expected)
     assert torch.equal(read["src_tokens"][0], expected)
+    assert read["src_lengths"][0].view(-1).tolist() == [4, 6]  # the tokens read, <s> and </s> included
     torch.testing.assert_close(read["encoder_out"][0], reference["encoder_out"][0])
     limit = model.encoder.max_positions()
     full = torch.randint(dictionary.nspecial, 20, (1, limit))

@@ -76,11 +76,22 @@ def test_syncs_at_start_give_the_same_loss_counts_and_gradients(corpus, key, ext
 @pytest.mark.parametrize("key", ["palm", "palm_pretrain"])
 def test_palm_encoder_with_one_padding_check_gives_the_same_loss_and_gradients(corpus, key, padded):
     """palm --syncs-at-start: the encoder tests once per forward whether the batch has padding (fairseq's tests it in
-    every layer): the same loss and gradients, bitwise, with and without padding."""
+    every layer: one host synchronisation each, counted as the reads of a tensor's value): the same loss and
+    gradients, bitwise, with and without padding."""
+    from tests.test_multi_tensor_optimizer import Calls
+
     built, batch = built_with(corpus, key)
     if padded:
         batch = dict(batch, net_input=dict(batch["net_input"], src_tokens=batch["net_input"]["src_tokens"].clone()))
         batch["net_input"]["src_tokens"][0, :3] = built.task.source_dictionary.pad()
+    syncs = {}
+    for one_check in (False, True):
+        built.model.encoder.one_padding_check = one_check
+        with torch.no_grad(), Calls() as calls:
+            built.model.encoder(batch["net_input"]["src_tokens"])
+        syncs[one_check] = calls.names.count("_local_scalar_dense")
+    assert syncs == {False: 1 + len(built.model.encoder.layers), True: 1}, syncs
+    built.model.encoder.one_padding_check = False
     plain = loss_and_gradients(built.model, built.criterion, batch)
     built.model.encoder.one_padding_check = True
     try:

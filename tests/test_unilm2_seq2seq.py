@@ -356,7 +356,7 @@ def test_one_view_per_use_and_raw_sources_for_inference(tmp_path, pseudo_masks):
 
 def test_sources_that_fill_the_positions_exactly_are_not_counted_as_truncated():
     """A source of n tokens (its [EOS] included) takes n + 1 positions with [SOS]: at --max-source-positions n + 1
-    it is whole, one fewer cuts it; the count is what the task logs."""
+    it is whole, one fewer cuts it; the count is what the task logs, as are the empty lines it keeps."""
     from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 
     dictionary = make_dictionary()
@@ -366,6 +366,11 @@ def test_sources_that_fill_the_positions_exactly_are_not_counted_as_truncated():
         dataset = UniLMSeq2SeqDataset(source, target, dictionary, max_source, 32, noise,
                                       dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT, TARGET_SEGMENT, 7)
         assert dataset.truncated_sources == truncated, max_source
+    # empty lines ([EOS] alone) are kept and counted, sources and targets apart
+    empty = UniLMSeq2SeqDataset(Sentences(dictionary, [1, 8, 3], seed=0), Sentences(dictionary, [4, 1, 1], seed=1),
+                                dictionary, 64, 32, noise, dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT,
+                                TARGET_SEGMENT, 7)
+    assert (len(empty), empty.empty_sources, empty.empty_targets) == (3, 1, 2)
     with pytest.raises(ValueError, match=r"unknown pseudo-mask noise 'gaussian'; expected one of \('exact', 's2s_ft'\)"):
         PseudoSeq2SeqDataset(source, target, dictionary, 64, 32, noise, dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT,
                              TARGET_SEGMENT, 7, noise="gaussian")

@@ -252,3 +252,13 @@ def test_a_position_past_the_table_is_named_before_any_lookup():
     tokens = torch.full((1, limit + 1), dictionary.index("w1"))
     with pytest.raises(ValueError, match=f"position id {limit} exceeds the model's {limit} positions; truncate"):
         model(tokens, features_only=True)
+
+
+def test_a_stack_whose_heads_do_not_divide_its_width_is_refused_for_python_callers():
+    """The model's options are checked when it is built (palm_plugin/modules/size_check.py); a UniLMTransformer built
+    directly checks its own layer sizes."""
+    from palm_plugin.modules.unilm_transformer import UniLMTransformer
+
+    with pytest.raises(ValueError, match=r"^model dimension 30 is not divisible by the number of heads 4$"):
+        UniLMTransformer(vocab_size=20, padding_idx=1, dim=30, ffn_dim=60, layers=1, num_heads=4, max_positions=16,
+                         num_segments=2, dropout=0.0, attention_dropout=0.0)

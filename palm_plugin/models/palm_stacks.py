@@ -63,11 +63,10 @@ class PalmEncoder(TransformerEncoderBase):
         ``[(B, S')]``, ...) with ``src_tokens`` ``[(B, S')]`` the tokens read (:meth:`source_layout`);
         ``reorder_encoder_out`` reorders them."""
         tokens = self.source_layout(src_tokens, src_tokens, self.dictionary.bos())
-        lengths = tokens.ne(self.padding_idx).sum(1) if tokens is not src_tokens else src_lengths
         if getattr(self, "one_padding_check", False):  # --syncs-at-start: the same values, one host sync
             encoder_out = padding_check.encode(self, tokens, return_all_hiddens, token_embeddings)
-        else:
-            encoder_out = self.forward_scriptable(tokens, lengths, return_all_hiddens, token_embeddings)
+        else:  # fairseq's encoder counts the lengths of the tokens it reads itself (its src_lengths is unread)
+            encoder_out = self.forward_scriptable(tokens, None, return_all_hiddens, token_embeddings)
         encoder_out["src_tokens"] = [tokens]
         return encoder_out
 

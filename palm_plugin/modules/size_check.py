@@ -15,4 +15,5 @@ def check_sizes(cfg, counts, width, heads):
     for name in heads:
         if getattr(cfg, width) % getattr(cfg, name):
             raise ValueError(f"--{width.replace('_', '-')} {getattr(cfg, width)} is not divisible by "
-                             f"--{name.replace('_', '-')} {getattr(cfg, name)}: each head takes an equal share")
+                             f"--{name.replace('_', '-')} {getattr(cfg, name)}: each head takes an equal share; give a "
+                             f"width that is a multiple of the heads")
