@@ -54,7 +54,8 @@ PARTS = ["training", "tests", "profile"]
 
 TEST_FILE = "tests/test_gpu.py"
 # failed tests run again one process each, at most this many: a CUDA error (an illegal address, say) stays with the
-# process that met it and fails every later test there (section 11 of docs/benchmarks-gpu.md: 15 of 17 failed so)
+# process that met it and fails every later test there (docs/benchmarks-gpu.md: 15 of 17 tests failed in one process
+# in section 11, and passed in processes of their own in section 12)
 ALONE_AT_MOST = 20
 
 
