@@ -152,7 +152,7 @@ def test_target_noise_never_touches_pseudo_tokens_or_labels():
     dictionary = make_dictionary()
     noisy = make_dataset(dictionary, TokenMaskingPolicy(mask_prob=0.5, mask_token_prob=0.5, random_token_prob=0.5))
     pseudo, mask = dictionary.index(PSEUDO_SYMBOL), dictionary.index(MASK_SYMBOL)
-    corrupted = 0
+    corrupted = masked = 0
     for epoch in range(1, 30):
         noisy.set_epoch(epoch)
         for index in range(3):
@@ -162,11 +162,13 @@ def test_target_noise_never_touches_pseudo_tokens_or_labels():
             assert int(changed.sum()) <= int(np.ceil(0.5 * len(target)))
             assert not (noised == pseudo).any()  # random replacements never draw [P]
             corrupted += int(changed.sum())
+            masked += int(noised[changed].eq(mask).sum())
         batch = noisy.collater([noisy[i] for i in range(3)])
         s, t = len(noisy[0]["source"]), len(noisy[0]["target"])
         assert batch["net_input"]["src_tokens"][0, s + t : s + 2 * t].eq(pseudo).all()
         assert batch["target"][0, s + t : s + 2 * t].tolist() == noisy[0]["target"].tolist()  # clean labels
     assert corrupted > 30
+    assert 0.3 < masked / corrupted < 0.7  # half of the chosen tokens become [MASK], half random ones
 
 
 def test_s2s_ft_noise_fills_pseudo_slots_80_10_10_and_noises_each_target_token_independently():
