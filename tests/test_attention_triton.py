@@ -132,9 +132,12 @@ CASES = {  # name: (fields, positions, with UniLMv2's bias)
 }
 
 
+BUCKETS = 32  # UniLMv2's
+
+
 def bias_module(seed=0):
     torch.manual_seed(seed)
-    module = RelativePositionBias(HEADS, 32, 128)
+    module = RelativePositionBias(HEADS, BUCKETS, 128)
     with torch.no_grad():
         module.weight.normal_(0, 1.0)  # large enough that a bias read from the wrong cell shows
     return module
@@ -208,6 +211,16 @@ def test_offsets_at_the_tables_ends_and_slices_of_a_packed_projection(kernels):
     errors = run_case(kernels, "bidirectional, relative bias", positions=descending, table_positions=LENGTH)
     assert max(errors.values()) < 2e-6, errors
     errors = run_case(kernels, "pmlm AE+PAR", packed=True)
+    assert max(errors.values()) < 2e-6, errors
+
+
+@interpreted
+def test_a_bucket_count_that_is_not_a_power_of_two(kernels, monkeypatch):
+    """20 buckets: the dQ kernel sums into slots of a power of two (32), whose last 12 no offset reaches and which
+    are cut off; the bucket weights' gradient equals float64 autograd's."""
+    monkeypatch.setitem(globals(), "BUCKETS", 20)
+    assert bias_module().weight.shape == (HEADS, 20)
+    errors = run_case(kernels, "pmlm AE+PAR")
     assert max(errors.values()) < 2e-6, errors
 
 
