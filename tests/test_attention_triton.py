@@ -30,7 +30,7 @@ IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernels_under_the_interpreter's process")
 BATCH, LENGTH, HEADS, HEAD_DIM, POSITIONS = 5, 70, 2, 24, 128
 LENGTHS = torch.tensor([70, 61, 45, 53, 66])  # unequal, odd and even, across tile edges
-INTERPRETED_TESTS = 20
+INTERPRETED_TESTS = 21
 
 if IN_INTERPRETER:
     from tests.triton_interpreter import install
