@@ -675,6 +675,9 @@ UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_t
     (PALM_PRE[:4] + ["--criterion", "unilm_cloze"], ValueError,
      "--criterion unilm_cloze is UniLM's loss (tasks unilm_seq2seq, unilm_pretraining, pmlm), not one for --task "
      "continuation_pair: train PALM with --criterion palm_mlm_lm"),
+    (PALM[:4] + ["--criterion", "unilm_cloze", "-s", "src", "-t", "tgt"], ValueError,
+     "--criterion unilm_cloze is UniLM's loss (tasks unilm_seq2seq, unilm_pretraining, pmlm), not one for --task "
+     "translation: train PALM with --criterion label_smoothed_cross_entropy"),
     (PALM[:4] + ["--criterion", "palm_mlm_lm", "-s", "src", "-t", "tgt"], ValueError,
      "--criterion palm_mlm_lm is PALM's pre-training loss (--task continuation_pair), not one for --task "
      "translation: fine-tune PALM with --criterion label_smoothed_cross_entropy"),
@@ -709,7 +712,7 @@ UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_t
      "--encoder-embed-dim 30 is not divisible by --encoder-attention-heads 4: each head takes an equal share; give a "
      "width that is a multiple of the heads"),
 ], ids=["pmlm-palm", "continuation_pair-unilm", "unilm_seq2seq-palm", "pmlm_ae_par-unilm_seq2seq",
-        "unilm_cloze-continuation_pair", "palm_mlm_lm-translation", "no-loss-weight", "no-markers",
+        "unilm_cloze-continuation_pair", "unilm_cloze-translation", "palm_mlm_lm-translation", "no-loss-weight", "no-markers",
         "pmlm-tokens-per-sample", "pmlm-positions", "unilm_pretraining-positions", "continuation_pair-positions",
         "span-length-probs", "negative-objective-prob", "roberta-path-missing", "heads-do-not-divide"])
 def test_training_options_that_cannot_train_name_the_option(dictionaries, monkeypatch, arguments, error, message):

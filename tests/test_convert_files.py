@@ -496,6 +496,11 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
     out = tmp_path / "out"
     out.mkdir()  # an output folder made beforehand (empty) is written into, as with mkdir -p
     convert.main(["hf-roberta", "--input", str(source), "--output", str(out)])
+    said = capsys.readouterr().out  # what was written, and the commands that use it
+    assert said.startswith(f"wrote {out / 'model.pt'} (fairseq RoBERTa: 2 layers, "), said
+    assert (f"fairseq-train --arch palm_base --roberta-path {out / 'model.pt'}; fairseq-preprocess --srcdict "
+            f"{out / 'dict.txt'}; palm-prepare encode --bpe gpt2 --model {out / 'encoder.json'} --vocab-bpe "
+            f"{out / 'vocab.bpe'}") in said, said
     text = "the cat in the hat sat on the mat"
     bpe = encoders.build_bpe(argparse.Namespace(bpe="gpt2", gpt2_encoder_json=str(out / "encoder.json"),
                                                 gpt2_vocab_bpe=str(out / "vocab.bpe")))
