@@ -2,7 +2,8 @@
 construction in plain Python of its documented contract: ``[source | target | pseudo target | padding]``, the
 source and the padding CONTEXT (step 0), target token i the ORIGINAL token of step i, pseudo token i the PSEUDO
 token of step i. A batch mixes lengths, an empty target included, so that no row's layout relies on another's. And
-every mask of the family as that layout's rule (what the Triton attention evaluates from one code per token)."""
+every mask of the family as that layout's rule, and that rule as two comparisons of ranks (what the Triton attention
+evaluates)."""
 import torch
 
 from palm_plugin.modules.attention_masks import PseudoMaskKind as K
@@ -25,14 +26,38 @@ def test_layout_of_a_mixed_batch_equals_the_per_row_construction():
         assert kinds[row].tolist() == expected_kinds, (source, target)
 
 
+def shown_by_ranks(steps, kinds, padding):
+    from palm_plugin.modules.attention_masks import visibility_ranks
+
+    rank, reach = visibility_ranks(steps, kinds, padding)
+    return (rank.unsqueeze(1) <= rank.unsqueeze(2)) & (rank.unsqueeze(2) <= reach.unsqueeze(1))
+
+
 def test_one_rule_covers_every_mask_of_the_family():
-    """The Triton attention evaluates every mask by the pseudo-masked LM's rule from one code per token: UniLM's four
-    objectives, the mix, bidirectional with padding and UniLMv2's layouts laid out as its steps and kinds
+    """The Triton attention evaluates every mask by the pseudo-masked LM's rule, as two comparisons of ranks: UniLM's
+    four objectives, the mix, bidirectional with padding and UniLMv2's layouts laid out as its steps and kinds
     (as_pmlm_layout) give the masks of attention_masks.py, cell by cell (the batches of tests/test_attention_triton.py,
-    of unequal lengths)."""
+    of unequal lengths), and so do their ranks."""
     from palm_plugin.modules.attention_masks import as_pmlm_layout, mask_from_fields, pmlm_mask
     from tests.test_attention_triton import CASES
 
     for name, (fields, _, _) in CASES.items():
         padding = fields["padding_mask"]
-        assert torch.equal(pmlm_mask(*as_pmlm_layout(**fields), padding), mask_from_fields(**fields)), name
+        layout = as_pmlm_layout(**fields)
+        assert torch.equal(pmlm_mask(*layout, padding), mask_from_fields(**fields)), name
+        assert torch.equal(shown_by_ranks(*layout, padding), mask_from_fields(**fields)), name
+
+
+def test_ranks_give_the_pseudo_masked_rule_for_any_steps_and_kinds():
+    """Random layouts the family never builds: steps from -40 to 40 (right-to-left's are negative), kinds mixed in
+    any order, steps with several tokens of a kind and steps with none, padding anywhere (500 rows of 37 tokens)."""
+    from palm_plugin.modules.attention_masks import pmlm_mask
+
+    generator = torch.Generator().manual_seed(3)
+    steps = torch.randint(-40, 41, (500, 37), generator=generator)
+    steps[:250] //= 8  # few steps: many tokens share one
+    kinds = torch.randint(0, 3, (500, 37), generator=generator)
+    padding = torch.rand(500, 37, generator=generator) < 0.15
+    expected = pmlm_mask(steps, kinds, padding)
+    assert 0.2 < float(expected.float().mean()) < 0.8
+    assert torch.equal(shown_by_ranks(steps, kinds, padding), expected)

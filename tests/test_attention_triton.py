@@ -369,7 +369,8 @@ def test_the_model_trains_with_the_recipes_attention_dropout(kernels):
 def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels, case):
     """Dropout 0.25: the output and every gradient equal float64 autograd of the papers' attention with the kept
     pairs the kernels draw (:func:`kept_pairs` under the call's seed) scaled by 1 / 0.75, so the backward kernels drew
-    the forward's pairs; about 75% of the pairs kept; another seed, other pairs."""
+    the forward's pairs; about 75% of the pairs kept; another seed, other pairs; the pairs one draw keeps, and their
+    neighbours, independent."""
     rate = 0.25
     fields, positions, with_bias = CASES[case]
     mask = mask_from_fields(**fields)
@@ -385,6 +386,19 @@ def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels
     for a, b in (((0, 0), (0, 1)), ((0, 0), (1, 0)), ((1, 1), (BATCH - 1, 1))):
         agree = float((kept[a] == kept[b]).float().mean())
         assert abs(agree - independent) < spread, (a, b, agree)
+    # one Philox draw keeps four pairs of a row, (i, j), (i, j + 1), (i, j + 8), (i, j + 9), each by an output of
+    # its own: pairs at those distances agree as often as independent draws, whether they share a draw or not
+    for distance in (1, 8, 9, 16):
+        for shared in (True, False):  # j = 16 a + 2 t: pairs sharing a draw; the other pairs at that distance
+            columns = torch.arange(LENGTH - distance)
+            draws_shared = (columns % 2 == 0) & (columns % 16 < 8) if distance == 9 else \
+                (columns % 2 == 0) if distance == 1 else (columns % 16 < 8) if distance == 8 else columns < 0
+            chosen = columns[draws_shared == shared]
+            if len(chosen) == 0:
+                continue
+            agree = float((kept[..., chosen] == kept[..., chosen + distance]).float().mean())
+            samples = BATCH * HEADS * LENGTH * len(chosen)
+            assert abs(agree - independent) < 5 * (independent * (1 - independent) / samples) ** 0.5, (distance, shared)
 
     q, k, v = attention_inputs(torch.float32)
     weight = bias_module().weight.detach() if with_bias else None
@@ -415,62 +429,118 @@ def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels
 
 
 # ------------------------------------------------------------------------------------------------ without the kernels
-POINTER_TYPES = {"LSE": "fp32", "DELTA": "fp32", "BUCKET_SUMS": "fp32", "CODES": "i32", "COUNTS": "i32",
+POINTER_TYPES = {"LSE": "fp32", "DELTA": "fp32", "BUCKET_SUMS": "fp32", "RANKS": "i32", "COUNTS": "i32",
                  "TILES": "i32", "POS": "i32", "BUCKETS": "i32"}  # the others hold the model's dtype
 
 
 @needs_triton
 @pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the card, which the interpreter does not")
-def test_kernels_compile_for_the_h100_without_spills(tmp_path):
+def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
     """The interpreter accepts code the compiler may refuse: the three kernels compiled here, without a GPU, for the
     card's architecture (sm_90) at base size (heads of 64) in bf16, with and without UniLMv2's bias and attention
-    dropout, down to the binary by the ptxas Triton ships, with the module's tiles and warps. No register spills; the
-    products on Hopper's warp-group MMA; the loads of the loop over tiles pipelined (asynchronous copies); and no
-    score tile moved between layouts through shared memory (a mask read as a (rows, keys)
-    tile made the compiler carry the softmax in a second layout and convert every tile's scores)."""
+    dropout, down to the binary by the ptxas Triton ships, with the module's tiles and warps. No register spilled
+    inside the loops over tiles (a few bytes before or after them, once a program, cost nothing); the products on
+    Hopper's warp-group MMA; the loads of the loop over tiles pipelined (asynchronous copies); and no score tile
+    moved between layouts through shared memory inside the loops (a mask read as a (rows, keys) tile made the
+    compiler carry the softmax in a second layout and convert every tile's scores).
+
+    And what the loops cost, in the card's instructions per score a thread computes (the kernels issue more
+    instructions than their products need, so this is their cost; docs/benchmarks-gpu.md section 13): attention
+    dropout adds at most 30 (a Philox draw per pair added 56 to 62: one draw now keeps four pairs); without the bias,
+    a tile the mask shows partly costs at most 18 more than a whole one (evaluating the pseudo-masked rule from each
+    token's step and kind cost 24 to 26 more in the forward and dQ kernels: two comparisons of ranks now); the
+    bucket sums of UniLMv2's bias stay within a warp:
+    16 buckets more add fewer than 16 barriers (a sum over the whole tile waited on every warp once per bucket)."""
     import re
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
 
     from palm_plugin.modules import attention_triton as kernels
 
-    launches = {"_forward_kernel": kernels.FORWARD, "_query_gradient_kernel": kernels.QUERY_GRADIENT,
-                "_key_gradient_kernel": kernels.KEY_GRADIENT}
-    for name in (*launches, "_kept_pairs_kernel"):  # a seed of 1 would arrive as a constant, and not compile
+    for name in (*kernel_tiles(), "_kept_pairs_kernel"):  # a seed of 1 would arrive as a constant, and not compile
         assert next(p for p in getattr(kernels, name).params if p.name == "seed").do_not_specialize, name
 
-    def compile_for_the_h100(name, tiles, **constants):
-        kernel = getattr(kernels, name)
-        constants = dict(DIM=64, BLOCK_M=tiles.rows, BLOCK_N=tiles.keys, PRECISION="tf32", **constants)
-        signature = {arg: "constexpr" if arg in constants else f"*{POINTER_TYPES.get(arg, 'bf16')}"
-                     if arg.isupper() else "fp32" if arg.startswith("scale") or arg == "rate" else "i32"
-                     for arg in kernel.arg_names}
-        return triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=tiles.warps))
-
+    costs = {}
     for has_bias, dropout in ((True, True), (True, False), (False, True), (False, False)):
-        for name, tiles in launches.items():
-            buckets = {"NUM_BUCKETS": 32} if "NUM_BUCKETS" in getattr(kernels, name).arg_names else {}
-            compiled = compile_for_the_h100(name, tiles, HAS_BIAS=has_bias, DROPOUT=dropout, **buckets)
+        for name, tiles in kernel_tiles().items():
+            compiled = compile_for_the_h100(name, HAS_BIAS=has_bias, DROPOUT=dropout)
             ptx_file = tmp_path / f"{name}.ptx"
             ptx_file.write_text(compiled.asm["ptx"])
             report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx_file, "-o", os.devnull],
                                     capture_output=True, text=True, check=True).stderr
-            assert " 0 bytes spill stores, 0 bytes spill loads" in report, (name, has_bias, dropout, report)
+            spilled = re.search(r"(\d+) bytes spill stores", report)
+            assert spilled and int(spilled.group(1)) <= 128, (name, has_bias, dropout, report)
+            loops = sass_loops(compiled, tmp_path)
+            assert len(loops) == 2, (name, len(loops))  # the whole tiles', then the partly shown tiles'
+            spills = [line for loop in loops for line in loop if re.search(r"\b(STL|LDL)\b", line)]
+            assert not spills, (name, has_bias, dropout, spills)
+            per_score = tiles.rows * tiles.keys / (32 * tiles.warps)
+            costs[name, has_bias, dropout] = [len(loop) / per_score for loop in loops]
             ir = compiled.asm["ttgir"]
             assert "ttng.warp_group_dot " in ir, (name, has_bias, dropout)
             assert "ttg.async_copy_global_to_local" in ir, (name, has_bias, dropout)  # loads pipelined
             score_tile = rf"convert_layout %\S+ : tensor<{tiles.rows}x{tiles.keys}xf32"
             assert not any(re.search(score_tile, body) for body in loop_bodies(ir)), (name, has_bias, dropout)
-            if buckets and has_bias:
-                # the bucket sums run along rows, within a warp: the 16 buckets more, each in both loops over tiles,
-                # add no barrier there (a sum over the whole tile waited on every warp once per bucket: 243 barriers
-                # at 32 buckets, 58 now); only the program's last sum over rows grows with them
-                fewer = compile_for_the_h100(name, tiles, HAS_BIAS=True, DROPOUT=dropout, NUM_BUCKETS=16)
+            if has_bias and name == "_query_gradient_kernel":
+                fewer = compile_for_the_h100(name, HAS_BIAS=True, DROPOUT=dropout, NUM_BUCKETS=16)
                 added = compiled.asm["ptx"].count("bar.sync") - fewer.asm["ptx"].count("bar.sync")
                 assert added < 16, (dropout, added)
+    for name in kernel_tiles():
+        for has_bias in (True, False):
+            whole, partial = costs[name, has_bias, False]
+            with_dropout = costs[name, has_bias, True][0]
+            assert with_dropout - whole <= 30, (name, has_bias, whole, with_dropout)
+            assert has_bias or partial - whole <= 18, (name, whole, partial)
+
+
+def kernel_tiles():
+    from palm_plugin.modules import attention_triton as kernels
+
+    return {"_forward_kernel": kernels.FORWARD, "_query_gradient_kernel": kernels.QUERY_GRADIENT,
+            "_key_gradient_kernel": kernels.KEY_GRADIENT}
+
+
+def compile_for_the_h100(name, **constants):
+    """Kernel ``name`` of the module compiled for sm_90 (Triton's compiler, no GPU needed) with its own tiles and
+    warps, heads of 64 in bf16, ``constants`` (HAS_BIAS, DROPOUT; NUM_BUCKETS 32 unless given)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from palm_plugin.modules import attention_triton as kernels
+
+    kernel, tiles = getattr(kernels, name), kernel_tiles()[name]
+    if "NUM_BUCKETS" in kernel.arg_names:
+        constants.setdefault("NUM_BUCKETS", 32)
+    constants = dict(DIM=64, BLOCK_M=tiles.rows, BLOCK_N=tiles.keys, PRECISION="tf32", **constants)
+    signature = {arg: "constexpr" if arg in constants else f"*{POINTER_TYPES.get(arg, 'bf16')}"
+                 if arg.isupper() else "fp32" if arg.startswith("scale") or arg == "rate" else "i32"
+                 for arg in kernel.arg_names}
+    return triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=tiles.warps))
+
+
+def sass_loops(compiled, tmp_path):
+    """The machine instructions of each outermost loop of a compiled kernel (from a label to the branch back to
+    it), disassembled by the nvdisasm Triton ships."""
+    import re
+    import triton
+
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    text = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    labels, instructions = {}, []
+    for line in text.splitlines():
+        label = re.match(r"^\.(L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(instructions)
+        elif re.match(r"\s+/\*[0-9a-f]{4,}\*/", line):
+            instructions.append(line.split("*/", 1)[1].strip())
+    loops = [(labels[m.group(1)], at) for at, line in enumerate(instructions)
+             for m in [re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)] if m and labels.get(m.group(1), at + 1) <= at]
+    outer = [(begin, end) for begin, end in loops
+             if not any(b <= begin and end <= e and (b, e) != (begin, end) for b, e in loops)]
+    return [instructions[begin:end + 1] for begin, end in outer if end > begin]  # not the branch-to-itself at the end
 
 
 def loop_bodies(ir):

@@ -184,6 +184,32 @@ def pmlm_mask(steps: torch.Tensor, kinds: torch.Tensor, padding_mask: torch.Tens
     return hide_padding(mask, padding_mask)
 
 
+# Ranks of contexts and of padding: the steps' ranks (2 s, 2 s + 1) lie between them for any step a sequence holds.
+CONTEXT_RANK, PADDING_RANK = -2 ** 30, 2 ** 30
+
+
+def visibility_ranks(steps: torch.Tensor, kinds: torch.Tensor, padding_mask: torch.Tensor):
+    """:func:`pmlm_mask` as two integers per token, so that a kernel decides a pair with two comparisons: query ``i``
+    may attend to key ``j`` if and only if ``rank[j] <= rank[i] <= reach[j]``.
+
+    Ranks order the tokens by what they may see: CONTEXT first (they see CONTEXT only), then by step, the PSEUDO
+    token of step ``s`` (``2 s``) before the ORIGINAL one (``2 s + 1``), which also sees its own step's ORIGINAL
+    tokens. A key is seen by the queries from its own rank up to its reach: every non-padding query for CONTEXT and
+    ORIGINAL keys, the PSEUDO queries of its step only for a PSEUDO key. Padding token ``t`` is its own interval
+    ``PADDING_RANK + t``, seen by itself only, as :func:`hide_padding` has it.
+
+    Args:
+        steps, kinds, padding_mask: as :func:`pmlm_mask` (steps between ``-2^28`` and ``2^28``).
+    Returns:
+        ``rank`` and ``reach``, ``(B, T)`` long each.
+    """
+    padding = PADDING_RANK + torch.arange(steps.size(1), device=steps.device)
+    pseudo = kinds == PseudoMaskKind.PSEUDO
+    rank = torch.where(kinds == PseudoMaskKind.CONTEXT, CONTEXT_RANK, 2 * steps + (kinds == PseudoMaskKind.ORIGINAL))
+    reach = torch.where(pseudo, 2 * steps, PADDING_RANK - 1)
+    return torch.where(padding_mask, padding, rank), torch.where(padding_mask, padding, reach)
+
+
 def pseudo_seq2seq_layout(source_lengths: torch.Tensor, target_lengths: torch.Tensor, seq_len: int):
     """Steps and kinds of the fine-tuning layout ``[source | target | pseudo target | padding]`` (per row, packed).
 

@@ -12,20 +12,22 @@ The algorithm is FlashAttention's (Dao et al. 2022; the backward of FlashAttenti
 probabilities from the saved log-sum-exp, one kernel for ``dQ`` (walking key tiles) and one for ``dK``, ``dV``
 (walking query tiles). What is particular to UniLM:
 
-* The mask is evaluated from one code per token, ``4 step + kind`` (UniLM's masks written as the pseudo-masked LM's
-  rule: :func:`~palm_plugin.modules.attention_masks.as_pmlm_layout`), read once per row and once per key tile; the
-  dense mask, built once per forward by torch, only sorts the tiles: per tile row and per tile column, the lists of
-  tiles the mask shows partly and shows whole (:class:`TritonMask`), shared by all heads and layers. Hidden tiles
-  are never visited; whole ones are computed without the rule.
+* The mask is evaluated from two integers per token, its rank and reach
+  (:func:`~palm_plugin.modules.attention_masks.visibility_ranks`: UniLM's masks written as the pseudo-masked LM's
+  rule, :func:`~palm_plugin.modules.attention_masks.as_pmlm_layout`, and that rule as an interval), so a pair costs
+  two comparisons; the dense mask, built once per forward by torch, only sorts the tiles: per tile row and per tile
+  column, the lists of tiles the mask shows partly and shows whole (:class:`TritonMask`), shared by all heads and
+  layers. Hidden tiles are never visited; whole ones are computed without the rule.
 * UniLMv2's bias: score ``(i, j)`` of head ``h`` adds ``table[h, pos_j - pos_i + P - 1]`` from the bias of every
   offset (``weight[h, bucket(offset)]``, :class:`~palm_plugin.modules.relative_position.RelativePositionBias`), by
   the two tokens' position ids, as the starting value of the tile's ``q k^T`` product. Its gradient is that of the
   ``(h, num_buckets)`` weight: the ``dQ`` kernel sums each tile's score gradients per row and bucket, over the
   buckets the tile's offsets reach (one, away from the diagonal), sums along rows staying within a warp, and
   writes one partial sum per program, which torch adds up: deterministic, no atomics.
-* Attention dropout (BERT's 0.1, the recipes'): pair ``(i, j)`` of a (sentence, head) is kept by Philox's draw at
-  counter ``i T + j`` under a key made of the call's seed (drawn from torch's generator, so ``--seed`` fixes it) and
-  the (sentence, head); the forward and both backward kernels draw the same pairs, and nothing of the mask is stored.
+* Attention dropout (BERT's 0.1, the recipes'): pair ``(i, j)`` of a (sentence, head) is kept by an output of a
+  Philox draw at a counter of ``(i, j)`` under a key made of the call's seed (drawn from torch's generator, so
+  ``--seed`` fixes it) and the (sentence, head), one draw for four pairs (:func:`_dropout`); the forward and both
+  backward kernels draw the same pairs, and nothing of the mask is stored.
 
 Sums run in float32 whatever the inputs' dtype; probabilities are rounded to it before their products with ``V`` (as
 FlashAttention does). The kernels run on CUDA tensors; under Triton's interpreter (``TRITON_INTERPRET=1`` when triton
@@ -39,7 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from palm_plugin.modules.attention_masks import as_pmlm_layout, pmlm_mask
+from palm_plugin.modules import attention_masks
+from palm_plugin.modules.attention_masks import as_pmlm_layout, pmlm_mask, visibility_ranks
 from palm_plugin.modules.fused_attention import SDPA_INSTEAD, FusedMask, TritonAttentionError
 
 
@@ -62,11 +65,12 @@ KEY_GRADIENT = Tiles(32, 64, 4)
 # whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 LOG2E = 1.4426950408889634  # the kernels work in base 2: exp2 is one instruction
+PADDING_RANK = tl.constexpr(attention_masks.PADDING_RANK)
 
 
 # ------------------------------------------------------------------------------------------------ one tile's scores
 @triton.jit
-def _scores(q, k, rows, columns, query_positions, key_base, code_base, table_base, center, queries, keys, scale2,
+def _scores(q, k, rows, columns, query_positions, key_base, rank_base, table_base, center, queries, keys, scale2,
             PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     """The tile's scores in base 2, ``(q k^T / sqrt(d) + b) log2(e)``, -inf where the mask hides a pair (partial
     tiles only; a whole tile has no pair out of bounds, as :func:`tile_lists` counts the tiles at the edges partial)."""
@@ -79,33 +83,68 @@ def _scores(q, k, rows, columns, query_positions, key_base, code_base, table_bas
     else:
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
     if PARTIAL:
-        row_codes = tl.load(code_base + rows, mask=rows < queries, other=3)  # past the end: padding
-        column_codes = tl.load(code_base + columns, mask=columns < keys, other=3)
-        scores = tl.where(_shown(row_codes, column_codes, rows, columns), scores, float("-inf"))
+        row_ranks = _ranks(rank_base, rows, queries)[:, None]
+        shown = (_ranks(rank_base, columns, keys)[None, :] <= row_ranks) & \
+            (row_ranks <= _ranks(rank_base + keys, columns, keys)[None, :])
+        scores = tl.where(shown, scores, float("-inf"))
     return scores
 
 
 @triton.jit
-def _shown(row_codes, column_codes, rows, columns):
-    """The pseudo-masked LM's rule (:func:`~palm_plugin.modules.attention_masks.pmlm_mask`), which covers the family
-    (:func:`~palm_plugin.modules.attention_masks.as_pmlm_layout`), from each token's code ``4 step + kind`` (kind 0
-    CONTEXT, 1 PSEUDO, 2 ORIGINAL, 3 padding): a CONTEXT key is shown to every row; an appended row also sees the
-    ORIGINAL keys of earlier steps and the keys of its own step and kind; so a padding key (a kind of its own) to
-    none; a padding row sees itself only."""
-    row_kind, key_kind = (row_codes & 3)[:, None], (column_codes & 3)[None, :]
-    row_step, key_step = (row_codes >> 2)[:, None], (column_codes >> 2)[None, :]
-    shown = (key_kind == 0) | ((row_kind != 0) & (((key_kind == 2) & (key_step < row_step))
-                                                   | ((key_kind == row_kind) & (key_step == row_step))))
-    return tl.where(row_kind == 3, rows[:, None] == columns[None, :], shown)
+def _bitwise_or(a, b):
+    return a | b
 
 
 @triton.jit
-def _kept(probs, rows, columns, keys, stream, rate):
-    """Attention dropout: ``probs`` with each pair kept with probability ``1 - rate`` and scaled by ``1 / (1 - rate)``,
-    0 elsewhere. Whether pair ``(i, j)`` is kept is Philox's draw at counter ``i * keys + j`` under the program's
-    ``stream`` (the call's seed and the (sentence, head)), so every kernel of a call draws the same pairs."""
-    keep = tl.rand(stream, rows[:, None] * keys + columns[None, :]) >= rate
-    return tl.where(keep, probs * (1.0 / (1.0 - rate)), 0.0)
+def _ranks(base, tokens, count):
+    """The tokens' ranks (or reaches) from ``base``; a token past ``count`` is padding (:func:`visibility_ranks`)."""
+    return tl.where(tokens < count, tl.load(base + tokens, mask=tokens < count, other=0), PADDING_RANK + tokens)
+
+
+@triton.jit
+def _quarters(x, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    """``x`` ``(ROWS, COLUMNS)`` as four ``(ROWS, COLUMNS / 16, 4)`` tensors: the columns ``16a + 2t + e + 8b`` for
+    ``(b, e)`` = (0, 0), (0, 1), (1, 0), (1, 1)."""
+    x = tl.permute(tl.reshape(x, (ROWS, COLUMNS // 16, 2, 8)), (0, 1, 3, 2))
+    low, high = tl.split(x)
+    a, b = tl.split(tl.reshape(low, (ROWS, COLUMNS // 16, 4, 2)))
+    c, d = tl.split(tl.reshape(high, (ROWS, COLUMNS // 16, 4, 2)))
+    return a, b, c, d
+
+
+@triton.jit
+def _whole(a, b, c, d, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    """The inverse of :func:`_quarters`."""
+    low = tl.reshape(tl.join(a, b), (ROWS, COLUMNS // 16, 8))
+    high = tl.reshape(tl.join(c, d), (ROWS, COLUMNS // 16, 8))
+    return tl.reshape(tl.permute(tl.join(low, high), (0, 1, 3, 2)), (ROWS, COLUMNS))
+
+
+@triton.jit
+def _dropout(like, rows, columns, keys, stream, rate):
+    """Attention dropout's factor for each pair of a ``(rows, columns)`` tile, in the layout of ``like`` (a tile of that
+    shape): ``1 / (1 - rate)`` for a kept pair, probability ``1 - rate``, else 0. One Philox draw under the program's
+    ``stream`` (the call's seed and the (sentence, head)) keeps four pairs: its outputs are pairs ``(i, j)``,
+    ``(i, j + 1)``, ``(i, j + 8)``, ``(i, j + 9)`` for ``j = 16 a + 2 t`` (``t < 4``), at counter
+    ``(i ceil(keys / 16) + a) 4 + t``, so every kernel of a call draws the same pairs. Why four a draw, and these four:
+    the draws are most of dropout's cost, and a thread of the products' layouts holds such columns, so taking the tile
+    apart and back moves no data."""
+    ROWS: tl.constexpr = like.shape[0]
+    COLUMNS: tl.constexpr = like.shape[1]
+    first_columns = _quarters(tl.broadcast_to(columns[None, :], (ROWS, COLUMNS)), ROWS, COLUMNS)[0]
+    counters = (tl.reshape(rows, (ROWS, 1, 1)) * tl.cdiv(keys, 16) + first_columns // 16) * 4 + first_columns % 16 // 2
+    # computed where `like` is held: without this select the compiler draws in a layout of its own and moves the
+    # four results through shared memory, with barriers (the counter of a NaN does not matter)
+    anchor = _quarters(like, ROWS, COLUMNS)[0]
+    draws = tl.randint4x(stream, tl.where(anchor == anchor, counters, 0))
+    # kept where a draw's top 31 bits reach rate * 2^31: integer work only (tl.rand's floats cost two more a draw)
+    threshold = tl.cast(rate * 2147483648.0, tl.uint32)
+    scale = 1.0 / (1.0 - rate)
+    f0 = tl.where(draws[0] >> 1 >= threshold, scale, 0.0)
+    f1 = tl.where(draws[1] >> 1 >= threshold, scale, 0.0)
+    f2 = tl.where(draws[2] >> 1 >= threshold, scale, 0.0)
+    f3 = tl.where(draws[3] >> 1 >= threshold, scale, 0.0)
+    return _whole(f0, f1, f2, f3, ROWS, COLUMNS)
 
 
 @triton.jit
@@ -139,14 +178,14 @@ def _load_rows(base, stride, rows, count, dims, head_dim):
 # ------------------------------------------------------------------------------------------------ forward
 @triton.jit
 def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base, v_base, stride_k, stride_v,
-                  key_base, code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+                  key_base, rank_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
                   PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   PRECISION: tl.constexpr, DROPOUT: tl.constexpr):
     columns = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    scores = _scores(q, k, rows, columns, query_positions, key_base, code_base, table_base, center, queries, keys,
+    scores = _scores(q, k, rows, columns, query_positions, key_base, rank_base, table_base, center, queries, keys,
                      scale2, PARTIAL, HAS_BIAS, PRECISION)
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that has seen nothing yet keeps its zeros
@@ -154,13 +193,13 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
     rescale = tl.math.exp2(row_max - shift)
     row_sum = row_sum * rescale + tl.sum(probs, 1)  # the softmax's sum: before dropout
     if DROPOUT:
-        probs = _kept(probs, rows, columns, keys, stream, rate)
+        probs = probs * _dropout(probs, rows, columns, keys, stream, rate)
     acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
     return acc, new_max, row_sum
 
 
 @triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
-def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
+def _forward_kernel(Q, K, V, O, LSE, RANKS, COUNTS, TILES, POS, TABLE,
                     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                     stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
                     heads, queries, keys, head_dim, table_width, scale2, seed, rate,
@@ -175,7 +214,7 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
     key_base = POS + b64 * keys
     query_positions = tl.load(POS + b64 * queries + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
     k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
-    code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
+    rank_base, table_base = RANKS + b64 * 2 * keys, TABLE + h64 * table_width
     center = table_width // 2
     stream = _stream(seed, b64, h64, heads)
     acc = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
@@ -185,12 +224,12 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
     for i in range(partial, partial + whole):
         acc, row_max, row_sum = _forward_tile(
             q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+            stride_vt, key_base, rank_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
             False, HAS_BIAS, DIM, BLOCK_N, PRECISION, DROPOUT)
     for i in range(0, partial):
         acc, row_max, row_sum = _forward_tile(
             q, acc, row_max, row_sum, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+            stride_vt, key_base, rank_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
             True, HAS_BIAS, DIM, BLOCK_N, PRECISION, DROPOUT)
     row_sum = tl.where(row_sum == 0, 1.0, row_sum)  # a row that sees no key (no mask of ours has one) gives zeros
     out = acc / row_sum[:, None]
@@ -203,7 +242,7 @@ def _forward_kernel(Q, K, V, O, LSE, CODES, COUNTS, TILES, POS, TABLE,
 # ------------------------------------------------------------------------------------------------ backward
 @triton.jit
 def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_positions, k_base, v_base, stride_k,
-                         stride_v, key_base, code_base, table_base, buckets, center, queries, keys, head_dim, scale2,
+                         stride_v, key_base, rank_base, table_base, buckets, center, queries, keys, head_dim, scale2,
                          stream, rate, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr,
                          BLOCK_N: tl.constexpr, NUM_BUCKETS: tl.constexpr, PRECISION: tl.constexpr,
                          DROPOUT: tl.constexpr):
@@ -211,12 +250,12 @@ def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_posi
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    scores = _scores(q, k, rows, columns, query_positions, key_base, code_base, table_base, center, queries, keys,
+    scores = _scores(q, k, rows, columns, query_positions, key_base, rank_base, table_base, center, queries, keys,
                      scale2, PARTIAL, HAS_BIAS, PRECISION)
     probs = tl.math.exp2(scores - lse[:, None])
     grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:  # through the dropout: the pairs it kept, scaled as it scaled them
-        grad_probs = _kept(grad_probs, rows, columns, keys, stream, rate)
+        grad_probs = grad_probs * _dropout(grad_probs, rows, columns, keys, stream, rate)
     grad_scores = probs * (grad_probs - delta[:, None])  # dL/d(score), softmax's backward
     if HAS_BIAS:  # the tile's score gradients summed per row and bucket, over the buckets its offsets reach
         key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
@@ -225,12 +264,16 @@ def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_posi
         # gradients' layout once per tile, not once per bucket (buckets are never negative)
         tile_buckets = tl.where(grad_scores == grad_scores, tile_buckets, -1)
         slots = tl.arange(0, NUM_BUCKETS)
-        first, last = tl.min(tile_buckets), tl.max(tile_buckets)  # over the whole tile: no layout of a row
         # sums along rows only, which stay within a warp (a sum over the whole tile waits on every warp, once per
-        # bucket); every bucket unrolled and skipped when out of the tile's range, as a loop of run-time length
-        # kept the compiler from pipelining the loads of the loop over tiles
+        # bucket); every bucket unrolled and skipped unless the tile reaches it, as a loop of run-time length kept
+        # the compiler from pipelining the loads of the loop over tiles. Which buckets the tile reaches: one bit each,
+        # 32 to a word, the words or-ed over the whole tile (a tile of the appended tokens reaches about 10 buckets
+        # scattered over a range of 13)
         for bucket in tl.static_range(NUM_BUCKETS):
-            if (bucket >= first) & (bucket <= last):
+            if bucket % 32 == 0:
+                in_word = (tile_buckets >> 5) == bucket // 32
+                reached = tl.reduce(tl.where(in_word, 1 << (tile_buckets & 31), 0), None, _bitwise_or)
+            if (reached >> (bucket % 32)) & 1:
                 share = tl.sum(tl.where(tile_buckets == bucket, grad_scores, 0.0), 1)
                 row_sums = tl.where(slots[None, :] == bucket, row_sums + share[:, None], row_sums)
         # a NaN gradient, which the select above sent to no bucket, reaches every bucket (as autograd's sum would)
@@ -239,7 +282,7 @@ def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_posi
 
 
 @triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
-def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUNTS, TILES, POS, TABLE, BUCKETS,
+def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, RANKS, COUNTS, TILES, POS, TABLE, BUCKETS,
                            stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                            stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                            heads, queries, keys, head_dim, table_width, scale, scale2, seed, rate,
@@ -260,7 +303,7 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     key_base = POS + b64 * keys
     query_positions = tl.load(POS + b64 * queries + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
     k_base, v_base = K + b64 * stride_kb + h64 * stride_kh, V + b64 * stride_vb + h64 * stride_vh
-    code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
+    rank_base, table_base = RANKS + b64 * 2 * keys, TABLE + h64 * table_width
     center = table_width // 2
     stream = _stream(seed, b64, h64, heads)
     dq = tl.zeros((BLOCK_M, DIM), dtype=tl.float32)
@@ -269,12 +312,12 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
         dq, row_sums = _query_gradient_tile(
             q, do, lse, delta, dq, row_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
+            stride_vt, key_base, rank_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
             rate, False, HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION, DROPOUT)
     for i in range(0, partial):
         dq, row_sums = _query_gradient_tile(
             q, do, lse, delta, dq, row_sums, tl.load(tiles + i), rows, query_positions, k_base, v_base, stride_kt,
-            stride_vt, key_base, code_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
+            stride_vt, key_base, rank_base, table_base, BUCKETS, center, queries, keys, head_dim, scale2, stream,
             rate, True, HAS_BIAS, DIM, BLOCK_N, NUM_BUCKETS, PRECISION, DROPOUT)
     dq_base = DQ + b64 * stride_qb + h64 * stride_qh
     tl.store(dq_base + rows[:, None].to(tl.int64) * stride_qt + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
@@ -287,7 +330,7 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, CODES, COUN
 
 @triton.jit
 def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, stride_do, stats_base, position_base,
-                       code_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+                       rank_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
                        PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                        PRECISION: tl.constexpr, DROPOUT: tl.constexpr, LSE, DELTA):
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -297,23 +340,23 @@ def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, s
     lse = tl.load(LSE + stats_base + rows, mask=rows < queries, other=0.0)
     delta = tl.load(DELTA + stats_base + rows, mask=rows < queries, other=0.0)
     query_positions = tl.load(position_base + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
-    scores = _scores(q, k, rows, columns, query_positions, position_base, code_base, table_base, center, queries,
+    scores = _scores(q, k, rows, columns, query_positions, position_base, rank_base, table_base, center, queries,
                      keys, scale2, PARTIAL, HAS_BIAS, PRECISION)
     probs = tl.math.exp2(scores - lse[:, None])
+    grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:  # dV from the kept pairs; the gradient reaches the kept probabilities only
-        dv += tl.dot(tl.trans(_kept(probs, rows, columns, keys, stream, rate).to(do.dtype)), do,
-                     input_precision=PRECISION)
-        grad_probs = _kept(tl.dot(do, tl.trans(v), input_precision=PRECISION), rows, columns, keys, stream, rate)
+        factor = _dropout(probs, rows, columns, keys, stream, rate)
+        dv += tl.dot(tl.trans((probs * factor).to(do.dtype)), do, input_precision=PRECISION)
+        grad_probs = grad_probs * factor
     else:
         dv += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
-        grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     grad_scores = probs * (grad_probs - delta[:, None])
     dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q, input_precision=PRECISION)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["seed"])  # a seed of 1 would be a constant, one of 16 a variant
-def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, POS, TABLE,
+def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, RANKS, COUNTS, TILES, POS, TABLE,
                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                          stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                          heads, queries, keys, head_dim, table_width, scale, scale2, seed, rate,
@@ -329,7 +372,7 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, 
     position_base = POS + b64 * keys
     q_base, do_base = Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_db + h64 * stride_dh
     stats_base = (b64 * heads + h64) * queries
-    code_base, table_base = CODES + b64 * keys, TABLE + h64 * table_width
+    rank_base, table_base = RANKS + b64 * 2 * keys, TABLE + h64 * table_width
     center = table_width // 2
     stream = _stream(seed, b64, h64, heads)
     dk = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
@@ -337,12 +380,12 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CODES, COUNTS, TILES, 
     partial, whole, tiles = _tile_list(COUNTS, TILES, b64, key_tile, tl.cdiv(queries, BLOCK_M))
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
         dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
-                                    stats_base, position_base, code_base, table_base, center, queries, keys, head_dim,
+                                    stats_base, position_base, rank_base, table_base, center, queries, keys, head_dim,
                                     scale2, stream, rate, False, HAS_BIAS, DIM, BLOCK_M, PRECISION, DROPOUT, LSE,
                                     DELTA)
     for i in range(0, partial):
         dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
-                                    stats_base, position_base, code_base, table_base, center, queries, keys, head_dim,
+                                    stats_base, position_base, rank_base, table_base, center, queries, keys, head_dim,
                                     scale2, stream, rate, True, HAS_BIAS, DIM, BLOCK_M, PRECISION, DROPOUT, LSE,
                                     DELTA)
     tile_mask = (columns[:, None] < keys) & (dims[None, :] < head_dim)
@@ -372,9 +415,9 @@ def tile_lists(mask: Tensor, block_rows: int, block_columns: int):
 
 
 class TritonMask(FusedMask):
-    """What every layer of one forward shares under ``--attention-impl triton``: each token's mask code, the tile lists
-    by rows (forward, ``dQ``) and by columns (``dK``, ``dV``) and, for UniLMv2, the position ids with the bucket of
-    every offset."""
+    """What every layer of one forward shares under ``--attention-impl triton``: each token's rank and reach, the tile
+    lists by rows (forward, ``dQ``) and by columns (``dK``, ``dV``) and, for UniLMv2, the position ids with the bucket
+    of every offset."""
 
     def __init__(self, fields, positions: Optional[Tensor] = None, bias_weight: Optional[Tensor] = None,
                  offset_buckets: Optional[Tensor] = None):
@@ -388,7 +431,7 @@ class TritonMask(FusedMask):
         """
         padding = fields.padding_mask
         steps, kinds = as_pmlm_layout(padding, **fields.fields)
-        self.codes = (4 * steps + kinds).masked_fill(padding, 3).int().contiguous()  # _shown's code; 3: padding
+        self.ranks = torch.stack(visibility_ranks(steps, kinds, padding), 1).int().contiguous()  # (B, 2, T)
         mask = pmlm_mask(steps, kinds, padding)
         self.forward_tiles = tile_lists(mask, FORWARD.rows, FORWARD.keys)
         self.query_gradient_tiles = tile_lists(mask, QUERY_GRADIENT.rows, QUERY_GRADIENT.keys)
@@ -417,7 +460,7 @@ def _kept_pairs_kernel(KEPT, seed, rate, heads, queries, keys, BLOCK_M: tl.const
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     columns = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     ones = tl.full((BLOCK_M, BLOCK_N), 1.0, dtype=tl.float32)
-    kept = _kept(ones, rows, columns, keys, _stream(seed, b64, h64, heads), rate) != 0
+    kept = _dropout(ones, rows, columns, keys, _stream(seed, b64, h64, heads), rate) != 0
     base = KEPT + tl.program_id(0).to(tl.int64) * queries * keys
     tl.store(base + rows[:, None] * keys + columns[None, :], kept.to(tl.int8),
              mask=(rows[:, None] < queries) & (columns[None, :] < keys))
@@ -478,14 +521,14 @@ class _TritonAttention(torch.autograd.Function):
         batch, heads, queries, head_dim = q.shape
         has_bias = bias_weight is not None
         table = bias_weight[:, plan.offset_buckets.long()].to(q.dtype).contiguous() if has_bias else q.new_zeros(1, 1)
-        positions = plan.positions if has_bias else plan.codes  # any int32 tensor when unread
+        positions = plan.positions if has_bias else plan.ranks  # any int32 tensor when unread
         out = _like_heads(q)
         lse = q.new_empty(batch, heads, queries, dtype=torch.float32)
         scale = head_dim ** -0.5
         seed = draw_seed() if dropout_p > 0 else 0
         grid, constants = _launch(FORWARD, FORWARD.rows, q, HAS_BIAS=has_bias, DROPOUT=dropout_p > 0)
         _forward_kernel[grid](
-            q, k, v, out, lse, plan.codes, *plan.forward_tiles, positions, table, *_strides(q, k, v, out),
+            q, k, v, out, lse, plan.ranks, *plan.forward_tiles, positions, table, *_strides(q, k, v, out),
             heads, queries, queries, head_dim, table.size(1), scale * LOG2E, seed, dropout_p, **constants)
         ctx.save_for_backward(q, k, v, out, lse, table)
         ctx.plan, ctx.has_bias, ctx.seed, ctx.dropout_p = plan, has_bias, seed, dropout_p
@@ -500,19 +543,19 @@ class _TritonAttention(torch.autograd.Function):
         delta = (grad_out.float() * out.float()).sum(-1)  # (B, h, T): row i's sum_j p_ij dL/dp_ij
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layouts: the strides passed
         scale = head_dim ** -0.5
-        positions = plan.positions if has_bias else plan.codes
-        buckets = plan.offset_buckets if has_bias else plan.codes
+        positions = plan.positions if has_bias else plan.ranks
+        buckets = plan.offset_buckets if has_bias else plan.ranks
         num_buckets = triton.next_power_of_2(plan.bias_weight.size(1)) if has_bias else 1
         flags = dict(HAS_BIAS=has_bias, DROPOUT=ctx.dropout_p > 0)
         grid, constants = _launch(QUERY_GRADIENT, QUERY_GRADIENT.rows, q, NUM_BUCKETS=num_buckets, **flags)
         bucket_sums = q.new_zeros(batch, heads, grid[1], num_buckets, dtype=torch.float32)
         _query_gradient_kernel[grid](
-            q, k, v, grad_out, lse, delta, dq, bucket_sums, plan.codes, *plan.query_gradient_tiles, positions, table,
+            q, k, v, grad_out, lse, delta, dq, bucket_sums, plan.ranks, *plan.query_gradient_tiles, positions, table,
             buckets, *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale,
             scale * LOG2E, ctx.seed, ctx.dropout_p, **constants)
         grid, constants = _launch(KEY_GRADIENT, KEY_GRADIENT.keys, q, **flags)
         _key_gradient_kernel[grid](
-            q, k, v, grad_out, lse, delta, dk, dv, plan.codes, *plan.key_gradient_tiles, positions, table,
+            q, k, v, grad_out, lse, delta, dk, dv, plan.ranks, *plan.key_gradient_tiles, positions, table,
             *_strides(q, k, v, grad_out), heads, queries, queries, head_dim, table.size(1), scale, scale * LOG2E,
             ctx.seed, ctx.dropout_p, **constants)
         grad_weight = None
