@@ -386,19 +386,20 @@ def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels
     for a, b in (((0, 0), (0, 1)), ((0, 0), (1, 0)), ((1, 1), (BATCH - 1, 1))):
         agree = float((kept[a] == kept[b]).float().mean())
         assert abs(agree - independent) < spread, (a, b, agree)
-    # one Philox draw keeps four pairs of a row, (i, j), (i, j + 1), (i, j + 8), (i, j + 9), each by an output of
-    # its own: pairs at those distances agree as often as independent draws, whether they share a draw or not
-    for distance in (1, 8, 9, 16):
-        for shared in (True, False):  # j = 16 a + 2 t: pairs sharing a draw; the other pairs at that distance
-            columns = torch.arange(LENGTH - distance)
-            draws_shared = (columns % 2 == 0) & (columns % 16 < 8) if distance == 9 else \
-                (columns % 2 == 0) if distance == 1 else (columns % 16 < 8) if distance == 8 else columns < 0
-            chosen = columns[draws_shared == shared]
+    # one Philox draw keeps four pairs, (i, j), (i, j + 8), (i + 8, j), (i + 8, j + 8) for i and j below 8 in their
+    # 16, each by an output of its own: pairs at those distances agree as often as independent draws, whether they
+    # share a draw or not, and so do neighbours
+    for axis, distance in ((-1, 1), (-1, 8), (-1, 16), (-2, 1), (-2, 8)):
+        first = torch.arange(LENGTH - distance)
+        shares = (first % 16 < 8) if distance == 8 else torch.zeros_like(first, dtype=torch.bool)
+        for shared in (True, False):
+            chosen = first[shares == shared]
             if len(chosen) == 0:
                 continue
-            agree = float((kept[..., chosen] == kept[..., chosen + distance]).float().mean())
+            pairs = kept.index_select(axis, chosen) == kept.index_select(axis, chosen + distance)
+            agree = float(pairs.float().mean())
             samples = BATCH * HEADS * LENGTH * len(chosen)
-            assert abs(agree - independent) < 5 * (independent * (1 - independent) / samples) ** 0.5, (distance, shared)
+            assert abs(agree - independent) < 5 * (independent * (1 - independent) / samples) ** 0.5, (axis, distance)
 
     q, k, v = attention_inputs(torch.float32)
     weight = bias_module().weight.detach() if with_bias else None

@@ -70,22 +70,32 @@ PADDING_RANK = tl.constexpr(attention_masks.PADDING_RANK)
 
 # ------------------------------------------------------------------------------------------------ one tile's scores
 @triton.jit
-def _scores(q, k, rows, columns, query_positions, key_base, rank_base, table_base, center, queries, keys, scale2,
-            PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
-    """The tile's scores in base 2, ``(q k^T / sqrt(d) + b) log2(e)``, -inf where the mask hides a pair (partial
-    tiles only; a whole tile has no pair out of bounds, as :func:`tile_lists` counts the tiles at the edges partial)."""
+def _scores(x, y, rows, columns, row_positions, column_positions, rank_base, table_base, center, row_count,
+            column_count, scale2, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+            KEYS_ARE_ROWS: tl.constexpr):
+    """The tile's scores ``x y^T`` in base 2, ``(q k^T / sqrt(d) + b) log2(e)``, -inf where the mask hides a pair
+    (partial tiles only; a whole tile has no pair out of bounds, as :func:`tile_lists` counts the tiles at the edges
+    partial). ``x`` holds the queries and ``y`` the keys, or with ``KEYS_ARE_ROWS`` the other way round (the dK/dV
+    kernel's scores, transposed)."""
     if HAS_BIAS:
-        key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
-        offsets = key_positions[None, :] - query_positions[:, None] + center
+        if KEYS_ARE_ROWS:
+            offsets = row_positions[:, None] - column_positions[None, :] + center
+        else:
+            offsets = column_positions[None, :] - row_positions[:, None] + center
         # the bias enters the product as its accumulator, in units of the product (q k^T), then both are scaled
         bias = tl.load(table_base + offsets).to(tl.float32) * (1.4426950408889634 / scale2)
-        scores = tl.dot(q, tl.trans(k), bias, input_precision=PRECISION) * scale2
+        scores = tl.dot(x, tl.trans(y), bias, input_precision=PRECISION) * scale2
     else:
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale2
+        scores = tl.dot(x, tl.trans(y), input_precision=PRECISION) * scale2
     if PARTIAL:
-        row_ranks = _ranks(rank_base, rows, queries)[:, None]
-        shown = (_ranks(rank_base, columns, keys)[None, :] <= row_ranks) & \
-            (row_ranks <= _ranks(rank_base + keys, columns, keys)[None, :])
+        if KEYS_ARE_ROWS:
+            query_ranks = _ranks(rank_base, columns, column_count)[None, :]
+            shown = (_ranks(rank_base, rows, row_count)[:, None] <= query_ranks) & \
+                (query_ranks <= _ranks(rank_base + row_count, rows, row_count)[:, None])
+        else:
+            query_ranks = _ranks(rank_base, rows, row_count)[:, None]
+            shown = (_ranks(rank_base, columns, column_count)[None, :] <= query_ranks) & \
+                (query_ranks <= _ranks(rank_base + column_count, columns, column_count)[None, :])
         scores = tl.where(shown, scores, float("-inf"))
     return scores
 
@@ -103,36 +113,40 @@ def _ranks(base, tokens, count):
 
 @triton.jit
 def _quarters(x, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
-    """``x`` ``(ROWS, COLUMNS)`` as four ``(ROWS, COLUMNS / 16, 4)`` tensors: the columns ``16a + 2t + e + 8b`` for
-    ``(b, e)`` = (0, 0), (0, 1), (1, 0), (1, 1)."""
-    x = tl.permute(tl.reshape(x, (ROWS, COLUMNS // 16, 2, 8)), (0, 1, 3, 2))
-    low, high = tl.split(x)
-    a, b = tl.split(tl.reshape(low, (ROWS, COLUMNS // 16, 4, 2)))
-    c, d = tl.split(tl.reshape(high, (ROWS, COLUMNS // 16, 4, 2)))
-    return a, b, c, d
+    """``x`` ``(ROWS, COLUMNS)`` as four ``(ROWS / 16, 8, COLUMNS / 16, 8)`` tensors: with rows ``16 a + 8 b + r`` and
+    columns ``16 c + 8 d + e``, those of ``(b, d)`` = (0, 0), (0, 1), (1, 0), (1, 1)."""
+    x = tl.permute(tl.reshape(x, (ROWS // 16, 2, 8, COLUMNS // 16, 2, 8)), (0, 2, 3, 5, 1, 4))
+    left, right = tl.split(x)  # d = 0, 1
+    top_left, bottom_left = tl.split(left)  # b = 0, 1
+    top_right, bottom_right = tl.split(right)
+    return top_left, top_right, bottom_left, bottom_right
 
 
 @triton.jit
-def _whole(a, b, c, d, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+def _whole(top_left, top_right, bottom_left, bottom_right, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
     """The inverse of :func:`_quarters`."""
-    low = tl.reshape(tl.join(a, b), (ROWS, COLUMNS // 16, 8))
-    high = tl.reshape(tl.join(c, d), (ROWS, COLUMNS // 16, 8))
-    return tl.reshape(tl.permute(tl.join(low, high), (0, 1, 3, 2)), (ROWS, COLUMNS))
+    x = tl.join(tl.join(top_left, bottom_left), tl.join(top_right, bottom_right))  # (.., b, d)
+    return tl.reshape(tl.permute(x, (0, 4, 1, 2, 5, 3)), (ROWS, COLUMNS))
 
 
 @triton.jit
-def _dropout(like, rows, columns, keys, stream, rate):
-    """Attention dropout's factor for each pair of a ``(rows, columns)`` tile, in the layout of ``like`` (a tile of that
-    shape): ``1 / (1 - rate)`` for a kept pair, probability ``1 - rate``, else 0. One Philox draw under the program's
-    ``stream`` (the call's seed and the (sentence, head)) keeps four pairs: its outputs are pairs ``(i, j)``,
-    ``(i, j + 1)``, ``(i, j + 8)``, ``(i, j + 9)`` for ``j = 16 a + 2 t`` (``t < 4``), at counter
-    ``(i ceil(keys / 16) + a) 4 + t``, so every kernel of a call draws the same pairs. Why four a draw, and these four:
-    the draws are most of dropout's cost, and a thread of the products' layouts holds such columns, so taking the tile
-    apart and back moves no data."""
+def _dropout(like, rows, columns, keys, stream, rate, KEYS_ARE_ROWS: tl.constexpr):
+    """Attention dropout's factor for each pair of a ``(rows, columns)`` tile of queries x keys (keys x queries with
+    ``KEYS_ARE_ROWS``), in the layout of ``like`` (a tile of that shape): ``1 / (1 - rate)`` for a kept pair,
+    probability ``1 - rate``, else 0. One Philox draw under the program's ``stream`` (the call's seed and the
+    (sentence, head)) keeps four pairs: for query ``16 a + 8 b + r`` and key ``16 c + 8 d + e`` (``r, e < 8``), output
+    ``2 b + d`` of the draw at counter ``((8 a + r) ceil(keys / 16) + c) 8 + e``, so every kernel of a call draws the
+    same pairs. Why four a draw, and these four: the draws are most of dropout's cost, and a thread of the products'
+    layouts holds such rows and columns, in either orientation, so taking the tile apart and back moves no data."""
     ROWS: tl.constexpr = like.shape[0]
     COLUMNS: tl.constexpr = like.shape[1]
-    first_columns = _quarters(tl.broadcast_to(columns[None, :], (ROWS, COLUMNS)), ROWS, COLUMNS)[0]
-    counters = (tl.reshape(rows, (ROWS, 1, 1)) * tl.cdiv(keys, 16) + first_columns // 16) * 4 + first_columns % 16 // 2
+    if KEYS_ARE_ROWS:
+        query, key = columns[None, :], rows[:, None]
+    else:
+        query, key = rows[:, None], columns[None, :]
+    query = _quarters(tl.broadcast_to(query, (ROWS, COLUMNS)), ROWS, COLUMNS)[0]
+    key = _quarters(tl.broadcast_to(key, (ROWS, COLUMNS)), ROWS, COLUMNS)[0]
+    counters = ((query - query // 16 * 8) * tl.cdiv(keys, 16) + key // 16) * 8 + key % 8
     # computed where `like` is held: without this select the compiler draws in a layout of its own and moves the
     # four results through shared memory, with barriers (the counter of a NaN does not matter)
     anchor = _quarters(like, ROWS, COLUMNS)[0]
@@ -144,6 +158,8 @@ def _dropout(like, rows, columns, keys, stream, rate):
     f1 = tl.where(draws[1] >> 1 >= threshold, scale, 0.0)
     f2 = tl.where(draws[2] >> 1 >= threshold, scale, 0.0)
     f3 = tl.where(draws[3] >> 1 >= threshold, scale, 0.0)
+    if KEYS_ARE_ROWS:  # the quarters' (b, d) are (key's, query's)
+        return _whole(f0, f2, f1, f3, ROWS, COLUMNS)
     return _whole(f0, f1, f2, f3, ROWS, COLUMNS)
 
 
@@ -185,15 +201,16 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    scores = _scores(q, k, rows, columns, query_positions, key_base, rank_base, table_base, center, queries, keys,
-                     scale2, PARTIAL, HAS_BIAS, PRECISION)
+    key_positions = tl.load(key_base + columns, mask=columns < keys, other=0) if HAS_BIAS else columns
+    scores = _scores(q, k, rows, columns, query_positions, key_positions, rank_base, table_base, center, queries, keys,
+                     scale2, PARTIAL, HAS_BIAS, PRECISION, False)
     new_max = tl.maximum(row_max, tl.max(scores, 1))
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that has seen nothing yet keeps its zeros
     probs = tl.math.exp2(scores - shift[:, None])
     rescale = tl.math.exp2(row_max - shift)
     row_sum = row_sum * rescale + tl.sum(probs, 1)  # the softmax's sum: before dropout
     if DROPOUT:
-        probs = probs * _dropout(probs, rows, columns, keys, stream, rate)
+        probs = probs * _dropout(probs, rows, columns, keys, stream, rate, False)
     acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
     return acc, new_max, row_sum
 
@@ -250,15 +267,15 @@ def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_posi
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    scores = _scores(q, k, rows, columns, query_positions, key_base, rank_base, table_base, center, queries, keys,
-                     scale2, PARTIAL, HAS_BIAS, PRECISION)
+    key_positions = tl.load(key_base + columns, mask=columns < keys, other=0) if HAS_BIAS else columns
+    scores = _scores(q, k, rows, columns, query_positions, key_positions, rank_base, table_base, center, queries, keys,
+                     scale2, PARTIAL, HAS_BIAS, PRECISION, False)
     probs = tl.math.exp2(scores - lse[:, None])
     grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:  # through the dropout: the pairs it kept, scaled as it scaled them
-        grad_probs = grad_probs * _dropout(grad_probs, rows, columns, keys, stream, rate)
+        grad_probs = grad_probs * _dropout(grad_probs, rows, columns, keys, stream, rate, False)
     grad_scores = probs * (grad_probs - delta[:, None])  # dL/d(score), softmax's backward
     if HAS_BIAS:  # the tile's score gradients summed per row and bucket, over the buckets its offsets reach
-        key_positions = tl.load(key_base + columns, mask=columns < keys, other=0)
         tile_buckets = tl.load(buckets + key_positions[None, :] - query_positions[:, None] + center)
         # a select with the gradients before the loop, so that the compiler moves the bucket ids into the
         # gradients' layout once per tile, not once per bucket (buckets are never negative)
@@ -329,10 +346,13 @@ def _query_gradient_kernel(Q, K, V, DO, LSE, DELTA, DQ, BUCKET_SUMS, RANKS, COUN
 
 
 @triton.jit
-def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, stride_do, stats_base, position_base,
-                       rank_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
+def _key_gradient_tile(k, v, dk, dv, tile, keys_held, key_positions, q_base, do_base, stride_q, stride_do, stats_base,
+                       position_base, rank_base, table_base, center, queries, keys, head_dim, scale2, stream, rate,
                        PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                        PRECISION: tl.constexpr, DROPOUT: tl.constexpr, LSE, DELTA):
+    """One tile of query rows against the program's keys, in the keys' orientation (scores transposed, keys x
+    queries, as FlashAttention-2's dK/dV kernel has them): the products with dO and Q take the probabilities and
+    their gradients as they are, and the scores' tile is as many keys high as the warp-group products need."""
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, DIM)
     q = _load_rows(q_base, stride_q, rows, queries, dims, head_dim)
@@ -340,18 +360,18 @@ def _key_gradient_tile(k, v, dk, dv, tile, columns, q_base, do_base, stride_q, s
     lse = tl.load(LSE + stats_base + rows, mask=rows < queries, other=0.0)
     delta = tl.load(DELTA + stats_base + rows, mask=rows < queries, other=0.0)
     query_positions = tl.load(position_base + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
-    scores = _scores(q, k, rows, columns, query_positions, position_base, rank_base, table_base, center, queries,
-                     keys, scale2, PARTIAL, HAS_BIAS, PRECISION)
-    probs = tl.math.exp2(scores - lse[:, None])
-    grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    scores = _scores(k, q, keys_held, rows, key_positions, query_positions, rank_base, table_base, center, keys,
+                     queries, scale2, PARTIAL, HAS_BIAS, PRECISION, True)
+    probs = tl.math.exp2(scores - lse[None, :])
+    grad_probs = tl.dot(v, tl.trans(do), input_precision=PRECISION)
     if DROPOUT:  # dV from the kept pairs; the gradient reaches the kept probabilities only
-        factor = _dropout(probs, rows, columns, keys, stream, rate)
-        dv += tl.dot(tl.trans((probs * factor).to(do.dtype)), do, input_precision=PRECISION)
+        factor = _dropout(probs, keys_held, rows, keys, stream, rate, True)
+        dv += tl.dot((probs * factor).to(do.dtype), do, input_precision=PRECISION)
         grad_probs = grad_probs * factor
     else:
-        dv += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=PRECISION)
-    grad_scores = probs * (grad_probs - delta[:, None])
-    dk += tl.dot(tl.trans(grad_scores.to(q.dtype)), q, input_precision=PRECISION)
+        dv += tl.dot(probs.to(do.dtype), do, input_precision=PRECISION)
+    grad_scores = probs * (grad_probs - delta[None, :])
+    dk += tl.dot(grad_scores.to(q.dtype), q, input_precision=PRECISION)
     return dk, dv
 
 
@@ -378,16 +398,17 @@ def _key_gradient_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, RANKS, COUNTS, TILES, 
     dk = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, DIM), dtype=tl.float32)
     partial, whole, tiles = _tile_list(COUNTS, TILES, b64, key_tile, tl.cdiv(queries, BLOCK_M))
+    key_positions = tl.load(position_base + columns, mask=columns < keys, other=0) if HAS_BIAS else columns
     for i in range(partial, partial + whole):  # the whole tiles first, as in the forward
-        dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
-                                    stats_base, position_base, rank_base, table_base, center, queries, keys, head_dim,
-                                    scale2, stream, rate, False, HAS_BIAS, DIM, BLOCK_M, PRECISION, DROPOUT, LSE,
-                                    DELTA)
+        dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, key_positions, q_base, do_base,
+                                    stride_qt, stride_dt, stats_base, position_base, rank_base, table_base, center,
+                                    queries, keys, head_dim, scale2, stream, rate, False, HAS_BIAS, DIM, BLOCK_M,
+                                    PRECISION, DROPOUT, LSE, DELTA)
     for i in range(0, partial):
-        dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, q_base, do_base, stride_qt, stride_dt,
-                                    stats_base, position_base, rank_base, table_base, center, queries, keys, head_dim,
-                                    scale2, stream, rate, True, HAS_BIAS, DIM, BLOCK_M, PRECISION, DROPOUT, LSE,
-                                    DELTA)
+        dk, dv = _key_gradient_tile(k, v, dk, dv, tl.load(tiles + i), columns, key_positions, q_base, do_base,
+                                    stride_qt, stride_dt, stats_base, position_base, rank_base, table_base, center,
+                                    queries, keys, head_dim, scale2, stream, rate, True, HAS_BIAS, DIM, BLOCK_M,
+                                    PRECISION, DROPOUT, LSE, DELTA)
     tile_mask = (columns[:, None] < keys) & (dims[None, :] < head_dim)
     dk_base, dv_base = DK + b64 * stride_kb + h64 * stride_kh, DV + b64 * stride_vb + h64 * stride_vh
     tl.store(dk_base + columns[:, None].to(tl.int64) * stride_kt + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
@@ -460,7 +481,7 @@ def _kept_pairs_kernel(KEPT, seed, rate, heads, queries, keys, BLOCK_M: tl.const
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     columns = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     ones = tl.full((BLOCK_M, BLOCK_N), 1.0, dtype=tl.float32)
-    kept = _dropout(ones, rows, columns, keys, _stream(seed, b64, h64, heads), rate) != 0
+    kept = _dropout(ones, rows, columns, keys, _stream(seed, b64, h64, heads), rate, False) != 0
     base = KEPT + tl.program_id(0).to(tl.int64) * queries * keys
     tl.store(base + rows[:, None] * keys + columns[None, :], kept.to(tl.int8),
              mask=(rows[:, None] < queries) & (columns[None, :] < keys))
