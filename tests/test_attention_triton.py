@@ -86,7 +86,7 @@ def kernels(monkeypatch):
     from palm_plugin.modules import attention_triton
 
     assert attention_triton.INTERPRETED
-    for kernel in ("FORWARD", "QUERY_GRADIENT", "KEY_GRADIENT"):
+    for kernel in ("FORWARD", "QUERY_GRADIENT", "QUERY_GRADIENT_WITHOUT_BIAS", "KEY_GRADIENT"):
         monkeypatch.setattr(attention_triton, kernel, attention_triton.Tiles(16, 16, 4))
     return attention_triton
 
@@ -244,9 +244,11 @@ def test_tiles_of_unequal_sides(kernels, monkeypatch):
     next kernel's."""
     monkeypatch.setattr(kernels, "FORWARD", kernels.Tiles(16, 32, 4))
     monkeypatch.setattr(kernels, "QUERY_GRADIENT", kernels.Tiles(32, 16, 4))
+    monkeypatch.setattr(kernels, "QUERY_GRADIENT_WITHOUT_BIAS", kernels.Tiles(16, 32, 4))
     monkeypatch.setattr(kernels, "KEY_GRADIENT", kernels.Tiles(16, 32, 4))
-    errors = run_case(kernels, "pmlm AE+PAR")
-    assert max(errors.values()) < 2e-6, errors
+    for case in ("pmlm AE+PAR", "unilm pre-training mix"):  # with the bias and without: dQ's tiles differ
+        errors = run_case(kernels, case)
+        assert max(errors.values()) < 4e-6, (case, errors)  # float32 sums in the tiles' order (2.1e-6 seen)
 
 
 @interpreted
@@ -462,7 +464,7 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
 
     costs = {}
     for has_bias, dropout in ((True, True), (True, False), (False, True), (False, False)):
-        for name, tiles in kernel_tiles().items():
+        for name, tiles in kernel_tiles(has_bias).items():
             compiled = compile_for_the_h100(name, HAS_BIAS=has_bias, DROPOUT=dropout)
             ptx_file = tmp_path / f"{name}.ptx"
             ptx_file.write_text(compiled.asm["ptx"])
@@ -493,10 +495,12 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
             assert has_bias or partial - whole <= 18, (name, whole, partial)
 
 
-def kernel_tiles():
+def kernel_tiles(has_bias=True):
+    """Each kernel's tiles (dQ's depend on whether the bias is there)."""
     from palm_plugin.modules import attention_triton as kernels
 
-    return {"_forward_kernel": kernels.FORWARD, "_query_gradient_kernel": kernels.QUERY_GRADIENT,
+    return {"_forward_kernel": kernels.FORWARD,
+            "_query_gradient_kernel": kernels.QUERY_GRADIENT if has_bias else kernels.QUERY_GRADIENT_WITHOUT_BIAS,
             "_key_gradient_kernel": kernels.KEY_GRADIENT}
 
 
@@ -509,7 +513,7 @@ def compile_for_the_h100(name, **constants):
 
     from palm_plugin.modules import attention_triton as kernels
 
-    kernel, tiles = getattr(kernels, name), kernel_tiles()[name]
+    kernel, tiles = getattr(kernels, name), kernel_tiles(constants["HAS_BIAS"])[name]
     if "NUM_BUCKETS" in kernel.arg_names:
         constants.setdefault("NUM_BUCKETS", 32)
     constants = dict(DIM=64, BLOCK_M=tiles.rows, BLOCK_N=tiles.keys, PRECISION="tf32", **constants)

@@ -56,11 +56,13 @@ class Tiles(NamedTuple):
     warps: int
 
 
-# Each kernel's tiles: compiled for the H100 at base size in bf16, with and without the bias and dropout, the choices
-# tried that leave no register spilled in any of them (tests/test_attention_triton.py; the walked tile narrower in
-# the backward, whose programs hold more); not yet timed on a card.
+# Each kernel's tiles: of those compiled for the H100 at base size in bf16 with no register spilled in a loop, the
+# fewest instructions issued over the tiles of a pmlm AE+PAR and a UniLM pre-training batch (docs/benchmarks-gpu.md
+# section 13; the walked tile narrower in the backward, whose programs hold more). dQ's tile is smaller with the bias:
+# a larger tile reaches more buckets, and their sums cost more than the larger tile saves. Not yet timed on a card.
 FORWARD = Tiles(128, 64, 8)
-QUERY_GRADIENT = Tiles(64, 32, 4)
+QUERY_GRADIENT = Tiles(64, 32, 4)  # with UniLMv2's bias
+QUERY_GRADIENT_WITHOUT_BIAS = Tiles(128, 64, 8)
 KEY_GRADIENT = Tiles(32, 64, 4)
 # whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
 INTERPRETED = bool(triton.knobs.runtime.interpret)
@@ -455,7 +457,8 @@ class TritonMask(FusedMask):
         self.ranks = torch.stack(visibility_ranks(steps, kinds, padding), 1).int().contiguous()  # (B, 2, T)
         mask = pmlm_mask(steps, kinds, padding)
         self.forward_tiles = tile_lists(mask, FORWARD.rows, FORWARD.keys)
-        self.query_gradient_tiles = tile_lists(mask, QUERY_GRADIENT.rows, QUERY_GRADIENT.keys)
+        self.query_gradient = QUERY_GRADIENT if positions is not None else QUERY_GRADIENT_WITHOUT_BIAS
+        self.query_gradient_tiles = tile_lists(mask, self.query_gradient.rows, self.query_gradient.keys)
         self.key_gradient_tiles = tile_lists(mask.transpose(1, 2), KEY_GRADIENT.keys, KEY_GRADIENT.rows)
         self.positions = None if positions is None else positions.int().contiguous()
         self.bias_weight = bias_weight
@@ -568,7 +571,7 @@ class _TritonAttention(torch.autograd.Function):
         buckets = plan.offset_buckets if has_bias else plan.ranks
         num_buckets = triton.next_power_of_2(plan.bias_weight.size(1)) if has_bias else 1
         flags = dict(HAS_BIAS=has_bias, DROPOUT=ctx.dropout_p > 0)
-        grid, constants = _launch(QUERY_GRADIENT, QUERY_GRADIENT.rows, q, NUM_BUCKETS=num_buckets, **flags)
+        grid, constants = _launch(plan.query_gradient, plan.query_gradient.rows, q, NUM_BUCKETS=num_buckets, **flags)
         bucket_sums = q.new_zeros(batch, heads, grid[1], num_buckets, dtype=torch.float32)
         _query_gradient_kernel[grid](
             q, k, v, grad_out, lse, delta, dq, bucket_sums, plan.ranks, *plan.query_gradient_tiles, positions, table,
