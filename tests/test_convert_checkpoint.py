@@ -3,6 +3,7 @@ against the reference implementations (transformers' BERT, fairseq's RoBERTa, an
 import argparse
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -349,6 +350,15 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
                        match=r"pytorch_model\.bin: missing parameters \['encoder\.stack\.layers\.1\.fc2\.weight'\]; the "
                              r"file holds part of the model, .* convert the model's complete weights$"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    # a whole layer missing (16 parameters): the first 5 names, then " ..." says that the list goes on
+    torch.save({k: v for k, v in bert.state_dict().items() if not k.startswith("encoder.layer.1.")},
+               source / "pytorch_model.bin")
+    with pytest.raises(SystemExit) as exit_status:
+        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    assert re.fullmatch(r"error: .*pytorch_model\.bin: missing parameters \[('encoder\.stack\.layers\.1\.[\w.]+', ){4}"
+                        r"'encoder\.stack\.layers\.1\.[\w.]+'\] \.\.\.; the file holds part of the model, or another "
+                        r"one than config\.json describes: convert the model's complete weights",
+                        str(exit_status.value)), str(exit_status.value)
 
     # no token embedding (checked before any name is mapped): the message names the file and the parameter
     torch.save({k: v for k, v in bert.state_dict().items() if k != "embeddings.word_embeddings.weight"},

@@ -408,8 +408,10 @@ def test_unilm2_export_writes_the_released_fast_qkv_layout(tmp_path, capsys):
     for name, tensor in state.items():
         assert torch.equal(tensor, back[name]), name
     assert json.loads((tmp_path / "back" / "config.json").read_text())["rel_pos_bins"] == 32
+    # the command to copy names the file the conversion wrote
     assert "fine-tune it with: fairseq-train DATA --user-dir palm_plugin --task unilm_seq2seq --arch unilm2_base " \
-           "--pseudo-masks --criterion unilm_cloze --finetune-from-model" in capsys.readouterr().out
+           f"--pseudo-masks --criterion unilm_cloze --finetune-from-model {tmp_path / 'ours' / 'model.pt'} ... " \
+           in capsys.readouterr().out
     convert.main(["bert", "--input", str(tmp_path / "back"), "--output", str(tmp_path / "again")])
     first, second = (safe_loading.load_state(str(tmp_path / d / "model.pt"))["model"] for d in ("ours", "again"))
     for name in first:
@@ -587,8 +589,9 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
     (source / "config.json").write_text(json.dumps(config.to_dict()))
     embedding = "roberta.embeddings.word_embeddings.weight"
     save_file({**weights, embedding: weights[embedding][:-1]}, source / "model.safetensors")
+    # a vocabulary that is not the weights' own: the message says which file must change
     with pytest.raises(SystemExit, match=rf"model\.safetensors: the token embedding does not have the {config.vocab_size} rows of "
-                                         r".*vocab\.json"):
+                                         r".*vocab\.json; the folder's vocab\.json must be the model's own$"):
         convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
     save_file(weights, source / "model.safetensors")
     vocab = json.loads((source / "vocab.json").read_text())

@@ -4,6 +4,7 @@ is zero (a worker with a dummy batch, a batch without PAR targets), which must l
 import math
 
 import pytest
+import torch
 from fairseq import metrics
 
 from palm_plugin.criterions.palm_mlm_lm import PalmMlmLmCriterion
@@ -116,6 +117,22 @@ def test_an_epochs_next_sentence_accuracy_weighs_each_update_by_its_rows():
             UniLMClozeCriterion.reduce_metrics([update])
         values = epoch.get_smoothed_values()
     assert values["next_sentence_accuracy"] == 0.25
+
+
+@pytest.mark.parametrize("updates", [1, 3], ids=["one_update", "an_epoch_of_three"])
+def test_next_sentence_accuracy_is_the_same_from_a_device_count_as_from_an_int(updates):
+    """The forward logs the correct rows as an int, or with --syncs-at-start as the device tensor it summed (not read
+    inside the step); one device's trainer hands them to reduce_metrics as they are. 3 of 80 is 0.0375: in double it
+    logs 0.037, in float32 (an int64 tensor divided by an int) 0.038. Both ways must log Python's round(3 / 80, 3)."""
+    logged_values = []
+    for correct in (3, torch.tensor(3)):
+        with metrics.aggregate() as epoch:
+            for _ in range(updates):
+                UniLMClozeCriterion.reduce_metrics([{"loss": 1.0, "nll_loss": 1.0, "sample_size": 1,
+                                                     "next_sentence_loss": 1.0, "next_sentence_rows": 80,
+                                                     "next_sentence_correct": correct}])
+            logged_values.append(epoch.get_smoothed_values()["next_sentence_accuracy"])
+    assert logged_values == [round(3 / 80, 3)] * 2 == [0.037] * 2
 
 
 def test_pseudo_masked_lm_logs_the_loss_of_a_single_prediction():
