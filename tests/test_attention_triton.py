@@ -447,13 +447,15 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
     moved between layouts through shared memory inside the loops (a mask read as a (rows, keys) tile made the
     compiler carry the softmax in a second layout and convert every tile's scores).
 
-    And what the loops cost, in the card's instructions per score a thread computes (the kernels issue more
-    instructions than their products need, so this is their cost; docs/benchmarks-gpu.md section 13): attention
-    dropout adds at most 30 (a Philox draw per pair added 56 to 62: one draw now keeps four pairs); without the bias,
-    a tile the mask shows partly costs at most 18 more than a whole one (evaluating the pseudo-masked rule from each
-    token's step and kind cost 24 to 26 more in the forward and dQ kernels: two comparisons of ranks now); the
-    bucket sums of UniLMv2's bias stay within a warp:
-    16 buckets more add fewer than 16 barriers (a sum over the whole tile waited on every warp once per bucket)."""
+    And what the loops cost, in the card's instructions per score a thread computes, compiled as a launch compiles
+    them (:data:`ALIGNED`; the kernels issue more instructions than their products need, so this is their cost;
+    docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 16 (a Philox draw per pair added 56
+    to 62, then one draw of 10 rounds for four pairs about 20: 7 rounds now); UniLMv2's bias adds at most 10 in the
+    forward and dK/dV kernels (12 when the table held the bias unscaled and the position ids were read masked); without
+    the bias, a tile the mask shows partly costs at most 20 more than a whole one (evaluating the pseudo-masked rule
+    from each token's step and kind cost 24 to 26 more in the forward and dQ kernels: two comparisons of ranks now);
+    the bucket sums of UniLMv2's bias stay within a warp: 16 buckets more add fewer than 16 barriers (a sum over the
+    whole tile waited on every warp once per bucket)."""
     import re
     from triton.backends.nvidia.compiler import get_ptxas
 
@@ -491,8 +493,10 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
         for has_bias in (True, False):
             whole, partial = costs[name, has_bias, False]
             with_dropout = costs[name, has_bias, True][0]
-            assert with_dropout - whole <= 30, (name, has_bias, whole, with_dropout)
-            assert has_bias or partial - whole <= 18, (name, whole, partial)
+            assert with_dropout - whole <= 16, (name, has_bias, whole, with_dropout)
+            assert has_bias or partial - whole <= 20, (name, whole, partial)
+        if name != "_query_gradient_kernel":  # whose tiles differ with the bias, and which sums its buckets
+            assert costs[name, True, False][0] - costs[name, False, False][0] <= 10, (name, costs)
 
 
 def kernel_tiles(has_bias=True):
@@ -520,8 +524,23 @@ def compile_for_the_h100(name, **constants):
     signature = {arg: "constexpr" if arg in constants else f"*{POINTER_TYPES.get(arg, 'bf16')}"
                  if arg.isupper() else "fp32" if arg.startswith("scale") or arg == "rate" else "i32"
                  for arg in kernel.arg_names}
-    return triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=tiles.warps))
+    return triton.compile(ASTSource(kernel, signature, constants, aligned_as_launched(kernel, signature, ALIGNED)),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=tiles.warps))
+
+
+# The arguments a base-size call passes as multiples of 16 (Triton's launcher tells the compiler so, which lets it
+# load 16 bytes at a time): every tensor (torch allocates at 256 bytes; the heads' views start at multiples of
+# 64 elements), every stride (multiples of the head size) and the head size; not the heads (12), lengths (any),
+# the table's width (2P - 1) or the seed.
+ALIGNED = ("stride", "head_dim")
+
+
+def aligned_as_launched(kernel, signature, integers):
+    """``ASTSource``'s attributes for a launch whose tensors, and the integers named with a prefix in ``integers``,
+    are multiples of 16 (``triton.backends.compiler.BaseBackend.get_*_specialization``): compiled without them, the
+    kernels load one element at a time, which no launch on a card does."""
+    return {(index,): [["tt.divisibility", 16]] for index, arg in enumerate(kernel.arg_names)
+            if signature[arg].startswith("*") or signature[arg] == "i32" and arg.startswith(integers)}
 
 
 def sass_loops(compiled, tmp_path):

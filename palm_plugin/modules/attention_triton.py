@@ -67,6 +67,9 @@ KEY_GRADIENT = Tiles(32, 64, 4)
 # whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 LOG2E = 1.4426950408889634  # the kernels work in base 2: exp2 is one instruction
+# The dropout's Philox rounds: FlashAttention's 7 (torch's copy of it, whose dropout fairseq's own models get through
+# SDPA, runs 7), where Triton and cuRAND default to 10 (docs/benchmarks-gpu.md section 14)
+PHILOX_ROUNDS = tl.constexpr(7)
 PADDING_RANK = tl.constexpr(attention_masks.PADDING_RANK)
 
 
@@ -84,8 +87,9 @@ def _scores(x, y, rows, columns, row_positions, column_positions, rank_base, tab
             offsets = row_positions[:, None] - column_positions[None, :] + center
         else:
             offsets = column_positions[None, :] - row_positions[:, None] + center
-        # the bias enters the product as its accumulator, in units of the product (q k^T), then both are scaled
-        bias = tl.load(table_base + offsets).to(tl.float32) * (1.4426950408889634 / scale2)
+        # the bias enters the product as its accumulator, in units of the product (q k^T), as the table holds it
+        # (_bias_table); then both are scaled
+        bias = tl.load(table_base + offsets).to(tl.float32)
         scores = tl.dot(x, tl.trans(y), bias, input_precision=PRECISION) * scale2
     else:
         scores = tl.dot(x, tl.trans(y), input_precision=PRECISION) * scale2
@@ -152,14 +156,15 @@ def _dropout(like, rows, columns, keys, stream, rate, KEYS_ARE_ROWS: tl.constexp
     # computed where `like` is held: without this select the compiler draws in a layout of its own and moves the
     # four results through shared memory, with barriers (the counter of a NaN does not matter)
     anchor = _quarters(like, ROWS, COLUMNS)[0]
-    draws = tl.randint4x(stream, tl.where(anchor == anchor, counters, 0))
-    # kept where a draw's top 31 bits reach rate * 2^31: integer work only (tl.rand's floats cost two more a draw)
-    threshold = tl.cast(rate * 2147483648.0, tl.uint32)
+    draws = tl.randint4x(stream, tl.where(anchor == anchor, counters, 0), PHILOX_ROUNDS)
+    # kept where a draw reaches rate * 2^32: one integer comparison (tl.rand's floats cost two more a draw); below
+    # 2^32 as a float32 (the last one is 2^32 - 256), so a rate near 1 cannot wrap to a threshold of 0
+    threshold = tl.minimum(rate * 4294967296.0, 4294967040.0).to(tl.uint32)
     scale = 1.0 / (1.0 - rate)
-    f0 = tl.where(draws[0] >> 1 >= threshold, scale, 0.0)
-    f1 = tl.where(draws[1] >> 1 >= threshold, scale, 0.0)
-    f2 = tl.where(draws[2] >> 1 >= threshold, scale, 0.0)
-    f3 = tl.where(draws[3] >> 1 >= threshold, scale, 0.0)
+    f0 = tl.where(draws[0] >= threshold, scale, 0.0)
+    f1 = tl.where(draws[1] >= threshold, scale, 0.0)
+    f2 = tl.where(draws[2] >= threshold, scale, 0.0)
+    f3 = tl.where(draws[3] >= threshold, scale, 0.0)
     if KEYS_ARE_ROWS:  # the quarters' (b, d) are (key's, query's)
         return _whole(f0, f2, f1, f3, ROWS, COLUMNS)
     return _whole(f0, f1, f2, f3, ROWS, COLUMNS)
@@ -187,6 +192,15 @@ def _tile_list(COUNTS, TILES, b64, held, walked):
 
 
 @triton.jit
+def _positions(base, tokens, count, PARTIAL: tl.constexpr):
+    """The position ids of a walked tile's tokens (0 past ``count``): a whole tile has none past it, and its loads
+    need no mask."""
+    if PARTIAL:
+        return tl.load(base + tokens, mask=tokens < count, other=0)
+    return tl.load(base + tokens)
+
+
+@triton.jit
 def _load_rows(base, stride, rows, count, dims, head_dim):
     """A ``(rows, DIM)`` tile of a ``(B, h, T, d)`` tensor (zero past the length and past ``d``)."""
     return tl.load(base + rows[:, None] * stride + dims[None, :],
@@ -203,7 +217,7 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    key_positions = tl.load(key_base + columns, mask=columns < keys, other=0) if HAS_BIAS else columns
+    key_positions = _positions(key_base, columns, keys, PARTIAL) if HAS_BIAS else columns
     scores = _scores(q, k, rows, columns, query_positions, key_positions, rank_base, table_base, center, queries, keys,
                      scale2, PARTIAL, HAS_BIAS, PRECISION, False)
     new_max = tl.maximum(row_max, tl.max(scores, 1))
@@ -269,7 +283,7 @@ def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_posi
     dims = tl.arange(0, DIM)
     k = _load_rows(k_base, stride_k, columns, keys, dims, head_dim)
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
-    key_positions = tl.load(key_base + columns, mask=columns < keys, other=0) if HAS_BIAS else columns
+    key_positions = _positions(key_base, columns, keys, PARTIAL) if HAS_BIAS else columns
     scores = _scores(q, k, rows, columns, query_positions, key_positions, rank_base, table_base, center, queries, keys,
                      scale2, PARTIAL, HAS_BIAS, PRECISION, False)
     probs = tl.math.exp2(scores - lse[:, None])
@@ -361,7 +375,7 @@ def _key_gradient_tile(k, v, dk, dv, tile, keys_held, key_positions, q_base, do_
     do = _load_rows(do_base, stride_do, rows, queries, dims, head_dim)
     lse = tl.load(LSE + stats_base + rows, mask=rows < queries, other=0.0)
     delta = tl.load(DELTA + stats_base + rows, mask=rows < queries, other=0.0)
-    query_positions = tl.load(position_base + rows, mask=rows < queries, other=0) if HAS_BIAS else rows
+    query_positions = _positions(position_base, rows, queries, PARTIAL) if HAS_BIAS else rows
     scores = _scores(k, q, keys_held, rows, key_positions, query_positions, rank_base, table_base, center, keys,
                      queries, scale2, PARTIAL, HAS_BIAS, PRECISION, True)
     probs = tl.math.exp2(scores - lse[None, :])
@@ -537,6 +551,14 @@ def _like_heads(t: Tensor) -> Tensor:
     return t.new_empty(batch, length, heads, head_dim).transpose(1, 2)
 
 
+def _bias_table(bias_weight: Tensor, offset_buckets: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
+    """``(h, 2P - 1)``: the bias of every offset in units of ``q k^T`` (divided by the softmax's ``scale``: a power
+    of two, so no rounding, for heads of 4^n such as 64), as the kernels add it to the product before scaling it, in
+    the inputs' dtype (a tile of it is moved between layouts through shared memory every step: half the traffic of
+    float32). Not part of autograd: the kernels' bucket sums give the weight's gradient."""
+    return (bias_weight.detach()[:, offset_buckets.long()].float() / scale).to(dtype).contiguous()
+
+
 class _TritonAttention(torch.autograd.Function):
 
     @staticmethod
@@ -544,11 +566,11 @@ class _TritonAttention(torch.autograd.Function):
         q, k, v = (_heads_layout(t) for t in (q, k, v))
         batch, heads, queries, head_dim = q.shape
         has_bias = bias_weight is not None
-        table = bias_weight[:, plan.offset_buckets.long()].to(q.dtype).contiguous() if has_bias else q.new_zeros(1, 1)
+        scale = head_dim ** -0.5
+        table = _bias_table(bias_weight, plan.offset_buckets, scale, q.dtype) if has_bias else q.new_zeros(1, 1)
         positions = plan.positions if has_bias else plan.ranks  # any int32 tensor when unread
         out = _like_heads(q)
         lse = q.new_empty(batch, heads, queries, dtype=torch.float32)
-        scale = head_dim ** -0.5
         seed = draw_seed() if dropout_p > 0 else 0
         grid, constants = _launch(FORWARD, FORWARD.rows, q, HAS_BIAS=has_bias, DROPOUT=dropout_p > 0)
         _forward_kernel[grid](

@@ -54,19 +54,20 @@ def _tanh(x):
 
 
 @triton.jit
-def _scores_kernel(memory_t, query_t, weight, scores, steps, sources, DIM: tl.constexpr,
+def _scores_kernel(memory_t, query_t, weight, scores, steps, sources, padded_steps, padded_sources, DIM: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr):
     """scores[b, t, l] for one (sentence, target tile, source tile), one attention feature at a time."""
     b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     l = tl.program_id(2) * BLOCK_S + tl.arange(0, BLOCK_S)
-    query_column = query_t + b * DIM * steps + t  # (B, A, T): feature a of the tile's rows at a * steps
-    memory_column = memory_t + b * DIM * sources + l
+    # (B, A, T') and (B, A, S'), zeros past the lengths (_padded_columns): a feature's column for the tile's rows
+    # at a * padded_steps, read whole
+    query_column = query_t + b * DIM * padded_steps + t
+    memory_column = memory_t + b * DIM * padded_sources + l
     total = tl.zeros((BLOCK_T, BLOCK_S), dtype=tl.float32)
     for a in range(DIM):
-        # masked loads read 0; rows and positions past the lengths are not stored
-        q = tl.load(query_column + a * steps, mask=t < steps, other=0.0).to(tl.float32)
-        m = tl.load(memory_column + a * sources, mask=l < sources, other=0.0).to(tl.float32)
+        q = tl.load(query_column + a * padded_steps).to(tl.float32)
+        m = tl.load(memory_column + a * padded_sources).to(tl.float32)
         w = tl.load(weight + a).to(tl.float32)
         total += w * _tanh(q[:, None] + m[None, :])
     tl.store(scores + b * steps * sources + t[:, None] * sources + l[None, :], total,
@@ -74,13 +75,15 @@ def _scores_kernel(memory_t, query_t, weight, scores, steps, sources, DIM: tl.co
 
 
 @triton.jit
-def _step_values(features, grads, feature_mask, grad_mask, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
-    """A backward step's row of features ``(1, COLUMNS)``, as stored, and its gradients, one a tile row, broadcast to
-    the ``(ROWS, COLUMNS)`` tile: carried to the next step in the tile's own layout, they need no conversion (a
-    ``(ROWS, 1)`` column would be converted through shared memory at every step)."""
+def _step_values(features, grads, feature_mask, grad_mask):
+    """A backward step's row of features ``(1, COLUMNS)``, as stored, and its gradients ``(ROWS, 1)``, one a tile
+    row. The tile's loads are 16 bytes a thread where the tensors are aligned (as every launch's are), in a layout of
+    their own, so each step moves the row and the column into it through shared memory: small moves (broadcast to
+    the tile first, the column would move as a whole tile: more instructions and barriers, docs/benchmarks-gpu.md
+    section 14)."""
     row = tl.load(features, mask=feature_mask, other=0.0)[None, :]
     column = tl.load(grads, mask=grad_mask, other=0.0)[:, None]
-    return row, tl.broadcast_to(column, (ROWS, COLUMNS))
+    return row, column
 
 
 @triton.jit
@@ -100,12 +103,12 @@ def _query_gradient_kernel(memory, query, weight, grad_t, grad_query, weight_sha
     outputs = tl.zeros((BLOCK_T, BLOCK_A), dtype=tl.float32)  # sum_l g y
     # each step's values are loaded a step ahead, so that their latency hides behind a step's work (Triton's
     # pipeliner leaves these loads alone); g reads 0 past the rows: adds nothing
-    m, g = _step_values(memory_row, grad_row, (a < DIM) & (sources > 0), (t < steps) & (sources > 0), BLOCK_T, BLOCK_A)
+    m, g = _step_values(memory_row, grad_row, (a < DIM) & (sources > 0), (t < steps) & (sources > 0))
     l = 0
     while l < sources:  # not range(): Triton 3.6's interpreter takes no run-time bound there (with numpy 2.4)
         ahead = l + 1 < sources
         m_next, g_next = _step_values(memory_row + (l + 1) * DIM, grad_row + (l + 1) * steps, (a < DIM) & ahead,
-                                      (t < steps) & ahead, BLOCK_T, BLOCK_A)
+                                      (t < steps) & ahead)
         y = _tanh(q + m.to(tl.float32))
         gy = g * y
         outputs += gy
@@ -131,12 +134,12 @@ def _memory_gradient_kernel(memory, query, weight, grad, grad_memory, steps, sou
     grad_row = grad + b * steps * sources + l
     slopes = tl.zeros((BLOCK_S, BLOCK_A), dtype=tl.float32)  # sum_t g (1 - y^2)
     # a step ahead, as in _query_gradient_kernel
-    q, g = _step_values(query_row, grad_row, (a < DIM) & (steps > 0), (l < sources) & (steps > 0), BLOCK_S, BLOCK_A)
+    q, g = _step_values(query_row, grad_row, (a < DIM) & (steps > 0), (l < sources) & (steps > 0))
     t = 0
     while t < steps:  # not range(): as in _query_gradient_kernel
         ahead = t + 1 < steps
         q_next, g_next = _step_values(query_row + (t + 1) * DIM, grad_row + (t + 1) * sources, (a < DIM) & ahead,
-                                      (l < sources) & ahead, BLOCK_S, BLOCK_A)
+                                      (l < sources) & ahead)
         y = _tanh(m + q.to(tl.float32))
         slopes += g - g * y * y
         q, g = q_next, g_next
@@ -159,10 +162,21 @@ def additive_scores(memory: Tensor, query: Tensor, weight: Tensor) -> Tensor:
     scores = memory.new_empty(batch, steps, sources, dtype=torch.float32)
     block_t, block_s, _ = TILE
     grid = batch, triton.cdiv(steps, block_t), triton.cdiv(sources, block_s)
+    memory_t, query_t = _padded_columns(memory, block_s), _padded_columns(query, block_t)
     _runnable(_scores_kernel, memory)[grid](
-        memory.transpose(1, 2).contiguous(), query.transpose(1, 2).contiguous(), weight.contiguous(), scores, steps,
-        sources, DIM=dim, BLOCK_T=block_t, BLOCK_S=block_s)
+        memory_t, query_t, weight.contiguous(), scores, steps, sources, query_t.size(2), memory_t.size(2), DIM=dim,
+        BLOCK_T=block_t, BLOCK_S=block_s)
     return scores
+
+
+def _padded_columns(x: Tensor, block: int) -> Tensor:
+    """``(B, L, A)`` -> ``(B, A, L')``, ``L'`` the length in whole tiles of ``block`` (a multiple of 16), zeros past
+    ``L``: the forward kernel reads each column of a tile unmasked, 16 bytes a thread (a launch tells the compiler
+    that ``L'`` is a multiple of 16)."""
+    batch, length, dim = x.shape
+    columns = x.new_zeros(batch, dim, triton.cdiv(length, block) * block)
+    columns[:, :, :length] = x.transpose(1, 2)
+    return columns
 
 
 def additive_score_gradients(memory: Tensor, query: Tensor, weight: Tensor, grad: Tensor) -> Tuple[Tensor, ...]:
