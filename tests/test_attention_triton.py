@@ -367,33 +367,36 @@ def test_the_model_trains_with_the_recipes_attention_dropout(kernels):
 
 
 @interpreted
-@pytest.mark.parametrize("case", ["pmlm AE+PAR", "unilm pre-training mix"])
-def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels, case):
-    """Dropout 0.25: the output and every gradient equal float64 autograd of the papers' attention with the kept
-    pairs the kernels draw (:func:`kept_pairs` under the call's seed) scaled by 1 / 0.75, so the backward kernels drew
-    the forward's pairs; about 75% of the pairs kept; another seed, other pairs; the pairs one draw keeps, and their
-    neighbours, independent."""
-    rate = 0.25
+@pytest.mark.parametrize("case, rate", [("pmlm AE+PAR", 0.25), ("unilm pre-training mix", 0.1)])
+def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels, case, rate):
+    """Dropout 0.25 and BERT's 0.1: the output and every gradient equal float64 autograd of the papers' attention with
+    the kept pairs the kernels draw (:func:`kept_pairs` under the call's seed) scaled by the inverse of the
+    probability of keeping one (:func:`keep_probability`: 0.9 is kept as 58982 / 65536), so the backward kernels
+    drew the forward's pairs; about that share of the pairs kept; another seed, other pairs; the pairs one draw keeps,
+    and their neighbours, independent."""
+    keep = kernels.keep_probability(rate)
+    assert keep == (0.75 if rate == 0.25 else 58982 / 65536)
     fields, positions, with_bias = CASES[case]
     mask = mask_from_fields(**fields)
     torch.manual_seed(5)
     seed = kernels.draw_seed()
     kept = kernels.kept_pairs(seed, rate, BATCH, HEADS, LENGTH, "cpu")
     share = float(kept.float().mean())
-    assert abs(share - (1 - rate)) < 4 * ((rate * (1 - rate)) / kept.numel()) ** 0.5, share
+    assert abs(share - keep) < 4 * ((keep * (1 - keep)) / kept.numel()) ** 0.5, share
     assert not torch.equal(kept, kernels.kept_pairs(seed + 1, rate, BATCH, HEADS, LENGTH, "cpu"))
     # every (sentence, head) draws its own pairs: two of them agree as often as independent draws would
-    independent = (1 - rate) ** 2 + rate ** 2
+    independent = keep ** 2 + (1 - keep) ** 2
     spread = 5 * (independent * (1 - independent) / LENGTH ** 2) ** 0.5
     for a, b in (((0, 0), (0, 1)), ((0, 0), (1, 0)), ((1, 1), (BATCH - 1, 1))):
         agree = float((kept[a] == kept[b]).float().mean())
         assert abs(agree - independent) < spread, (a, b, agree)
-    # one Philox draw keeps four pairs, (i, j), (i, j + 8), (i + 8, j), (i + 8, j + 8) for i and j below 8 in their
-    # 16, each by an output of its own: pairs at those distances agree as often as independent draws, whether they
-    # share a draw or not, and so do neighbours
+    # one Philox draw keeps eight pairs, (i, j), (i, j + 8), (i + 8, j), (i + 8, j + 8) for i and j below 8 in their
+    # 16 and j even, each by an output of its own, and the same with j + 1 by the outputs' other halves: pairs at those
+    # distances agree as often as independent draws, whether they share a draw or not, and so do neighbours
     for axis, distance in ((-1, 1), (-1, 8), (-1, 16), (-2, 1), (-2, 8)):
         first = torch.arange(LENGTH - distance)
-        shares = (first % 16 < 8) if distance == 8 else torch.zeros_like(first, dtype=torch.bool)
+        shares = (first % 16 < 8) if distance == 8 else (first % 2 == 0) if (axis, distance) == (-1, 1) \
+            else torch.zeros_like(first, dtype=torch.bool)
         for shared in (True, False):
             chosen = first[shares == shared]
             if len(chosen) == 0:
@@ -412,7 +415,7 @@ def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels
         module = bias_module()
         module.weight = weight64
         scores = scores + module(positions, positions)
-    expected = (torch.softmax(scores, -1) * kept / (1 - rate)) @ leaves[2]
+    expected = (torch.softmax(scores, -1) * kept / keep) @ leaves[2]
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     expected.backward(grad)
 
@@ -449,13 +452,14 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
 
     And what the loops cost, in the card's instructions per score a thread computes, compiled as a launch compiles
     them (:data:`ALIGNED`; the kernels issue more instructions than their products need, so this is their cost;
-    docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 16 (a Philox draw per pair added 56
-    to 62, then one draw of 10 rounds for four pairs about 20: 7 rounds now); UniLMv2's bias adds at most 10 in the
-    forward and dK/dV kernels (12 when the table held the bias unscaled and the position ids were read masked); without
-    the bias, a tile the mask shows partly costs at most 20 more than a whole one (evaluating the pseudo-masked rule
-    from each token's step and kind cost 24 to 26 more in the forward and dQ kernels: two comparisons of ranks now);
-    the bucket sums of UniLMv2's bias stay within a warp: 16 buckets more add fewer than 16 barriers (a sum over the
-    whole tile waited on every warp once per bucket)."""
+    docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 11 where the queries are the rows and
+    16 in the dK/dV kernel (a Philox draw per pair added 56 to 62, one draw of 10 rounds for four pairs about 20: now
+    7 rounds, and eight pairs a draw by the outputs' halves where a thread holds neighbouring keys); UniLMv2's bias
+    adds at most 10 in the forward and dK/dV kernels (12 when the table held the bias unscaled and the position ids
+    were read masked); without the bias, a tile the mask shows partly costs at most 20 more than a whole one
+    (evaluating the pseudo-masked rule from each token's step and kind cost 24 to 26 more in the forward and dQ
+    kernels: two comparisons of ranks now); the bucket sums of UniLMv2's bias stay within a warp: 16 buckets more add
+    fewer than 16 barriers (a sum over the whole tile waited on every warp once per bucket)."""
     import re
     from triton.backends.nvidia.compiler import get_ptxas
 
@@ -493,7 +497,8 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
         for has_bias in (True, False):
             whole, partial = costs[name, has_bias, False]
             with_dropout = costs[name, has_bias, True][0]
-            assert with_dropout - whole <= 16, (name, has_bias, whole, with_dropout)
+            assert with_dropout - whole <= (16 if name == "_key_gradient_kernel" else 11), (name, has_bias, whole,
+                                                                                           with_dropout)
             assert has_bias or partial - whole <= 20, (name, whole, partial)
         if name != "_query_gradient_kernel":  # whose tiles differ with the bias, and which sums its buckets
             assert costs[name, True, False][0] - costs[name, False, False][0] <= 10, (name, costs)

@@ -577,22 +577,23 @@ def test_triton_attention_on_cuda_equals_sdpa(case, buckets, dtype):
 @needs_cuda
 @pytest.mark.parametrize("case, buckets", [("pmlm AE+PAR", 32), ("unilm pre-training mix", 0)])
 def test_triton_attention_on_cuda_with_dropout_keeps_the_pairs_it_draws(case, buckets):
-    """Dropout 0.25 in the compiled kernels (four pairs a Philox draw, the dK/dV kernel in the keys' orientation):
-    the output and the gradients of q, k, v (and of the bucket weights) equal float64 autograd of the attention with
-    the pairs :func:`kept_pairs` draws under the call's seed, scaled by 1 / 0.75 (fp32, 6 rows of 299 tokens)."""
+    """Dropout 0.1 in the compiled kernels (eight pairs a Philox draw by the halves of its outputs, the dK/dV kernel
+    in the keys' orientation): the output and the gradients of q, k, v (and of the bucket weights) equal float64
+    autograd of the attention with the pairs :func:`kept_pairs` draws under the call's seed, scaled by the inverse of
+    :func:`keep_probability` (fp32, 6 rows of 299 tokens)."""
     from palm_plugin.modules.attention_masks import to_additive
-    from palm_plugin.modules.attention_triton import draw_seed, kept_pairs
+    from palm_plugin.modules.attention_triton import draw_seed, keep_probability, kept_pairs
     from palm_plugin.modules.flex_attention import MaskFields
     from tests.test_flex_attention import BATCH, CASES, LENGTH, make_stack
 
-    rate = 0.25
+    rate = 0.1
     fields, positions = CASES[case]
     generator = torch.Generator().manual_seed(2)
     inputs = [3 * torch.randn(BATCH, 4, LENGTH, 16, generator=generator) for _ in range(3)]
     weights = torch.randn(BATCH, 4, LENGTH, 16, generator=generator)
     torch.manual_seed(5)
     kept = kept_pairs(draw_seed(), rate, BATCH, 4, LENGTH, CUDA).cpu()
-    assert abs(float(kept.float().mean()) - (1 - rate)) < 0.01
+    assert abs(float(kept.float().mean()) - keep_probability(rate)) < 0.01
 
     stack = make_stack(buckets).double()
     q, k, v = (t.double().requires_grad_() for t in inputs)
@@ -600,7 +601,7 @@ def test_triton_attention_on_cuda_with_dropout_keeps_the_pairs_it_draws(case, bu
     if additive.dtype == torch.bool:  # without the bias: the boolean mask, as SDPA takes it
         additive = to_additive(additive, torch.float64)
     probs = torch.softmax(q @ k.transpose(-1, -2) / 16 ** 0.5 + additive, -1)
-    expected = (probs * kept / (1 - rate)) @ v
+    expected = (probs * kept / keep_probability(rate)) @ v
     (expected * weights.double()).sum().backward()
     references = {"output": expected, "q": q.grad, "k": k.grad, "v": v.grad}
     if buckets:

@@ -24,10 +24,11 @@ probabilities from the saved log-sum-exp, one kernel for ``dQ`` (walking key til
   ``(h, num_buckets)`` weight: the ``dQ`` kernel sums each tile's score gradients per row and bucket, over the
   buckets the tile's offsets reach (one, away from the diagonal), sums along rows staying within a warp, and
   writes one partial sum per program, which torch adds up: deterministic, no atomics.
-* Attention dropout (BERT's 0.1, the recipes'): pair ``(i, j)`` of a (sentence, head) is kept by an output of a
+* Attention dropout (BERT's 0.1, the recipes'): pair ``(i, j)`` of a (sentence, head) is kept by 16 bits of a
   Philox draw at a counter of ``(i, j)`` under a key made of the call's seed (drawn from torch's generator, so
-  ``--seed`` fixes it) and the (sentence, head), one draw for four pairs (:func:`_dropout`); the forward and both
-  backward kernels draw the same pairs, and nothing of the mask is stored.
+  ``--seed`` fixes it) and the (sentence, head), one draw for eight pairs (:func:`_dropout`), the rate in steps of
+  2^-16 (:func:`keep_probability`); the forward and both backward kernels draw the same pairs, and nothing of the
+  mask is stored.
 
 Sums run in float32 whatever the inputs' dtype; probabilities are rounded to it before their products with ``V`` (as
 FlashAttention does). The kernels run on CUDA tensors; under Triton's interpreter (``TRITON_INTERPRET=1`` when triton
@@ -138,36 +139,74 @@ def _whole(top_left, top_right, bottom_left, bottom_right, ROWS: tl.constexpr, C
 @triton.jit
 def _dropout(like, rows, columns, keys, stream, rate, KEYS_ARE_ROWS: tl.constexpr):
     """Attention dropout's factor for each pair of a ``(rows, columns)`` tile of queries x keys (keys x queries with
-    ``KEYS_ARE_ROWS``), in the layout of ``like`` (a tile of that shape): ``1 / (1 - rate)`` for a kept pair,
-    probability ``1 - rate``, else 0. One Philox draw under the program's ``stream`` (the call's seed and the
-    (sentence, head)) keeps four pairs: for query ``16 a + 8 b + r`` and key ``16 c + 8 d + e`` (``r, e < 8``), output
-    ``2 b + d`` of the draw at counter ``((8 a + r) ceil(keys / 16) + c) 8 + e``, so every kernel of a call draws the
-    same pairs. Why four a draw, and these four: the draws are most of dropout's cost, and a thread of the products'
-    layouts holds such rows and columns, in either orientation, so taking the tile apart and back moves no data."""
+    ``KEYS_ARE_ROWS``), in the layout of ``like`` (a tile of that shape): for a kept pair the inverse of the
+    probability of keeping it, else 0. The rate is taken in steps of 2^-16 (:func:`keep_probability`). One Philox draw
+    under the program's ``stream`` (the call's seed and the (sentence, head)) keeps eight pairs, each by half of an
+    output: for query ``16 a + 8 b + r`` and key ``16 c + 8 d + e`` (``r, e < 8``), the low half for an even ``e``,
+    the high half for an odd one, of output ``2 b + d`` of the draw at counter ``((8 a + r) ceil(keys / 16) + c) 4 +
+    e // 2``, so every kernel of a call draws the same pairs. Why these eight: the draws are most of dropout's cost,
+    and a thread of the products' layouts holds rows ``i``, ``i + 8`` and keys ``j``, ``j + 1``, ``j + 8``, ``j + 9``,
+    so taking the tile apart and back moves no data. With ``KEYS_ARE_ROWS`` (the dK/dV kernel) a thread holds keys
+    ``j`` and ``j + 8`` but not ``j + 1``: the two threads of a key pair each draw, and each takes its half."""
     ROWS: tl.constexpr = like.shape[0]
     COLUMNS: tl.constexpr = like.shape[1]
+    dropped = tl.minimum(tl.cast(rate * 65536.0 + 0.5, tl.int32), 65535)  # of 2^16: keep_probability's rounding
+    threshold = tl.cast(dropped, tl.uint32) << 16  # a half reaches `dropped` iff shifted to the top it reaches this
+    scale = 65536.0 / (65536 - dropped)
     if KEYS_ARE_ROWS:
         query, key = columns[None, :], rows[:, None]
     else:
         query, key = rows[:, None], columns[None, :]
     query = _quarters(tl.broadcast_to(query, (ROWS, COLUMNS)), ROWS, COLUMNS)[0]
     key = _quarters(tl.broadcast_to(key, (ROWS, COLUMNS)), ROWS, COLUMNS)[0]
-    counters = ((query - query // 16 * 8) * tl.cdiv(keys, 16) + key // 16) * 8 + key % 8
-    # computed where `like` is held: without this select the compiler draws in a layout of its own and moves the
-    # four results through shared memory, with barriers (the counter of a NaN does not matter)
     anchor = _quarters(like, ROWS, COLUMNS)[0]
+    if not KEYS_ARE_ROWS:  # a draw for each pair of keys: the even keys' quarter-tiles
+        query, key, anchor = _key_pairs(query)[0], _key_pairs(key)[0], _key_pairs(anchor)[0]
+    counters = ((query - query // 16 * 8) * tl.cdiv(keys, 16) + key // 16) * 4 + key % 8 // 2
+    # computed where `like` is held: without this select the compiler draws in a layout of its own and moves the
+    # results through shared memory, with barriers (the counter of a NaN does not matter)
     draws = tl.randint4x(stream, tl.where(anchor == anchor, counters, 0), PHILOX_ROUNDS)
-    # kept where a draw reaches rate * 2^32: one integer comparison (tl.rand's floats cost two more a draw); below
-    # 2^32 as a float32 (the last one is 2^32 - 256), so a rate near 1 cannot wrap to a threshold of 0
-    threshold = tl.minimum(rate * 4294967296.0, 4294967040.0).to(tl.uint32)
-    scale = 1.0 / (1.0 - rate)
-    f0 = tl.where(draws[0] >= threshold, scale, 0.0)
-    f1 = tl.where(draws[1] >= threshold, scale, 0.0)
-    f2 = tl.where(draws[2] >= threshold, scale, 0.0)
-    f3 = tl.where(draws[3] >= threshold, scale, 0.0)
-    if KEYS_ARE_ROWS:  # the quarters' (b, d) are (key's, query's)
-        return _whole(f0, f2, f1, f3, ROWS, COLUMNS)
-    return _whole(f0, f1, f2, f3, ROWS, COLUMNS)
+    # kept where the pair's half reaches `dropped`: one integer comparison (tl.rand's floats cost two more a draw)
+    if KEYS_ARE_ROWS:  # the quarters' (b, d) are (key's, query's); each key takes its own half
+        low = 16 - 16 * (key % 2)
+        f0 = tl.where(draws[0] << low >= threshold, scale, 0.0)
+        f1 = tl.where(draws[1] << low >= threshold, scale, 0.0)
+        f2 = tl.where(draws[2] << low >= threshold, scale, 0.0)
+        f3 = tl.where(draws[3] << low >= threshold, scale, 0.0)
+        factors = _whole(f0, f2, f1, f3, ROWS, COLUMNS)
+    else:
+        f0 = _kept_by_halves(draws[0], threshold, scale)
+        f1 = _kept_by_halves(draws[1], threshold, scale)
+        f2 = _kept_by_halves(draws[2], threshold, scale)
+        f3 = _kept_by_halves(draws[3], threshold, scale)
+        factors = _whole(f0, f1, f2, f3, ROWS, COLUMNS)
+    return factors
+
+
+@triton.jit
+def _key_pairs(x):
+    """A quarter-tile ``(.., 8)`` of :func:`_quarters` as its even and odd keys ``(.., 4)``."""
+    A: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[2]
+    return tl.split(tl.reshape(x, (A, 8, C, 4, 2)))
+
+
+@triton.jit
+def _kept_by_halves(draws, threshold, scale):
+    """The factors of a quarter-tile whose even keys take the low halves of ``draws`` (a draw a pair of keys), its
+    odd keys the high halves."""
+    A: tl.constexpr = draws.shape[0]
+    C: tl.constexpr = draws.shape[2]
+    even = tl.where(draws << 16 >= threshold, scale, 0.0)
+    odd = tl.where(draws >= threshold, scale, 0.0)
+    return tl.reshape(tl.join(even, odd), (A, 8, C, 8))
+
+
+def keep_probability(rate: float) -> float:
+    """The probability with which the kernels keep a pair at dropout ``rate``: ``1 - round(rate 2^16) / 2^16``,
+    within 2^-17 of ``1 - rate`` (the kernels compare 16-bit halves of Philox outputs; they scale what they keep by its
+    inverse, so the expectation is the attention without dropout, as torch's dropout keeps it)."""
+    return 1.0 - min(int(rate * 65536.0 + 0.5), 65535) / 65536.0
 
 
 @triton.jit
