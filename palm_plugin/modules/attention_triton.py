@@ -77,23 +77,24 @@ PADDING_RANK = tl.constexpr(attention_masks.PADDING_RANK)
 # ------------------------------------------------------------------------------------------------ one tile's scores
 @triton.jit
 def _scores(x, y, rows, columns, row_positions, column_positions, rank_base, table_base, center, row_count,
-            column_count, scale2, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+            column_count, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
             KEYS_ARE_ROWS: tl.constexpr):
-    """The tile's scores ``x y^T`` in base 2, ``(q k^T / sqrt(d) + b) log2(e)``, -inf where the mask hides a pair
-    (partial tiles only; a whole tile has no pair out of bounds, as :func:`tile_lists` counts the tiles at the edges
-    partial). ``x`` holds the queries and ``y`` the keys, or with ``KEYS_ARE_ROWS`` the other way round (the dK/dV
-    kernel's scores, transposed)."""
+    """The tile's scores ``x y^T`` in the units of the product, ``q k^T + b sqrt(d)``, -inf where the mask hides a
+    pair (partial tiles only; a whole tile has no pair out of bounds, as :func:`tile_lists` counts the tiles at the
+    edges partial). ``x`` holds the queries and ``y`` the keys, or with ``KEYS_ARE_ROWS`` the other way round (the
+    dK/dV kernel's scores, transposed). Their callers scale them to base 2 (``scale2``: ``log2(e) / sqrt(d)``) where
+    they subtract a row's maximum or log-sum-exp, in one multiply-add, as FlashAttention does."""
     if HAS_BIAS:
         if KEYS_ARE_ROWS:
             offsets = row_positions[:, None] - column_positions[None, :] + center
         else:
             offsets = column_positions[None, :] - row_positions[:, None] + center
         # the bias enters the product as its accumulator, in units of the product (q k^T), as the table holds it
-        # (_bias_table); then both are scaled
+        # (_bias_table)
         bias = tl.load(table_base + offsets).to(tl.float32)
-        scores = tl.dot(x, tl.trans(y), bias, input_precision=PRECISION) * scale2
+        scores = tl.dot(x, tl.trans(y), bias, input_precision=PRECISION)
     else:
-        scores = tl.dot(x, tl.trans(y), input_precision=PRECISION) * scale2
+        scores = tl.dot(x, tl.trans(y), input_precision=PRECISION)
     if PARTIAL:
         if KEYS_ARE_ROWS:
             query_ranks = _ranks(rank_base, columns, column_count)[None, :]
@@ -258,10 +259,10 @@ def _forward_tile(q, acc, row_max, row_sum, tile, rows, query_positions, k_base,
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
     key_positions = _positions(key_base, columns, keys, PARTIAL) if HAS_BIAS else columns
     scores = _scores(q, k, rows, columns, query_positions, key_positions, rank_base, table_base, center, queries, keys,
-                     scale2, PARTIAL, HAS_BIAS, PRECISION, False)
-    new_max = tl.maximum(row_max, tl.max(scores, 1))
+                     PARTIAL, HAS_BIAS, PRECISION, False)
+    new_max = tl.maximum(row_max, tl.max(scores, 1) * scale2)  # in base 2
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that has seen nothing yet keeps its zeros
-    probs = tl.math.exp2(scores - shift[:, None])
+    probs = tl.math.exp2(scores * scale2 - shift[:, None])
     rescale = tl.math.exp2(row_max - shift)
     row_sum = row_sum * rescale + tl.sum(probs, 1)  # the softmax's sum: before dropout
     if DROPOUT:
@@ -324,8 +325,8 @@ def _query_gradient_tile(q, do, lse, delta, dq, row_sums, tile, rows, query_posi
     v = _load_rows(v_base, stride_v, columns, keys, dims, head_dim)
     key_positions = _positions(key_base, columns, keys, PARTIAL) if HAS_BIAS else columns
     scores = _scores(q, k, rows, columns, query_positions, key_positions, rank_base, table_base, center, queries, keys,
-                     scale2, PARTIAL, HAS_BIAS, PRECISION, False)
-    probs = tl.math.exp2(scores - lse[:, None])
+                     PARTIAL, HAS_BIAS, PRECISION, False)
+    probs = tl.math.exp2(scores * scale2 - lse[:, None])
     grad_probs = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     if DROPOUT:  # through the dropout: the pairs it kept, scaled as it scaled them
         grad_probs = grad_probs * _dropout(grad_probs, rows, columns, keys, stream, rate, False)
@@ -416,8 +417,8 @@ def _key_gradient_tile(k, v, dk, dv, tile, keys_held, key_positions, q_base, do_
     delta = tl.load(DELTA + stats_base + rows, mask=rows < queries, other=0.0)
     query_positions = _positions(position_base, rows, queries, PARTIAL) if HAS_BIAS else rows
     scores = _scores(k, q, keys_held, rows, key_positions, query_positions, rank_base, table_base, center, keys,
-                     queries, scale2, PARTIAL, HAS_BIAS, PRECISION, True)
-    probs = tl.math.exp2(scores - lse[None, :])
+                     queries, PARTIAL, HAS_BIAS, PRECISION, True)
+    probs = tl.math.exp2(scores * scale2 - lse[None, :])
     grad_probs = tl.dot(v, tl.trans(do), input_precision=PRECISION)
     if DROPOUT:  # dV from the kept pairs; the gradient reaches the kept probabilities only
         factor = _dropout(probs, keys_held, rows, keys, stream, rate, True)
