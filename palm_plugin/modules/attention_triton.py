@@ -57,13 +57,14 @@ class Tiles(NamedTuple):
     warps: int
 
 
-# Each kernel's tiles: of those compiled for the H100 at base size in bf16 with no register spilled in a loop, the
-# fewest instructions issued over the tiles of a pmlm AE+PAR and a UniLM pre-training batch (docs/benchmarks-gpu.md
-# section 13; the walked tile narrower in the backward, whose programs hold more). dQ's tile is smaller with the bias:
-# a larger tile reaches more buckets, and their sums cost more than the larger tile saves. Not yet timed on a card.
-FORWARD = Tiles(128, 64, 8)
+# Each kernel's tiles: of those compiled for the H100 as a launch compiles them (base size, bf16) with no register
+# spilled, the fewest instructions issued over the tiles of a pmlm AE+PAR and a UniLM pre-training batch with the
+# recipes' dropout (docs/benchmarks-gpu.md section 14; the walked tile narrower in the backward, whose programs hold
+# more). dQ's tile is smaller with the bias: a larger tile reaches more buckets, and their sums cost more than the
+# larger tile saves. Not yet timed on a card.
+FORWARD = Tiles(64, 64, 4)
 QUERY_GRADIENT = Tiles(64, 32, 4)  # with UniLMv2's bias
-QUERY_GRADIENT_WITHOUT_BIAS = Tiles(128, 64, 8)
+QUERY_GRADIENT_WITHOUT_BIAS = Tiles(64, 64, 4)
 KEY_GRADIENT = Tiles(32, 64, 4)
 # whether triton.jit made the kernels for its interpreter (TRITON_INTERPRET=1 when triton was imported)
 INTERPRETED = bool(triton.knobs.runtime.interpret)
