@@ -22,6 +22,7 @@ import torch
 from palm_plugin.modules.attention_masks import Objective, mask_from_fields, to_additive
 from palm_plugin.modules.flex_attention import MaskFields
 from palm_plugin.modules.relative_position import RelativePositionBias
+from palm_tools.bench.kernel_instructions import compile_attention, module_tiles, sass_loops
 from tests.conftest import run_interpreted
 from tests.test_flex_attention import build, pmlm_fields
 
@@ -435,10 +436,6 @@ def test_attention_dropout_keeps_the_pairs_it_draws_forward_and_backward(kernels
 
 
 # ------------------------------------------------------------------------------------------------ without the kernels
-POINTER_TYPES = {"LSE": "fp32", "DELTA": "fp32", "BUCKET_SUMS": "fp32", "RANKS": "i32", "COUNTS": "i32",
-                 "TILES": "i32", "POS": "i32", "BUCKETS": "i32"}  # the others hold the model's dtype
-
-
 @needs_triton
 @pytest.mark.skipif(IN_INTERPRETER, reason="compiles for the card, which the interpreter does not")
 def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
@@ -451,7 +448,7 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
     compiler carry the softmax in a second layout and convert every tile's scores).
 
     And what the loops cost, in the card's instructions per score a thread computes, compiled as a launch compiles
-    them (:data:`ALIGNED`; the kernels issue more instructions than their products need, so this is their cost;
+    them (palm_tools/bench/kernel_instructions.py; the kernels issue more instructions than their products need, so this is their cost;
     docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 11 where the queries are the rows and
     16 in the dK/dV kernel (a Philox draw per pair added 56 to 62, one draw of 10 rounds for four pairs about 20: now
     7 rounds, and eight pairs a draw by the outputs' halves where a thread holds neighbouring keys); UniLMv2's bias
@@ -465,13 +462,13 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
 
     from palm_plugin.modules import attention_triton as kernels
 
-    for name in (*kernel_tiles(), "_kept_pairs_kernel"):  # a seed of 1 would arrive as a constant, and not compile
+    for name in (*module_tiles(), "_kept_pairs_kernel"):  # a seed of 1 would arrive as a constant, and not compile
         assert next(p for p in getattr(kernels, name).params if p.name == "seed").do_not_specialize, name
 
     costs = {}
     for has_bias, dropout in ((True, True), (True, False), (False, True), (False, False)):
-        for name, tiles in kernel_tiles(has_bias).items():
-            compiled = compile_for_the_h100(name, HAS_BIAS=has_bias, DROPOUT=dropout)
+        for name, tiles in module_tiles(has_bias).items():
+            compiled = compile_attention(name, HAS_BIAS=has_bias, DROPOUT=dropout)
             ptx_file = tmp_path / f"{name}.ptx"
             ptx_file.write_text(compiled.asm["ptx"])
             report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx_file, "-o", os.devnull],
@@ -490,10 +487,10 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
             score_tile = rf"convert_layout %\S+ : tensor<{tiles.rows}x{tiles.keys}xf32"
             assert not any(re.search(score_tile, body) for body in loop_bodies(ir)), (name, has_bias, dropout)
             if has_bias and name == "_query_gradient_kernel":
-                fewer = compile_for_the_h100(name, HAS_BIAS=True, DROPOUT=dropout, NUM_BUCKETS=16)
+                fewer = compile_attention(name, HAS_BIAS=True, DROPOUT=dropout, NUM_BUCKETS=16)
                 added = compiled.asm["ptx"].count("bar.sync") - fewer.asm["ptx"].count("bar.sync")
                 assert added < 16, (dropout, added)
-    for name in kernel_tiles():
+    for name in module_tiles():
         for has_bias in (True, False):
             whole, partial = costs[name, has_bias, False]
             with_dropout = costs[name, has_bias, True][0]
@@ -502,74 +499,6 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
             assert has_bias or partial - whole <= 22, (name, whole, partial)
         if name != "_query_gradient_kernel":  # whose tiles differ with the bias, and which sums its buckets
             assert costs[name, True, False][0] - costs[name, False, False][0] <= 10, (name, costs)
-
-
-def kernel_tiles(has_bias=True):
-    """Each kernel's tiles (dQ's depend on whether the bias is there)."""
-    from palm_plugin.modules import attention_triton as kernels
-
-    return {"_forward_kernel": kernels.FORWARD,
-            "_query_gradient_kernel": kernels.QUERY_GRADIENT if has_bias else kernels.QUERY_GRADIENT_WITHOUT_BIAS,
-            "_key_gradient_kernel": kernels.KEY_GRADIENT}
-
-
-def compile_for_the_h100(name, **constants):
-    """Kernel ``name`` of the module compiled for sm_90 (Triton's compiler, no GPU needed) with its own tiles and
-    warps, heads of 64 in bf16, ``constants`` (HAS_BIAS, DROPOUT; NUM_BUCKETS 32 unless given)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from palm_plugin.modules import attention_triton as kernels
-
-    kernel, tiles = getattr(kernels, name), kernel_tiles(constants["HAS_BIAS"])[name]
-    if "NUM_BUCKETS" in kernel.arg_names:
-        constants.setdefault("NUM_BUCKETS", 32)
-    constants = dict(DIM=64, BLOCK_M=tiles.rows, BLOCK_N=tiles.keys, PRECISION="tf32", **constants)
-    signature = {arg: "constexpr" if arg in constants else f"*{POINTER_TYPES.get(arg, 'bf16')}"
-                 if arg.isupper() else "fp32" if arg.startswith("scale") or arg == "rate" else "i32"
-                 for arg in kernel.arg_names}
-    return triton.compile(ASTSource(kernel, signature, constants, aligned_as_launched(kernel, signature, ALIGNED)),
-                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=tiles.warps))
-
-
-# The arguments a base-size call passes as multiples of 16 (Triton's launcher tells the compiler so, which lets it
-# load 16 bytes at a time): every tensor (torch allocates at 256 bytes; the heads' views start at multiples of
-# 64 elements), every stride (multiples of the head size) and the head size; not the heads (12), lengths (any),
-# the table's width (2P - 1) or the seed.
-ALIGNED = ("stride", "head_dim")
-
-
-def aligned_as_launched(kernel, signature, integers):
-    """``ASTSource``'s attributes for a launch whose tensors, and the integers named with a prefix in ``integers``,
-    are multiples of 16 (``triton.backends.compiler.BaseBackend.get_*_specialization``): compiled without them, the
-    kernels load one element at a time, which no launch on a card does."""
-    return {(index,): [["tt.divisibility", 16]] for index, arg in enumerate(kernel.arg_names)
-            if signature[arg].startswith("*") or signature[arg] == "i32" and arg.startswith(integers)}
-
-
-def sass_loops(compiled, tmp_path):
-    """The machine instructions of each outermost loop of a compiled kernel (from a label to the branch back to
-    it), disassembled by the nvdisasm Triton ships."""
-    import re
-    import triton
-
-    cubin = tmp_path / "kernel.cubin"
-    cubin.write_bytes(compiled.asm["cubin"])
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    text = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    labels, instructions = {}, []
-    for line in text.splitlines():
-        label = re.match(r"^\.(L_x_\d+):", line)
-        if label:
-            labels[label.group(1)] = len(instructions)
-        elif re.match(r"\s+/\*[0-9a-f]{4,}\*/", line):
-            instructions.append(line.split("*/", 1)[1].strip())
-    loops = [(labels[m.group(1)], at) for at, line in enumerate(instructions)
-             for m in [re.search(r"BRA\s+`\(\.(L_x_\d+)\)", line)] if m and labels.get(m.group(1), at + 1) <= at]
-    outer = [(begin, end) for begin, end in loops
-             if not any(b <= begin and end <= e and (b, e) != (begin, end) for b, e in loops)]
-    return [instructions[begin:end + 1] for begin, end in outer if end > begin]  # not the branch-to-itself at the end
 
 
 def loop_bodies(ir):

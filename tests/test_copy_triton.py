@@ -18,8 +18,8 @@ import torch
 
 from palm_plugin.fixes import saved_model_build
 from palm_plugin.modules.copy_generator import AdditiveAttentionScores, check_copy_attention_impl
+from palm_tools.bench.kernel_instructions import aligned_as_launched
 from tests.conftest import run_interpreted
-from tests.test_attention_triton import aligned_as_launched
 from tests.test_palm_copy_generator import assert_gradients_equal_dense_reference, make_generator, make_inputs
 from tests.test_palm_model import build
 

@@ -8,21 +8,18 @@ about 20 s per shape and per score_mod, so the file compiles twice (with and wit
 """
 import argparse
 
-import numpy as np
 import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask
 
-from palm_plugin.data.blockwise_masking import BlockwiseMaskingPolicy
-from palm_plugin.data.collate import pad_rows
-from palm_plugin.data.pmlm_dataset import pseudo_masked_example
 from palm_plugin.modules import flex_attention
 from palm_plugin.modules.attention_masks import Objective, mask_from_fields
 from palm_plugin.modules.unilm_transformer import UniLMTransformer
+from palm_tools.bench.kernel_instructions import pmlm_layout
 
 BATCH, LENGTH = 6, 299  # three tiles of 128 along each side, the last one partly outside the sequence
 LENGTHS = torch.tensor([299, 260, 131, 127, 200, 57])  # unequal, odd and even, across tile boundaries
-PAD, PSEUDO, MASK = 1, 5, 4
+PAD = 1  # as pmlm_layout pads
 
 
 def padding_of(lengths):
@@ -31,27 +28,9 @@ def padding_of(lengths):
 
 def pmlm_fields(append_pseudo=True, predict_masked_slots=True, text_lengths=(229, 200, 101, 98, 150, 44),
                 length=LENGTH):
-    """A pseudo-masked LM batch as the pmlm dataset lays it out (Figure 5 of UniLMv2): texts of unequal lengths,
-    Algorithm 1's blockwise masking, then [P] and original tokens appended per factorization step; padded to
-    ``length``. Returns the fields and the position ids."""
-    rng = np.random.default_rng(0)
-    policy = BlockwiseMaskingPolicy()
-    rows = []
-    for text_length in text_lengths:
-        tokens = rng.integers(10, 40, text_length)
-        maskable = np.ones(text_length, dtype=bool)
-        maskable[[0, -1]] = False  # [SOS], [EOS]
-        steps = policy.factorization_steps(maskable, rng)
-        noised = np.where(steps >= 0, MASK, tokens)
-        rows.append(pseudo_masked_example(tokens, steps, noised, PSEUDO, append_pseudo, predict_masked_slots))
-    assert max(len(r["source"]) for r in rows) <= length
-
-    def merge(key, value):
-        merged = pad_rows([torch.from_numpy(r[key]) for r in rows], value)
-        return torch.nn.functional.pad(merged, (0, length - merged.size(1)), value=value)
-
-    padding = merge("source", PAD).eq(PAD)
-    return dict(padding_mask=padding, steps=merge("steps", 0), kinds=merge("kinds", 0)), merge("positions", 0)
+    """A pseudo-masked LM batch as the pmlm dataset lays it out (Figure 5 of UniLMv2; :func:`pmlm_layout`): texts of
+    unequal lengths, padded to ``length``. Returns the fields and the position ids."""
+    return pmlm_layout(text_lengths, length, append_pseudo, predict_masked_slots)
 
 
 def pseudo_seq2seq_fields():
