@@ -9,9 +9,11 @@ mutmut generates mutants only inside ``mutmut run``, so the first call runs the 
 (``--bootstrap``); its names are known before generation, the others are not.
 """
 import argparse
+import difflib
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -40,6 +42,61 @@ def read_verdicts(mutants=Path("mutants")):
 def read_names(path):
     """Mutant names, one a line; ``#`` starts a comment (the reason a mutant is equivalent)."""
     return {line.split("#")[0].strip() for line in path.read_text().splitlines()} - {""}
+
+
+# an entry of the equivalent list records, after its reason, the edit its mutant makes (mutant_edit)
+EDIT_MARK = "  # mutant: "
+
+
+def _function_lines(lines, name):
+    """The lines of the function ``name`` in a file mutmut wrote (its signature may span lines, closed by ``)``)."""
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith(f"def {name}(")), None)
+    if start is None:
+        return None
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
+                                or lines[end].lstrip().startswith(")")):
+        end += 1
+    return [lines[start].replace(name, "f", 1)] + lines[start + 1:end]
+
+
+def mutant_edit(name, mutants=Path("mutants")):
+    """What mutmut's mutant ``name`` changes in its function: the lines it changes as the mutant reads them, stripped
+    and joined by " / " (a mutant that only removes lines: each as "-" and the line); None when ``mutants`` holds no
+    such function. mutmut numbers a function's mutants in order, so a change to the function renumbers them: an
+    entry of the equivalent list records this edit, and an entry whose mutant now makes another is found."""
+    module, function = name.rsplit(".", 1)
+    base = mutants / module.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            lines = path.read_text().splitlines()
+            orig = _function_lines(lines, re.sub(r"__mutmut_\d+$", "__mutmut_orig", function))
+            mutant = _function_lines(lines, function)
+            if orig and mutant:
+                diff = [d for d in difflib.unified_diff(orig, mutant, n=0, lineterm="")
+                        if d[:1] in "+-" and d[:3] not in ("+++", "---")]
+                added = [d[1:].strip() for d in diff if d[0] == "+"]
+                return " / ".join(added or ["-" + d[1:].strip() for d in diff])
+    return None
+
+
+def stale_entries(path, verdicts, mutants=Path("mutants")):
+    """The entries of the equivalent list at ``path`` not to be trusted, each as (name, why): a mutant mutmut no
+    longer generates, an entry that records no edit, or a mutant that now makes another edit than the one recorded."""
+    stale = []
+    for line in path.read_text().splitlines():
+        name = line.split("#")[0].strip()
+        if name:
+            recorded = line.partition(EDIT_MARK)[2].strip()
+            edit = mutant_edit(name, mutants) if name in verdicts else None
+            if edit is None:
+                stale.append((name, "mutmut generates no such mutant now"))
+            elif not recorded:
+                stale.append((name, f"the entry records no edit; the mutant: {edit}"))
+            elif recorded != edit:
+                stale.append((name, f"the mutant now: {edit}; the entry: {recorded}"))
+    return stale
 
 
 def choose(names, per_package, seed, packages=None):
@@ -100,7 +157,8 @@ def main(argv=None):
     parser.add_argument("--bootstrap", default="palm_plugin.modules.table_extension.*",
                         help="mutants run first, when none are generated yet (a small module's glob)")
     parser.add_argument("--equivalent", type=Path, help="file with one mutant name a line, judged equivalent by "
-                                                        "hand, each with its reason after #")
+                                                        "hand, each with its reason after # and the mutant's edit "
+                                                        "after '# mutant:' (an entry without it is not trusted)")
     parser.add_argument("--max-children", type=int, default=2, help="mutmut's parallel test processes")
     parser.add_argument("--mutmut", default="mutmut", help="the mutmut command")
     parser.add_argument("--report-only", action="store_true", help="count the verdicts of the sample, run nothing")
@@ -119,15 +177,19 @@ def main(argv=None):
     if not args.report_only:
         subprocess.run(run + [name for names in sample.values() for name in names], check=True)
         verdicts = read_verdicts()
-    equivalent = read_names(args.equivalent) if args.equivalent else set()
+    stale = stale_entries(args.equivalent, verdicts) if args.equivalent else []
+    equivalent = (read_names(args.equivalent) if args.equivalent else set()) - {name for name, _ in stale}
     rows = score_rows(sample, verdicts, equivalent)
     print(markdown(rows))
     survivors = [n for names in sample.values() for n in names if verdicts.get(n) == SURVIVED and n not in equivalent]
     print("\nsurvived, not judged equivalent:" if survivors else "\nno survivor left to judge", *survivors, sep="\n")
+    if stale:
+        print(f"\n{len(stale)} entries of {args.equivalent} not trusted (scored by mutmut's verdict):",
+              *(f"{name}: {why}" for name, why in stale), sep="\n")
     if args.out:
         args.out.write_text(json.dumps({"seed": args.seed, "per_package": args.per_package, "rows": rows,
-                                        "verdicts": {n: verdicts.get(n) for ns in sample.values() for n in ns}},
-                                       indent=1))
+                                        "verdicts": {n: verdicts.get(n) for ns in sample.values() for n in ns},
+                                        "stale": dict(stale)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -137,3 +137,17 @@ def test_nothing_maskable_and_bad_settings():
         BlockwiseMaskingPolicy(mask_prob=0.0)
     with pytest.raises(ValueError, match="block lengths"):
         BlockwiseMaskingPolicy(min_block_length=4, max_block_length=3)
+
+
+def test_a_mask_prob_of_one_masks_every_maskable_token():
+    """mask_prob is in (0, 1]: 1 is allowed and masks every maskable position (the loop ends on single tokens when
+    the gaps left are shorter than a block), in contiguous spans, and nothing outside the maskable region."""
+    maskable = np.ones(40, bool)
+    maskable[[0, 17, 39]] = False
+    with pytest.raises(ValueError, match=r"^mask_prob must be in \(0, 1\], got 1.01$"):
+        BlockwiseMaskingPolicy(mask_prob=1.01)
+    policy = BlockwiseMaskingPolicy(mask_prob=1.0)
+    for seed in range(20):
+        steps = policy.factorization_steps(maskable, sample_rng(seed, 1, 0))
+        assert ((steps != NOT_MASKED) == maskable).all()
+        assert all((np.diff(positions) == 1).all() for positions in spans_of(steps).values())  # each step one span

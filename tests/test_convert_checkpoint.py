@@ -399,6 +399,11 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
                 convert.main([*command, given, str(source)])
             assert exit_status.value.code == 2
             assert f"the following arguments are required: {required}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_status:  # no command: argparse's usage error, which lists them
+        convert.main([])
+    assert exit_status.value.code == 2
+    usage = capsys.readouterr().err
+    assert "{bert,roberta,hf-roberta,export}" in usage and "the following arguments are required: command" in usage
 
     torch.save({"weights": {}}, tmp_path / "no_model.pt")
     with pytest.raises(SystemExit, match=r"no_model\.pt: not a fairseq checkpoint \(no 'model' entry\)"):

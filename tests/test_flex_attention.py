@@ -242,6 +242,14 @@ def test_training_with_flex_where_it_cannot_run_stops_with_one_line(monkeypatch)
 
     fields, positions = CASES["seq2seq"]
     model.train()
+    for module in model.modules():  # a stack given attention dropout after the build's check is stopped at its call
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.1
+    with torch.no_grad(), pytest.raises(flex_attention.FlexAttentionError, match=r"^error: --attention-impl flex: "
+                                        r"FlexAttention has no attention dropout; set attention_dropout 0 \(now 0.1\) "
+                                        r"or use --attention-impl sdpa$"):
+        model.stack(tokens_of(fields["padding_mask"]).clamp(max=len(dictionary) - 1),
+                    flex_attention.MaskFields(**fields), positions)
     for module in model.modules():  # the dropout check is the build's; here the gradient check alone
         if hasattr(module, "attention_dropout"):
             module.attention_dropout = 0.0

@@ -131,3 +131,102 @@ def test_owning_tests_follow_the_import_graph_into_the_selected_files(tmp_path):
     assert owners("palm_plugin/models/hub.py") == ["tests/test_a.py"]
     assert owners("palm_plugin/models/other.py", "default") == ["tests/test_b.py", "tests/test_copy_triton.py",
                                                                 "tests/test_paper_defaults.py"]
+
+
+# a file as mutmut writes it under mutants/: each function's unmutated copy and its mutants (trampolines left out)
+MUTATED = '''def x_spans__mutmut_orig(tokens, limit):
+    if len(tokens) < limit:
+        return tokens[:limit]
+    return tokens
+
+
+def x_spans__mutmut_1(tokens, limit):
+    if len(tokens) <= limit:
+        return tokens[:limit]
+    return tokens
+
+
+def x_spans__mutmut_2(tokens, limit):
+    if len(tokens) < limit:
+        return tokens[:limit + 1]
+    return tokens
+
+mutants_x_spans__mutmut['x_spans__mutmut_1'] = x_spans__mutmut_1 # type: ignore # mutmut generated
+
+
+class Layer:
+    def xǁLayerǁ__init____mutmut_orig(
+        self,
+        dim: int,
+        bias: bool = False,
+    ):
+        self.dim = dim
+
+    def xǁLayerǁ__init____mutmut_1(
+        self,
+        dim: int,
+        bias: bool = True,
+    ):
+        self.dim = dim
+    xǁLayerǁ__init____mutmut_mutants : ClassVar[MutantDict] = {}
+'''
+
+
+def write_mutants(root, exit_codes):
+    module = root / "mutants" / "palm_plugin" / "data"
+    module.mkdir(parents=True)
+    (module / "m.py").write_text(MUTATED)
+    (module / "m.py.meta").write_text(json.dumps({"exit_code_by_key": {f"palm_plugin.data.m.{name}": code for
+                                                                       name, code in exit_codes.items()}}))
+    return root / "mutants"
+
+
+def test_a_mutants_edit_is_the_line_it_changes_as_the_mutant_reads_it(tmp_path):
+    from palm_tools.mutation import mutant_edit
+
+    mutants = write_mutants(tmp_path, {})
+    assert mutant_edit("palm_plugin.data.m.x_spans__mutmut_1", mutants) == "if len(tokens) <= limit:"
+    assert mutant_edit("palm_plugin.data.m.x_spans__mutmut_2", mutants) == "return tokens[:limit + 1]"
+    # a method whose signature spans lines: the default it changes there, not the end of the function at ")"
+    assert mutant_edit("palm_plugin.data.m.xǁLayerǁ__init____mutmut_1", mutants) == "bias: bool = True,"
+    assert mutant_edit("palm_plugin.data.m.x_spans__mutmut_3", mutants) is None
+    assert mutant_edit("palm_plugin.data.other.x_spans__mutmut_1", mutants) is None
+
+
+EQUIVALENT = """# header
+palm_plugin.data.m.x_spans__mutmut_1  # why  # mutant: if len(tokens) <= limit:
+palm_plugin.data.m.x_spans__mutmut_2  # renumbered: this edit is mutant 1's now  # mutant: if len(tokens) <= limit:
+palm_plugin.data.m.xǁLayerǁ__init____mutmut_1  # an entry that records no edit
+palm_plugin.data.m.x_spans__mutmut_3  # gone  # mutant: if len(tokens) > limit:
+"""
+
+
+def test_entries_whose_mutant_is_gone_or_makes_another_edit_are_stale(tmp_path):
+    from palm_tools.mutation import stale_entries
+
+    mutants = write_mutants(tmp_path, {"x_spans__mutmut_1": 0, "x_spans__mutmut_2": 0, "xǁLayerǁ__init____mutmut_1": 0})
+    listed = tmp_path / "equivalent.txt"
+    listed.write_text(EQUIVALENT)
+    assert stale_entries(listed, read_verdicts(mutants), mutants) == [
+        ("palm_plugin.data.m.x_spans__mutmut_2",
+         "the mutant now: return tokens[:limit + 1]; the entry: if len(tokens) <= limit:"),
+        ("palm_plugin.data.m.xǁLayerǁ__init____mutmut_1", "the entry records no edit; the mutant: bias: bool = True,"),
+        ("palm_plugin.data.m.x_spans__mutmut_3", "mutmut generates no such mutant now"),
+    ]
+
+
+def test_the_sample_scores_stale_entries_by_mutmuts_verdict_and_names_them(tmp_path, monkeypatch, capsys):
+    from palm_tools.mutation import main
+
+    write_mutants(tmp_path, {"x_spans__mutmut_1": 0, "x_spans__mutmut_2": 0, "xǁLayerǁ__init____mutmut_1": 1})
+    (tmp_path / "equivalent.txt").write_text(EQUIVALENT)
+    monkeypatch.chdir(tmp_path)
+    main(["--report-only", "--equivalent", "equivalent.txt", "--out", "sample.json"])
+    out = capsys.readouterr().out
+    # mutant 1 is equivalent; 2 survives (its entry is stale); the Layer mutant is killed (its entry too)
+    assert "| palm_plugin.data | 3 | 1 | 1 | 0 | 0 | 1 | 0 | 50.0% (" in out
+    assert "survived, not judged equivalent:\npalm_plugin.data.m.x_spans__mutmut_2\n" in out
+    assert "3 entries of equivalent.txt not trusted (scored by mutmut's verdict):" in out
+    assert list(json.loads((tmp_path / "sample.json").read_text())["stale"]) == [
+        "palm_plugin.data.m.x_spans__mutmut_2", "palm_plugin.data.m.xǁLayerǁ__init____mutmut_1",
+        "palm_plugin.data.m.x_spans__mutmut_3"]

@@ -83,6 +83,18 @@ def test_equals_direct_computation(copy):
     torch.testing.assert_close(log_probs.double()[possible], expected[possible].log(), atol=1e-5, rtol=1e-5)
 
 
+def test_an_encoder_output_without_a_padding_mask_attends_to_every_source_position():
+    """fairseq's encoder output may hold ``encoder_padding_mask`` as ``[]`` (no padding): every source position is
+    attended and copied from, as with a mask that hides nothing (the unpadded second sentence of make_inputs)."""
+    generator = make_generator()
+    states, padded = make_inputs()
+    encoder_out = {"encoder_out": [padded["encoder_out"][0][:, 1:]], "encoder_padding_mask": [],
+                   "src_tokens": [padded["src_tokens"][0][1:]]}
+    expected = reference_probs(generator, states[1:], {**encoder_out, "encoder_padding_mask": [
+        torch.zeros_like(encoder_out["src_tokens"][0], dtype=torch.bool)]})
+    torch.testing.assert_close(generator(states[1:], encoder_out).exp().double(), expected, atol=1e-6, rtol=1e-5)
+
+
 def test_sums_to_one_over_extended_vocabulary():
     generator = make_generator()
     states, encoder_out = make_inputs()

@@ -215,6 +215,22 @@ def test_a_configuration_from_before_compile_layers_builds_uncompiled_layers():
     assert [getattr(layer, "_compiled_call_impl", None) for layer in model.stack.layers] == [None, None]
 
 
+def test_a_model_built_directly_attends_as_its_configuration_says():
+    """UniLMModel(cfg, dictionary), built without fairseq's build_model (as Python callers and the tests build it),
+    takes the configuration's --attention-impl; the choice build_model passes (sdpa for a triton checkpoint used
+    where its kernels cannot run) takes precedence."""
+    import dataclasses
+
+    namespace = argparse.Namespace()
+    unilm_tiny(namespace)
+    dictionary = Dictionary()
+    dictionary.add_symbol("<mask>")
+    for impl in ("sdpa", "flex"):
+        cfg = dataclasses.replace(UniLMConfig.from_namespace(namespace), attention_impl=impl)
+        assert UniLMModel(cfg, dictionary).stack.attention_impl == impl
+    assert UniLMModel(cfg, dictionary, "sdpa").stack.attention_impl == "sdpa"
+
+
 def test_classification_head_registered_again_with_other_classes_is_replaced_with_a_warning(caplog):
     """fairseq's convention (RoBERTa): registering a head of the same name again replaces it, and says so only when
     the number of classes changes; an inner_dim is refused with the reason."""

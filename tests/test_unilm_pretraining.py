@@ -175,12 +175,16 @@ def test_random_replacement_never_draws_the_pseudo_symbol():
 
 def test_batches_are_ordered_by_length_in_a_seeded_shuffle():
     """fairseq batches consecutive indices of ``ordered_indices``: all of them once, sizes not decreasing, and the
-    order of equal sizes drawn from numpy's generator (which fairseq seeds per epoch)."""
+    order of equal sizes drawn from numpy's generator (which fairseq seeds per epoch): the permutation drawn, sorted
+    stably by size, as fairseq's LanguagePairDataset sorts (numpy's default argsort reorders ties at 56 chunks)."""
     _, dataset = build()
     orders = []
     for seed in (1, 2):
         np.random.seed(seed)
+        shuffled = np.random.permutation(len(dataset)).tolist()
+        np.random.seed(seed)
         orders.append(dataset.ordered_indices())
+        assert orders[-1].tolist() == sorted(shuffled, key=lambda i: dataset.sizes[i])  # Python's sort is stable
     for order in orders:
         assert sorted(order.tolist()) == list(range(len(dataset)))
         assert (np.diff(dataset.sizes[order]) >= 0).all()
