@@ -170,9 +170,8 @@ def additive_scores(memory: Tensor, query: Tensor, weight: Tensor) -> Tensor:
 
 
 def _padded_columns(x: Tensor, block: int) -> Tensor:
-    """``(B, L, A)`` -> ``(B, A, L')``, ``L'`` the length in whole tiles of ``block`` (a multiple of 16), zeros past
-    ``L``: the forward kernel reads each column of a tile unmasked, 16 bytes a thread (a launch tells the compiler
-    that ``L'`` is a multiple of 16)."""
+    """``(B, L, A)`` -> ``(B, A, L')``, ``L'`` the length in whole tiles of ``block``, zeros past ``L``: the forward
+    kernel reads each column of a tile without a mask (no bound check a load, in the loop over every feature)."""
     batch, length, dim = x.shape
     columns = x.new_zeros(batch, dim, triton.cdiv(length, block) * block)
     columns[:, :, :length] = x.transpose(1, 2)
