@@ -18,7 +18,7 @@ import torch
 
 from palm_plugin.fixes import saved_model_build
 from palm_plugin.modules.copy_generator import AdditiveAttentionScores, check_copy_attention_impl
-from palm_tools.bench.kernel_instructions import aligned_as_launched
+from palm_tools.bench.kernel_instructions import COPY_KERNELS, compile_copy
 from tests.conftest import run_interpreted
 from tests.test_palm_copy_generator import assert_gradients_equal_dense_reference, make_generator, make_inputs
 from tests.test_palm_model import build
@@ -112,41 +112,23 @@ def test_pointer_generator_with_triton_equals_blocked_and_dense_reference(interp
 def test_kernels_compile_for_the_h100_without_spills_or_reductions_in_their_loops(tmp_path):
     """The interpreter accepts code the compiler may refuse: the kernels compiled here, without a GPU, for the card's
     architecture (sm_90) at palm_base's attention size in bfloat16, down to the binary by the ptxas Triton ships, as
-    a launch compiles them (the tensors and the padded lengths at multiples of 16 bytes, which lets the compiler load
-    16 bytes at a time). No register spills; two special-function instructions a tanh (an ``ex2`` and a
+    a launch compiles them (the tensors at 16 bytes and the padded lengths at multiples of 16, as the launcher tells
+    the compiler: palm_tools/bench/kernel_instructions.py). No register spills; two special-function instructions a tanh (an ``ex2`` and a
     ``div.full``, not an IEEE division); and, as the module says, no step of a loop reduces across threads or moves a
     tile between layouts: in Triton's GPU IR no reduction or shared-memory buffer inside a loop, and no layout
     conversion there but of a step's row or column (the first kernels reduced and converted at every step: 192
     shuffles and 6 barriers in the forward kernel alone, and they ran slower than torch's blocked path on an H100;
     compiled as launched, the backward kernels moved the whole broadcast tile every step)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
 
-    from palm_plugin.modules import copy_attention_triton as kernels
-
-    block_t, block_s, block_a = kernels.TILE
-    signatures = {  # name: (the pointers' dtypes in order, the tile's constants)
-        "_scores_kernel": (("bf16", "bf16", "bf16", "fp32"), {"BLOCK_T": block_t, "BLOCK_S": block_s}),  # + 4 sizes
-        "_query_gradient_kernel": (("bf16", "bf16", "bf16", "fp32", "bf16", "fp32"),
-                                   {"BLOCK_T": block_t, "BLOCK_A": block_a}),
-        "_memory_gradient_kernel": (("bf16", "bf16", "bf16", "fp32", "bf16"), {"BLOCK_S": block_s, "BLOCK_A": block_a}),
-    }
-    for name, (pointers, tile) in signatures.items():
-        kernel = getattr(kernels, name)
-        constants = dict(tile, DIM=768)
-        signature = {arg: "constexpr" if arg in constants else "i32" for arg in kernel.arg_names}
-        signature.update(zip(kernel.arg_names, [f"*{dtype}" for dtype in pointers]))
-        attributes = aligned_as_launched(kernel, signature, ("padded",))  # the lengths themselves any
-        compiled = triton.compile(ASTSource(kernel, signature, constants, attributes), target=GPUTarget("cuda", 90, 32))
+    for name in COPY_KERNELS:
+        compiled, elements = compile_copy(name)
         ptx = compiled.asm["ptx"]
         ptx_file = tmp_path / f"{name}.ptx"
         ptx_file.write_text(ptx)
         report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx_file, "-o", os.devnull],
                                 capture_output=True, text=True, check=True).stderr
         assert " 0 bytes spill stores, 0 bytes spill loads" in report, (name, report)
-        elements = block_t * (block_a if "gradient" in name else block_s) // (32 * compiled.metadata.num_warps)
         assert ptx.count("ex2.approx") == ptx.count("div.full.f32") == elements, name  # one tanh per element a step
         assert "div.rn.f32" not in ptx, name
         loops = loop_regions(compiled.asm["ttgir"])

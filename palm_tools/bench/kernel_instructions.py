@@ -1,9 +1,9 @@
-"""The plugin's Triton attention kernels measured without a GPU: compiled for the H100 (sm_90) as a launch compiles
-them, their loops over tiles disassembled, and the machine instructions a thread issues per score counted, over the
-tiles a real batch visits. These kernels are bound by the instructions they issue, not by their products
+"""The plugin's Triton kernels measured without a GPU: compiled for the H100 (sm_90) as a launch compiles them, their
+loops disassembled, and the machine instructions a thread issues per score of the attention (over the tiles a real
+batch visits) or per element of PALM's copy layer counted. These kernels are bound by the instructions they issue, not by their products
 (docs/benchmarks-gpu.md, section 13), so the counts rank changes and tilings before a card times them.
 
-    python -m palm_tools.bench.kernel_instructions              # each kernel's loops, per score
+    python -m palm_tools.bench.kernel_instructions              # each kernel's loops, per score or element
     python -m palm_tools.bench.kernel_instructions --tilings    # candidate tilings over a pmlm and a UniLM batch
 
 Triton's compiler, ptxas and nvdisasm (as the triton wheel ships them) are all it needs. The tests of the kernels'
@@ -91,6 +91,35 @@ def sass_loops(compiled, directory) -> List[List[str]]:
     outer = [(begin, end) for begin, end in loops
              if not any(b <= begin and end <= e and (b, e) != (begin, end) for b, e in loops)]
     return [instructions[begin:end + 1] for begin, end in outer if end > begin]  # not the branch-to-itself at the end
+
+
+# PALM's copy kernels (palm_plugin.modules.copy_attention_triton): the pointers' dtypes in order, and which tile
+# sizes each takes (palm_base: an attention size of 768, bf16)
+COPY_KERNELS = {"_scores_kernel": (("bf16", "bf16", "bf16", "fp32"), ("BLOCK_T", "BLOCK_S")),
+                "_query_gradient_kernel": (("bf16", "bf16", "bf16", "fp32", "bf16", "fp32"), ("BLOCK_T", "BLOCK_A")),
+                "_memory_gradient_kernel": (("bf16", "bf16", "bf16", "fp32", "bf16"), ("BLOCK_S", "BLOCK_A"))}
+
+
+def compile_copy(name: str):
+    """Copy kernel ``name`` compiled for sm_90 as a palm_base launch compiles it (its tensors and padded lengths at
+    multiples of 16, the lengths themselves any), with the module's tiles; and the elements of its tile a thread
+    computes at each step of its loop."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from palm_plugin.modules import copy_attention_triton as kernels
+
+    kernel, (pointers, tile) = getattr(kernels, name), COPY_KERNELS[name]
+    constants = dict(zip(("BLOCK_T", "BLOCK_S", "BLOCK_A"), kernels.TILE), DIM=768)
+    constants = {key: value for key, value in constants.items() if key in tile or key == "DIM"}
+    signature = {arg: "constexpr" if arg in constants else "i32" for arg in kernel.arg_names}
+    signature.update(zip(kernel.arg_names, [f"*{dtype}" for dtype in pointers]))
+    compiled = triton.compile(ASTSource(kernel, signature, constants, aligned_as_launched(kernel, signature,
+                                                                                          ("padded",))),
+                              target=GPUTarget("cuda", 90, 32))
+    rows, columns = (constants[key] for key in tile)
+    return compiled, rows * columns // (32 * compiled.metadata.num_warps)
 
 
 class Costs(NamedTuple):
@@ -245,6 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 print(f"| {name} | {case} | {tiling[0]} x {tiling[1]}, {tiling[2]}{' (module)' if chosen else ''} "
                       f"| {total:.0f} |")
             return
+        print("Attention (instructions a thread issues per score):\n")
         print("| kernel | bias | dropout | whole tiles | partly shown tiles |")
         print("|---|---|---|---:|---:|")
         for name in KERNELS:
@@ -253,6 +283,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     costs = loop_costs(name, module_tiles(has_bias)[name], directory, HAS_BIAS=has_bias,
                                        DROPOUT=dropout)
                     print(f"| {name} | {has_bias} | {dropout} | {costs.whole:.1f} | {costs.partial:.1f} |")
+        print("\nPALM's copy layer (instructions a thread issues per element of its loop; barriers a step):\n")
+        print("| kernel | instructions | barriers |")
+        print("|---|---:|---:|")
+        for name in COPY_KERNELS:
+            compiled, elements = compile_copy(name)
+            loop, = sass_loops(compiled, directory)
+            barriers = sum("BAR.SYNC" in line for line in loop)
+            print(f"| {name} | {len(loop) / elements:.2f} | {barriers} |")
 
 
 if __name__ == "__main__":
