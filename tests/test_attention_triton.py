@@ -22,7 +22,7 @@ import torch
 from palm_plugin.modules.attention_masks import Objective, mask_from_fields, to_additive
 from palm_plugin.modules.flex_attention import MaskFields
 from palm_plugin.modules.relative_position import RelativePositionBias
-from palm_tools.bench.kernel_instructions import compile_attention, module_tiles, sass_loops
+from palm_tools.bench.kernel_instructions import compile_attention, costs_of, module_tiles, sass_loops
 from tests.conftest import run_interpreted
 from tests.test_flex_attention import build, pmlm_fields
 
@@ -448,8 +448,8 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
     compiler carry the softmax in a second layout and convert every tile's scores).
 
     And what the loops cost, in the card's instructions per score a thread computes, compiled as a launch compiles
-    them (palm_tools/bench/kernel_instructions.py; the kernels issue more instructions than their products need, so this is their cost;
-    docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 11 where the queries are the rows and
+    them (palm_tools/bench/kernel_instructions.py; the kernels issue more instructions than their products need, so
+    this is their cost; docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 11 where the queries are the rows and
     16 in the dK/dV kernel (a Philox draw per pair added 56 to 62, one draw of 10 rounds for four pairs about 20: now
     7 rounds, and eight pairs a draw by the outputs' halves where a thread holds neighbouring keys); UniLMv2's bias
     adds at most 10 in the forward and dK/dV kernels (12 when the table held the bias unscaled and the position ids
@@ -479,8 +479,7 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
             assert len(loops) == 2, (name, len(loops))  # the whole tiles', then the partly shown tiles'
             spills = [line for loop in loops for line in loop if re.search(r"\b(STL|LDL)\b", line)]
             assert not spills, (name, has_bias, dropout, spills)
-            per_score = tiles.rows * tiles.keys / (32 * tiles.warps)
-            costs[name, has_bias, dropout] = [len(loop) / per_score for loop in loops]
+            costs[name, has_bias, dropout] = costs_of(loops, tiles)
             ir = compiled.asm["ttgir"]
             assert "ttng.warp_group_dot " in ir, (name, has_bias, dropout)
             assert "ttg.async_copy_global_to_local" in ir, (name, has_bias, dropout)  # loads pipelined

@@ -1,7 +1,8 @@
 """The plugin's Triton kernels measured without a GPU: compiled for the H100 (sm_90) as a launch compiles them, their
 loops disassembled, and the machine instructions a thread issues per score of the attention (over the tiles a real
-batch visits) or per element of PALM's copy layer counted. These kernels are bound by the instructions they issue, not by their products
-(docs/benchmarks-gpu.md, section 13), so the counts rank changes and tilings before a card times them.
+batch visits) or per element of PALM's copy layer counted. These kernels are bound by the instructions they issue,
+not by their products (docs/benchmarks-gpu.md, section 13), so the counts rank changes and tilings before a card
+times them.
 
     python -m palm_tools.bench.kernel_instructions              # each kernel's loops, per score or element
     python -m palm_tools.bench.kernel_instructions --tilings    # candidate tilings over a pmlm and a UniLM batch
@@ -131,8 +132,13 @@ class Costs(NamedTuple):
 
 def loop_costs(name: str, tiles, directory, **constants) -> Costs:
     """The two loops' instructions per score of kernel ``name`` on ``tiles``."""
-    compiled = compile_attention(name, tiles, **constants)
-    whole, partial = sass_loops(compiled, directory)
+    return costs_of(sass_loops(compile_attention(name, tiles, **constants), directory), tiles)
+
+
+def costs_of(loops, tiles) -> Costs:
+    """The instructions per score of an attention kernel's two loops as :func:`sass_loops` gives them (whole tiles',
+    then partly shown tiles'), each thread computing its share of a ``tiles`` tile."""
+    whole, partial = loops
     scores = tiles.rows * tiles.keys / (32 * tiles.warps)
     return Costs(len(whole) / scores, len(partial) / scores)
 
