@@ -21,6 +21,7 @@ from palm_plugin.fixes import (
     diverse_beam_rows,
     ema_integer_state,
     generation_options,
+    loader_exit,
     model_overrides,
     multi_tensor_optimizer,
     ngram_repeat_block,
@@ -65,6 +66,8 @@ FIXES = (
                         "counts, or an IndexError (fairseq #5069's cumulative diversity)"),
     (multi_tensor_optimizer, "Adam updates, --fp16 / --bf16's copies to and from the fp32 master weights, and "
                              "clip_grad_norm_'s norms go one parameter (one GPU kernel launch each) at a time"),
+    (loader_exit, "a run stopped before its epoch's end (--max-update) can abort at exit (-6, 'terminate called "
+                  "without an active exception') in fairseq's batch-loading thread"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),
