@@ -544,6 +544,17 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
     (source / "config.json").write_text(json.dumps(settings))
     convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "no_pad_id")])
     assert torch.load(tmp_path / "no_pad_id" / "model.pt", weights_only=True)["cfg"]["model"]["max_positions"] == 64
+    # another pad_token_id than vocab.json's <pad> (1): HF would number the positions from it, fairseq cannot (the
+    # checkpoint written before did not load: its position table did not fit its max_positions)
+    (source / "config.json").write_text(json.dumps({**settings, "pad_token_id": 0}))
+    with pytest.raises(SystemExit) as refused:
+        convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
+    assert refused.value.code.endswith(
+        f"{source / 'config.json'}: pad_token_id 0, but {source / 'vocab.json'} has <pad> at 1: HF numbers the "
+        "positions from pad_token_id + 1, fairseq's RoBERTa from <pad> + 1; the folder's config.json must be the "
+        "model's own"), refused.value.code
+    assert not (tmp_path / "refused").exists()
+    (source / "config.json").write_text(json.dumps(settings))
 
     from safetensors.torch import load_file, save_file
 

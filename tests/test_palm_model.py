@@ -459,6 +459,25 @@ def test_mask_after_the_source_position_markers_is_refused():
         build(dictionary, source_position_markers=2)
 
 
+def test_a_target_dictionary_other_than_the_source_one_is_refused_with_what_to_do():
+    """PALM ties its encoder's, decoder's and copy layer's embeddings: a task whose target side was binarized with
+    another dictionary is refused, saying how to binarize; the same symbols loaded twice (fairseq's translation task
+    reads dict.src.txt and dict.tgt.txt apart) build, with the one embedding."""
+    args = argparse.Namespace(dropout=0.0)
+    palm_tiny(args)
+    cfg = PalmConfig.from_namespace(args)
+    other = make_dictionary()
+    other.add_symbol("w-target-only")
+    with pytest.raises(ValueError) as refused:
+        PalmModel.build_model(cfg, argparse.Namespace(source_dictionary=make_dictionary(), target_dictionary=other))
+    assert str(refused.value) == ("PALM shares one embedding between source and target: binarize both sides with the "
+                                  "same dictionary (fairseq-preprocess --joined-dictionary or --srcdict/--tgtdict "
+                                  "with one file)")
+    model = PalmModel.build_model(cfg, argparse.Namespace(source_dictionary=make_dictionary(),
+                                                          target_dictionary=make_dictionary()))
+    assert model.decoder.pointer_generator.output_embedding is model.encoder.embed_tokens.weight
+
+
 def test_fine_tuning_tasks_of_fairseq_get_no_mlm_head():
     """fairseq's translation task knows nothing of PALM's MLM head: without the task's say-so there is none."""
     args = argparse.Namespace(dropout=0.0)

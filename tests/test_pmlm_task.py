@@ -179,6 +179,29 @@ def test_epochs_cycle_through_colon_separated_shards(tmp_path):
     assert read == [words[(epoch - 1) % 3] for epoch in range(1, 8)]
 
 
+def test_a_split_binarized_in_parts_is_read_whole_when_combined(tmp_path):
+    """fairseq-train loads its training split with combine=True: train, train1, train2 ... of one directory (a
+    corpus binarized in parts, fairseq's convention) are read as one split, in that order; a split loaded without
+    combine (validation) is its first part only."""
+    from fairseq.data import Dictionary, indexed_dataset
+
+    from palm_plugin.data.monolingual import load_sentences
+
+    dictionary = Dictionary()
+    parts = [[[dictionary.add_symbol(f"p{part}l{line}"), dictionary.eos()] for line in range(lines)]
+             for part, lines in enumerate((2, 3, 1))]
+    for part, lines in enumerate(parts):
+        prefix = str(tmp_path / f"train{part or ''}")
+        builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(dictionary))
+        for line in lines:
+            builder.add_item(torch.tensor(line))
+        builder.finalize(prefix + ".idx")
+    combined = load_sentences(str(tmp_path), "train", 1, dictionary, combine=True)
+    assert [combined[i].tolist() for i in range(len(combined))] == [line for lines in parts for line in lines]
+    first = load_sentences(str(tmp_path), "train", 1, dictionary)
+    assert [first[i].tolist() for i in range(len(first))] == parts[0]
+
+
 def test_blocks_of_single_lines_batch(data_dir):
     """--sample-break-mode eos: fairseq 0.12's TokenBlockDataset reads ``np.compat.long``, which numpy 2 removed
     (AttributeError: module 'numpy' has no attribute 'compat'); the plugin provides it

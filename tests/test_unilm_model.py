@@ -231,6 +231,40 @@ def test_a_model_built_directly_attends_as_its_configuration_says():
     assert UniLMModel(cfg, dictionary, "sdpa").stack.attention_impl == "sdpa"
 
 
+@pytest.mark.parametrize("triton_package", [True, False])
+def test_a_triton_checkpoint_used_where_its_kernels_cannot_run_attends_with_sdpa_and_says_so(monkeypatch, caplog,
+                                                                                             triton_package):
+    """A model trained with --attention-impl triton, built from its checkpoint for use (fairseq-generate, hub
+    loading) on a machine without CUDA, or without the triton package: it gives the outputs of an sdpa model with the
+    same weights, and one warning says so. (Building to train stops there: tests/test_attention_triton.py.)"""
+    import logging
+
+    from palm_plugin.modules import attention_impl
+    from tests.test_flex_attention import build as build_as_fairseq
+    from tests.test_unilm_decoding import tiny_dictionary
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if not triton_package:
+        monkeypatch.setattr(attention_impl, "triton_installed", lambda: False)
+    elif not attention_impl.triton_installed():
+        pytest.skip("needs the triton package")
+    dictionary = tiny_dictionary()
+    torch.manual_seed(0)
+    reference = build_as_fairseq("unilm2_tiny", dictionary, for_training=True, dropout=0.0, attention_dropout=0.0)
+    with caplog.at_level(logging.WARNING, logger="palm_plugin.models.unilm"):
+        model = build_as_fairseq("unilm2_tiny", dictionary, for_training=False, attention_impl="triton")
+    assert [r.getMessage() for r in caplog.records if r.name == "palm_plugin.models.unilm"] == [
+        "this checkpoint was trained with --attention-impl triton, whose kernels cannot run here (no CUDA device or "
+        "no triton package): it attends with --attention-impl sdpa, the same values"]
+    model.load_state_dict(reference.state_dict())
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (2, 9), generator=torch.Generator().manual_seed(2))
+    tokens[1, 6:] = dictionary.pad()
+    with torch.no_grad():
+        expected, _ = reference.eval()(tokens, features_only=True)
+        actual, _ = model.eval()(tokens, features_only=True)
+    assert torch.equal(actual, expected)
+
+
 def test_classification_head_registered_again_with_other_classes_is_replaced_with_a_warning(caplog):
     """fairseq's convention (RoBERTa): registering a head of the same name again replaces it, and says so only when
     the number of classes changes; an inner_dim is refused with the reason."""

@@ -134,6 +134,11 @@ def convert_hf_roberta(args):
     if [i for _, i in by_id] != list(range(size)) or [t for t, _ in by_id[:4]] != GPT2_SPECIALS or by_id[-1][0] != MASK:
         raise ConversionError(f"{vocab_path}: not RoBERTa's layout (ids 0..V-1, {' '.join(GPT2_SPECIALS)} first, "
                               f"<mask> last)")
+    pad = config.get("pad_token_id", 1)
+    if pad != vocab["<pad>"]:
+        raise ConversionError(f"{config_path}: pad_token_id {pad}, but {vocab_path} has <pad> at {vocab['<pad>']}: "
+                              "HF numbers the positions from pad_token_id + 1, fairseq's RoBERTa from <pad> + 1; the "
+                              "folder's config.json must be the model's own")
     tokens = state.get("embeddings.word_embeddings.weight")
     if tokens is None or tokens.size(0) != size:
         raise ConversionError(f"{weights_path}: the token embedding does not have the {size} rows of {vocab_path}; "
@@ -141,7 +146,7 @@ def convert_hf_roberta(args):
     model_args = dict(
         encoder_layers=config["num_hidden_layers"], encoder_embed_dim=config["hidden_size"],
         encoder_ffn_embed_dim=config["intermediate_size"], encoder_attention_heads=config["num_attention_heads"],
-        max_positions=config["max_position_embeddings"] - config.get("pad_token_id", 1) - 1,
+        max_positions=config["max_position_embeddings"] - pad - 1,
     )
     names = fairseq_roberta_names(model_args["encoder_layers"])
     weights, dropped = {}, []
