@@ -447,16 +447,16 @@ def test_kernels_compile_for_the_h100_without_spills_in_their_loops(tmp_path):
     moved between layouts through shared memory inside the loops (a mask read as a (rows, keys) tile made the
     compiler carry the softmax in a second layout and convert every tile's scores).
 
-    And what the loops cost, in the card's instructions per score a thread computes, compiled as a launch compiles
-    them (palm_tools/bench/kernel_instructions.py; the kernels issue more instructions than their products need, so
-    this is their cost; docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 11 where the queries are the rows and
-    16 in the dK/dV kernel (a Philox draw per pair added 56 to 62, one draw of 10 rounds for four pairs about 20: now
-    7 rounds, and eight pairs a draw by the outputs' halves where a thread holds neighbouring keys); UniLMv2's bias
-    adds at most 10 in the forward and dK/dV kernels (12 when the table held the bias unscaled and the position ids
-    were read masked); without the bias, a tile the mask shows partly costs at most 22 more than a whole one
-    (evaluating the pseudo-masked rule from each token's step and kind cost 24 to 26 more in the forward and dQ
-    kernels: two comparisons of ranks now); the bucket sums of UniLMv2's bias stay within a warp: 16 buckets more add
-    fewer than 16 barriers (a sum over the whole tile waited on every warp once per bucket)."""
+    And what the loops cost, in the card's instructions per score a thread computes, compiled as a launch compiles them
+    (palm_tools/bench/kernel_instructions.py; the kernels issue more instructions than their products need, so this is
+    their cost; docs/benchmarks-gpu.md sections 13 and 14): attention dropout adds at most 11 where the queries are the
+    rows and 16 in the dK/dV kernel (a Philox draw per pair added 56 to 62, one draw of 10 rounds for four pairs about
+    20: now 7 rounds, and eight pairs a draw by the outputs' halves where a thread holds neighbouring keys); UniLMv2's
+    bias adds at most 10 in the forward and dK/dV kernels (12 when the table held the bias unscaled and the position ids
+    were read masked); without the bias, a tile the mask shows partly costs at most 22 more than a whole one (evaluating
+    the pseudo-masked rule from each token's step and kind cost 24 to 26 more in the forward and dQ kernels: two
+    comparisons of ranks now); the bucket sums of UniLMv2's bias stay within a warp: 16 buckets more add fewer than 16
+    barriers (a sum over the whole tile waited on every warp once per bucket)."""
     import re
     from triton.backends.nvidia.compiler import get_ptxas
 

@@ -112,11 +112,11 @@ def test_pointer_generator_with_triton_equals_blocked_and_dense_reference(interp
 def test_kernels_compile_for_the_h100_without_spills_or_reductions_in_their_loops(tmp_path):
     """The interpreter accepts code the compiler may refuse: the kernels compiled here, without a GPU, for the card's
     architecture (sm_90) at palm_base's attention size in bfloat16, down to the binary by the ptxas Triton ships, as
-    a launch compiles them (the tensors at 16 bytes and the padded lengths at multiples of 16, as the launcher tells
-    the compiler: palm_tools/bench/kernel_instructions.py). No register spills; two special-function instructions a
-    tanh (an ``ex2`` and a ``div.full``, not an IEEE division); and, as the module says, no step of a loop reduces
-    across threads or moves a tile between layouts: in Triton's GPU IR no reduction or shared-memory buffer inside a loop, and no layout
-    conversion there but of a step's row or column (the first kernels reduced and converted at every step: 192
+    a launch compiles them (the tensors at 16 bytes and the padded lengths at multiples of 16, as the launcher tells the
+    compiler: palm_tools/bench/kernel_instructions.py). No register spills; two special-function instructions a tanh (an
+    ``ex2`` and a ``div.full``, not an IEEE division); and, as the module says, no step of a loop reduces across threads
+    or moves a tile between layouts: in Triton's GPU IR no reduction or shared-memory buffer inside a loop, and no
+    layout conversion there but of a step's row or column (the first kernels reduced and converted at every step: 192
     shuffles and 6 barriers in the forward kernel alone, and they ran slower than torch's blocked path on an H100;
     compiled as launched, the backward kernels moved the whole broadcast tile every step)."""
     from triton.backends.nvidia.compiler import get_ptxas

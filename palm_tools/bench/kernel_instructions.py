@@ -112,8 +112,8 @@ def compile_copy(name: str):
     from palm_plugin.modules import copy_attention_triton as kernels
 
     kernel, (pointers, tile) = getattr(kernels, name), COPY_KERNELS[name]
-    constants = dict(zip(("BLOCK_T", "BLOCK_S", "BLOCK_A"), kernels.TILE), DIM=768)
-    constants = {key: value for key, value in constants.items() if key in tile or key == "DIM"}
+    sizes = dict(zip(("BLOCK_T", "BLOCK_S", "BLOCK_A"), kernels.TILE))
+    constants = {**{key: sizes[key] for key in tile}, "DIM": 768}
     signature = {arg: "constexpr" if arg in constants else "i32" for arg in kernel.arg_names}
     signature.update(zip(kernel.arg_names, [f"*{dtype}" for dtype in pointers]))
     compiled = triton.compile(ASTSource(kernel, signature, constants, aligned_as_launched(kernel, signature,
