@@ -2,6 +2,7 @@
 through every stage of the recipe with a real tiny fairseq model, the three model families spread over them."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,17 @@ RECIPES = [
     ("chitchat", "unilm", "-full", ["ppl"]),
 ]
 BENCHMARKS = [recipe[0] for recipe in RECIPES]
+# The search each recipe gives fairseq-generate, with its source (SMOKE=1 changes the beam and the lengths only):
+# --lenpen, --lenpen-style, --no-repeat-ngram-size
+SEARCH = {
+    ("cnndm", "palm"): ("0.95", "gnmt", "0"),  # AliceMind's PALM/finetune_cnndm_task_roberta.sh: -alpha 0.95 (GNMT),
+    # no -block_trigram (docs/palm-authors-code.md)
+    ("xsum", "unilm2"): ("0.6", "gnmt", "3"),  # UniLMv2 appendix Table 10's penalty; s2s-ft's trigram blocking
+    ("gigaword", "unilm"): ("0.0", "fairseq", "3"),  # UniLM v1's decode_seq2seq.py: summed log-probabilities
+    ("squad_qg", "unilm2"): ("1.3", "gnmt", "0"),  # UniLMv2 appendix Table 10
+    ("msmarco", "palm"): ("1.0", "fairseq", "0"),  # ours: PALM's paper gives the beam only
+    ("coqa", "unilm"): ("0.0", "fairseq", "0"),  # UniLM v1's decode_seq2seq.py
+}
 SCORE_KEYS = {"rouge": "rouge-1", "bleu": "bleu", "meteor": "meteor", "rougel": "rouge-l", "f1": "f1"}
 
 
@@ -137,9 +149,14 @@ def test_a_stage_left_out_stops_the_recipe_at_the_stage_that_needs_it(tmp_path):
 @pytest.mark.parametrize("benchmark,model,variant,metrics", RECIPES)
 def test_smoke_recipe_end_to_end(tmp_path, benchmark, model, variant, metrics):
     """Every stage: download (examples/smoke_data.py), convert (palm-prepare, counts printed), sentencepiece,
-    fairseq-preprocess, fairseq-train (tiny arch, 4 updates), fairseq-generate (beam search, or --score-reference
-    for perplexity) and palm-score, whose score files hold one score over all test examples."""
-    run_recipe(benchmark, tmp_path, "download convert tokenize binarize train decode score", model=model)
+    fairseq-preprocess, fairseq-train (tiny arch, 4 updates), fairseq-generate (beam search with the recipe's length
+    penalty and n-gram blocking, or --score-reference for perplexity) and palm-score, whose score files hold one score
+    over all test examples."""
+    result = run_recipe(benchmark, tmp_path, "download convert tokenize binarize train decode score", model=model)
+    if metrics != ["ppl"]:  # the search as fairseq-generate read it (its echo of its configuration)
+        read = tuple(re.findall(rf"'{key}': '?([^,'}}]*)", result.stderr)[-1]
+                     for key in ("lenpen", "lenpen_style", "no_repeat_ngram_size"))
+        assert read == SEARCH[benchmark, model]
     work = tmp_path / benchmark / f"{model}{variant}"
     raw = work / "raw"
     for split in ("train", "valid", "test"):

@@ -8,11 +8,9 @@ source "$(dirname "$0")/../common.sh"
 # Which settings are the papers' and which are ours (PAPER = stated in the paper; AUTHORS = the authors' released
 # scripts; OURS = our choice where neither says):
 #   palm   PAPER (section 3.4 takes its generative QA settings, section 3.3): 10 epochs, batch 64, lr 1e-5, input 512,
-#          beam 5. OURS: trigram blocking, min length 1, max length 160 (neither is the authors': AliceMind's
-#          PALM/finetune_cnndm_task_roberta.sh decodes with min length 40, max length 130 and no trigram blocking,
-#          its block_trigram being off by default: MIN_LEN=40 MAX_LEN_B=130 NO_REPEAT_NGRAM=0 gives theirs), --lenpen
-#          1.0 (AliceMind's alpha 0.95 is a GNMT penalty, which fairseq does not have), warm-up 2%, label smoothing
-#          0.1, weight decay 0.01, target 160.
+#          beam 5. AUTHORS (AliceMind's PALM/finetune_cnndm_task_roberta.sh; docs/palm-authors-code.md): the GNMT
+#          length penalty with alpha 0.95, min length 40, max length 130, no trigram blocking (block_trigram is off
+#          by default), label smoothing 0.1, no weight decay. OURS: warm-up 2%, target 160.
 #   unilm  PAPER (UniLM section 3.1): 30 epochs, batch 32, mask 0.7, label smoothing 0.1, source 640 of 768 tokens,
 #          beam 5, trigram blocking, the other settings as in pre-training (lr 3e-5, weight decay 0.01). OURS: warm-up
 #          2%, min length 1.
@@ -22,7 +20,8 @@ source "$(dirname "$0")/../common.sh"
 LABEL_SMOOTHING=0.1; WEIGHT_DECAY=0.01; MIN_LEN=1; NO_REPEAT_NGRAM=3
 case "$MODEL" in
   palm)   ARCH=${ARCH:-palm_base};   LR=1e-5; TOTAL_BATCH=64; EPOCHS=10; WARMUP_RATIO=0.02
-          MAX_SOURCE=512; MAX_TARGET=160; BEAM=5; LENPEN=1.0; MAX_LEN_B=160 ;;
+          MAX_SOURCE=512; MAX_TARGET=160; BEAM=5; LENPEN=0.95; LENPEN_STYLE=gnmt; MIN_LEN=40; MAX_LEN_B=130
+          NO_REPEAT_NGRAM=0; WEIGHT_DECAY=0 ;;
   unilm)  ARCH=${ARCH:-unilm_large}; LR=3e-5; TOTAL_BATCH=32; EPOCHS=30; WARMUP_RATIO=0.02; MASK_PROB=0.7
           MAX_SOURCE=640; MAX_TARGET=128; BEAM=5; LENPEN=0; MAX_LEN_B=128 ;;
   unilm2) ARCH=${ARCH:-unilm2_base}; LR=7e-5; TOTAL_BATCH=64; EPOCHS=14; WARMUP_RATIO=0.02
