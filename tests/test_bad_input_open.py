@@ -799,6 +799,81 @@ def test_a_checkpoint_of_the_same_family_fine_tunes_under_any_of_its_archs(famil
     assert args.encoder_layers in (1, 2)  # the checkpoint's sizes, adopted
 
 
+
+# ----------------------------------------------------------------------------- PALM's released checkpoint (AliceMind)
+# Parameter names of the checkpoint that PALM's released code (alibaba/AliceMind, PALM/models/model_builder.py's
+# AbsSummarizer) saves, as its own classes name them (one layer of each stack shown): an HF RoBERTa under bert.model.,
+# PreSumm's decoder, a generator tied to the decoder's embedding
+RELEASED_PALM_NAMES = [
+    "bert.model.embeddings.word_embeddings.weight", "bert.model.embeddings.position_embeddings.weight",
+    "bert.model.embeddings.token_type_embeddings.weight", "bert.model.embeddings.LayerNorm.weight",
+    "bert.model.encoder.layer.0.attention.self.query.weight", "bert.model.encoder.layer.0.output.dense.weight",
+    "bert.model.pooler.dense.weight", "decoder.embeddings.weight", "decoder.pos_emb.pe",
+    "decoder.transformer_layers.0.self_attn.linear_keys.weight",
+    "decoder.transformer_layers.0.context_attn.linear_query.weight",
+    "decoder.transformer_layers.0.feed_forward.w_1.weight", "decoder.transformer_layers.0.layer_norm_1.weight",
+    "decoder.layer_norm.weight", "generator.0.weight", "generator.0.bias",
+]
+
+
+@pytest.fixture(scope="module")
+def released_palm(tmp_path_factory):
+    """The released checkpoint's layout: as its trainer saves it (with its optimiser objects, of a class of the
+    released code's own module models.optimizers), re-saved without them (what the refusal of an unsafe file used to
+    advise), and a PreSumm extractive checkpoint (bert.model. without the decoder), which is not PALM's."""
+    import sys
+    import types
+    from unittest import mock
+
+    root = tmp_path_factory.mktemp("released")
+    model = {name: torch.zeros(2, 3) for name in RELEASED_PALM_NAMES}
+    opt = argparse.Namespace(encoder="roberta", dec_layers=12, dec_hidden_size=768, dec_heads=8, dec_ff_size=2048)
+    optimizers = types.ModuleType("models.optimizers")
+    optimizers.Optimizer = type("Optimizer", (), {"__module__": "models.optimizers"})
+    with mock.patch.dict(sys.modules, {"models": types.ModuleType("models"), "models.optimizers": optimizers}):
+        torch.save({"model": model, "opt": opt, "optims": [optimizers.Optimizer()]}, root / "model_palm_en_base.pt")
+    torch.save({"model": model, "opt": opt}, root / "resaved.pt")
+    extractive = {name: tensor for name, tensor in model.items() if name.startswith("bert.")}
+    torch.save({"model": {**extractive, "ext_layer.wo.weight": torch.zeros(1, 3)}, "opt": opt}, root / "ext.pt")
+    return root
+
+
+def released_palm_message(path):
+    return (f"{path}: a checkpoint of PALM's released code (alibaba/AliceMind: PreSumm's bert.model.* and "
+            "decoder.transformer_layers.*), not a fairseq one; its decoder and output layer are not the paper's PALM "
+            "that the plugin builds, and nothing converts it (docs/palm-authors-code.md). Start PALM's encoder from "
+            "RoBERTa instead: --roberta-path with a fairseq RoBERTa model.pt (palm-convert hf-roberta makes one from "
+            "an HF RoBERTa folder)")
+
+
+@pytest.mark.parametrize("name", ["model_palm_en_base.pt", "resaved.pt"])
+def test_palms_released_checkpoint_is_named_with_what_to_do_wherever_it_is_given(released_palm, tmp_path, name):
+    """fairseq-train --finetune-from-model and --roberta-path, fairseq-generate --path (the same reader as
+    --finetune-from-model) and palm-convert roberta: each stops with what the file is and what to do. Before, the
+    file as released was refused as unsafe, with the advice to re-save it as a plain state dict, and the re-saved one
+    was sent to palm-convert bert, which cannot read it either."""
+    from palm_tools.convert import cli
+
+    path = released_palm / name
+    for option, task in (("--finetune-from-model", PALM), ("--roberta-path", PALM_PRE)):
+        with pytest.raises(SystemExit) as stop:
+            parse_training(*task, option, path)
+        assert stop.value.code == "error: " + released_palm_message(path)
+    (tmp_path / "dict.txt").write_text("a 1\n")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["roberta", "--input", str(path), "--dict", str(tmp_path / "dict.txt"), "--output",
+                  str(tmp_path / "out")])
+    assert stop.value.code == "error: " + released_palm_message(path)
+    assert not (tmp_path / "out" / "model.pt").exists()
+
+
+def test_an_hf_roberta_under_bert_model_without_palms_decoder_is_not_called_palms(released_palm):
+    """PreSumm's extractive checkpoints share the encoder's names: the general message, not PALM's."""
+    path = released_palm / "ext.pt"
+    with pytest.raises(SystemExit) as stop:
+        parse_training(*PALM, "--finetune-from-model", path)
+    assert stop.value.code.startswith(f"error: --finetune-from-model {path}: not a fairseq checkpoint; convert it")
+
 # ------------------------------------------------------------------------------------------- fairseq under numpy 2
 def test_translation_batches_in_length_buckets():
     """fairseq-train --task translation --num-batch-buckets N: fairseq 0.12 read ``np.compat.long`` and

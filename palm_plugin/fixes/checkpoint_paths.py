@@ -96,7 +96,8 @@ def read_checkpoint(path, option):
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError:  # files in torch's legacy (non-zip) format cannot be memory-mapped
             state = safe_loading.load_state(path)
-    except (safe_loading.UnsafeCheckpointError, safe_loading.CorruptCheckpointError) as error:
+    except (safe_loading.UnsafeCheckpointError, safe_loading.CorruptCheckpointError,
+            safe_loading.ForeignCheckpointError) as error:
         raise CheckpointPathError(str(error)) from None
     except Exception as error:
         try:
@@ -105,6 +106,9 @@ def read_checkpoint(path, option):
             raise CheckpointPathError(str(named)) from None
         raise CheckpointPathError(f"{path}: cannot read ({error})") from None
     if not isinstance(state, dict) or "model" not in state or not ({"cfg", "args"} & set(state)):
+        if isinstance(state, dict) and isinstance(state.get("model"), dict) and safe_loading.is_released_palm(
+                state["model"]):
+            raise CheckpointPathError(safe_loading.released_palm_message(path))
         kind = "an HF state dict (e.g. pytorch_model.bin)" if isinstance(state, dict) and state and all(
             torch.is_tensor(v) for v in state.values()) else "not a fairseq checkpoint"
         raise CheckpointPathError(f"{option} {path}: {kind}; " + _convert_hint(os.path.dirname(path) or "."))

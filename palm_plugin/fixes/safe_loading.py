@@ -14,14 +14,19 @@ omegaconf's container, node and metadata classes plus the plain types they recor
 fairseq's model loader is wrapped too, to name the checkpoint and the data's dictionary when the model finds that
 the checkpoint was trained with another dictionary (:mod:`palm_plugin.modules.dictionary_check`), and so is
 fairseq-train's, whose "ensure that the architectures match" would otherwise be the last word.
+
+One checkpoint of another program is recognised by its parameter names and named as such: PALM's released one
+(:data:`RELEASED_PALM_PREFIXES`), which users reach for first and which no reader of the plugin can use.
 """
 import argparse
 import collections
 import functools
 import os
 import pickle
+import pickletools
 import re
 import typing
+import zipfile
 
 import torch
 
@@ -34,6 +39,40 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint file is truncated or is not a torch file at all."""
+
+
+class ForeignCheckpointError(ValueError):
+    """A checkpoint of another program, recognised by its parameter names, that the plugin cannot read."""
+
+
+# PALM's released code (alibaba/AliceMind, PreSumm's AbsSummarizer) saves {"model", "opt", "optims"}, the model's
+# parameters named after an HF RoBERTa under bert.model. and PreSumm's decoder (docs/palm-authors-code.md)
+RELEASED_PALM_PREFIXES = ("bert.model.embeddings.", "decoder.transformer_layers.")
+
+
+def is_released_palm(names) -> bool:
+    names = list(names)
+    return all(any(str(name).startswith(prefix) for name in names) for prefix in RELEASED_PALM_PREFIXES)
+
+
+def released_palm_message(path) -> str:
+    return (
+        f"{path}: a checkpoint of PALM's released code (alibaba/AliceMind: PreSumm's bert.model.* and "
+        f"decoder.transformer_layers.*), not a fairseq one; its decoder and output layer are not the paper's PALM "
+        f"that the plugin builds, and nothing converts it (docs/palm-authors-code.md). Start PALM's encoder from "
+        f"RoBERTa instead: --roberta-path with a fairseq RoBERTa model.pt (palm-convert hf-roberta makes one from an "
+        f"HF RoBERTa folder)"
+    )
+
+
+def _pickled_strings(path):
+    """The strings of a torch (zip) file's pickle, read op by op: nothing in the pickle runs."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = archive.read(next(name for name in archive.namelist() if name.endswith("data.pkl")))
+        return [argument for _, argument, _ in pickletools.genops(data) if isinstance(argument, str)]
+    except Exception:  # torch's legacy format, or a pickle cut short: nothing recognised
+        return []
 
 
 def allowed_globals():
@@ -163,7 +202,7 @@ def load_state(path):
     torch cannot parse (truncated ones included), and the ``OSError`` of a missing or unreadable one.
     """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as error:
         if error.filename is not None:
             raise  # missing or unreadable: the OS error names the file already
@@ -174,6 +213,8 @@ def load_state(path):
         # pickle at all ("Unsupported operand"): a corrupt file, not a dangerous one
         found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(error))
         if "Weights only load failed" in str(error) and found:
+            if is_released_palm(_pickled_strings(path)):  # it pickles its optimiser objects
+                raise ForeignCheckpointError(released_palm_message(path)) from None
             raise UnsafeCheckpointError(
                 f"{path}: refused to load this checkpoint: it references {found.group(1)}, which fairseq checkpoints "
                 f"never contain, so unpickling it could run code. If you made this file yourself and trust it, "
@@ -182,6 +223,9 @@ def load_state(path):
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
     except Exception as error:  # torch's parsers fail on garbage with many exception types
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
+    if isinstance(state, dict) and isinstance(state.get("model"), dict) and is_released_palm(state["model"]):
+        raise ForeignCheckpointError(released_palm_message(path))  # re-saved without its optimisers
+    return state
 
 
 def _corruption_message(path, error):

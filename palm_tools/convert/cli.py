@@ -87,7 +87,8 @@ def main(argv=None):
                      "another folder")
     try:
         commands[args.command](args)
-    except (ConversionError, safe_loading.UnsafeCheckpointError, safe_loading.CorruptCheckpointError) as error:
+    except (ConversionError, safe_loading.UnsafeCheckpointError, safe_loading.CorruptCheckpointError,
+            safe_loading.ForeignCheckpointError) as error:
         sys.exit(f"error: {error}")
 
 
