@@ -132,7 +132,9 @@ DEFAULTS = [
      f"{UNILM} 3.1)"),
     ("criterion", "unilm_cloze", "syncs_at_start", False, "ours", SPEED),
     # --- models: the dataclass defaults, which an arch's values override ------------------------------------------
-    ("model", "palm", "activation_fn", "gelu", "paper", f"{PALM} 3.1: a GELU activation"),
+    ("model", "palm", "activation_fn", "gelu", "code",
+     f"{FAIRSEQ_ROBERTA}: the exact GELU of the encoder PALM starts from; {PALM} 3.1 names GELU \"used as GPT\", whose "
+     "tanh form differs from it by at most 4.7e-4 (docs/palm-authors-code.md)"),
     ("model", "palm", "dropout", 0.1, "paper", f"{PALM} 3.1: dropout 0.1 on all layers and attention weights"),
     ("model", "palm", "attention_dropout", 0.1, "paper",
      f"{PALM} 3.1: dropout 0.1 on all layers and attention weights"),
