@@ -83,6 +83,44 @@ def test_state_dict_of_a_reordered_dictionary_is_a_dictionary_error(arch):
     build_model(arch, words=20).load_state_dict(averaged)
 
 
+def test_one_embedding_row_more_is_named_as_unilm2s_pseudo_only_where_it_can_be():
+    """One row more than the dictionary is UniLMv2's <pseudo> only for a unilm model whose dictionary lacks it. A
+    PALM checkpoint with one row more than a dictionary that holds <mask> (the row PALM drops for fine-tuning) was
+    trained with another dictionary: PALM has no <pseudo>, and --pseudo-masks is no option of its tasks."""
+    import torch
+    from fairseq.data import Dictionary
+
+    from palm_plugin.modules.dictionary_check import check_embedding_rows
+
+    other = ("the data was binarized with another dictionary than the checkpoint was trained with. Binarize it with "
+             "the checkpoint's dictionary (the dictionary of the data it was trained on): fairseq-preprocess "
+             "--srcdict DICT --tgtdict DICT, or --only-source --srcdict DICT for monolingual data")
+    with pytest.raises(DictionaryMismatchError) as refused:
+        build_model("palm_tiny", words=20).load_state_dict(build_model("palm_tiny", words=21).state_dict())
+    assert str(refused.value) == ("the checkpoint's token embedding has 26 rows but the model built from this "
+                                  f"dictionary has 25 (25 entries, <mask> present): {other}")
+    with pytest.raises(DictionaryMismatchError) as refused:
+        build_model("unilm_tiny", words=20).load_state_dict(build_model("unilm_tiny", words=21).state_dict())
+    assert str(refused.value) == (
+        "the checkpoint's token embedding has 26 rows, one more than the 25 of this dictionary: it was trained with "
+        "UniLMv2's <pseudo> symbol (pmlm, or unilm_seq2seq --pseudo-masks); add --pseudo-masks to fine-tune or decode "
+        "it with unilm_seq2seq")
+    dictionary = Dictionary()  # a unilm dictionary that holds <pseudo> already: one row more is another dictionary
+    for symbol in ("w0", "<mask>", "<pseudo>"):
+        dictionary.add_symbol(symbol)
+    with pytest.raises(DictionaryMismatchError) as refused:
+        check_embedding_rows({"tokens": torch.zeros(8, 4)}, "tokens", torch.nn.Embedding(7, 4), dictionary)
+    assert str(refused.value) == ("the checkpoint's token embedding has 8 rows but the model built from this "
+                                  f"dictionary has 7 (7 entries, <mask> present): {other}")
+    dictionary = Dictionary()  # the message says whether <mask> is in the dictionary
+    for symbol in ("w0", "w1", "<pseudo>"):
+        dictionary.add_symbol(symbol)
+    with pytest.raises(DictionaryMismatchError) as refused:
+        check_embedding_rows({"tokens": torch.zeros(9, 4)}, "tokens", torch.nn.Embedding(7, 4), dictionary)
+    assert str(refused.value) == ("the checkpoint's token embedding has 9 rows but the model built from this "
+                                  f"dictionary has 7 (7 entries, <mask> absent): {other}")
+
+
 def write_pairs(directory, words, seed=0):
     rng = random.Random(seed)
     directory.mkdir()

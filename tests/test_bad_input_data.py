@@ -112,14 +112,44 @@ def one_word_documents(tmp_path_factory):
 
 
 @pytest.mark.parametrize("task, extra, message", [
-    ("continuation_pair", [], "no pairs: none of its 2 documents has two sentences.* --split-mode fraction"),
-    ("continuation_pair", ["--split-mode", "fraction"], "no pairs: none of its 2 documents has two tokens"),
-    ("unilm_pretraining", [], "no chunk of two text tokens: every document is a single one-token sentence"),
+    ("continuation_pair", [], "no pairs: none of its 2 documents has two sentences. Put one sentence per line and a "
+     "blank line between documents (or use --split-mode fraction)"),
+    ("continuation_pair", ["--split-mode", "fraction"], "no pairs: none of its 2 documents has two tokens. Put one "
+     "sentence per line and a blank line between documents"),
+    ("unilm_pretraining", [], "no chunk of two text tokens: every document is a single one-token sentence. Give "
+     "documents of several words, one sentence a line"),
 ])  # fmt: skip
 def test_corpus_too_short_for_a_task_names_the_file(task, extra, message, one_word_documents):
-    """Text from which a task can make no example at all stops it at loading, with the split's path."""
-    with pytest.raises(ValueError, match=rf"{one_word_documents}/train: {message}"):
+    """Text from which a task can make no example at all stops it at loading, with the split's path and what to do."""
+    with pytest.raises(ValueError) as stopped:
         load_train(one_word_documents, PRETRAINING[task] + extra)
+    assert str(stopped.value) == f"{one_word_documents}/train: {message}"
+
+
+@pytest.mark.parametrize("extra, truncated", [
+    (["--max-target-tokens", 6], "0 of 6 sources truncated to --max-source-tokens 40 and 6 targets truncated (to 6 "
+     "tokens)"),
+    # a fragment is cut at max-source + max-target tokens: every LONG sentence here (10 words + [EOS] > 4 + 2)
+    (["--split-mode", "fraction", "--max-source-tokens", 4, "--max-target-tokens", 2], "0 of 13 sources truncated to "
+     "--max-source-tokens 4 and 6 fragments truncated (to max-source + max-target tokens)"),
+], ids=["sentence", "fraction"])  # fmt: skip
+def test_continuation_pair_says_what_it_truncated_to_in_each_mode(extra, truncated, blank_lines, caplog):
+    """The truncation warning names the limit of its mode: --max-target-tokens for a sentence-mode target, both
+    limits together for a fraction-mode fragment."""
+    with caplog.at_level(logging.WARNING):
+        load_train(blank_lines, PRETRAINING["continuation_pair"] + [str(value) for value in extra])
+    assert warnings(caplog)[-1] == f"train: {truncated}: sentences longer than the limits"
+
+
+def test_pmlm_takes_the_least_tokens_per_sample_that_holds_a_token_on_each_side(blank_lines, caplog):
+    """--tokens-per-sample 5 is [SOS] S1 [EOS] S2 [EOS] with blocks of 2 tokens: each of the 14 lines is a block, cut
+    to its first 2 tokens (the one-word document keeps its [EOS]), and every example batches."""
+    with caplog.at_level(logging.WARNING):
+        dataset = load_train(blank_lines, PRETRAINING["pmlm"] + ["--tokens-per-sample", "5"])
+    assert warnings(caplog) == ["train: 13 lines are longer than a block (2 tokens) and lose their end; "
+                                "--sample-break-mode none packs text across lines without cutting"]
+    assert [len(dataset.dataset[index]) for index in range(len(dataset))] == [2] * 14
+    assert dataset.collater([dataset[index] for index in range(len(dataset))])["nsentences"] == 14
 
 
 # What each task's log says about the blank-lines corpus.
@@ -155,6 +185,33 @@ def awkward_pairs(tmp_path_factory):
     (root / "train.tgt").write_text("\n".join(target) + "\n")
     binarize_pairs(root / "bin", root / "train", root / "train")
     return root / "bin"
+
+
+@pytest.fixture(scope="module")
+def one_long_source_one_long_target(tmp_path_factory):
+    """4 pairs of 3-4 words but for a source of 20 words (pair 1) and a target of 20 (pair 2); no empty line."""
+    root = tmp_path_factory.mktemp("long_pairs")
+    lengths = [(3, 3), (20, 3), (3, 20), (4, 4)]
+    (root / "train.src").write_text("\n".join(" ".join(["w1"] * s) for s, _ in lengths) + "\n")
+    (root / "train.tgt").write_text("\n".join(" ".join(["w2"] * t) for _, t in lengths) + "\n")
+    binarize_pairs(root / "bin", root / "train", root / "train")
+    return root / "bin"
+
+
+@pytest.mark.parametrize("limit, level, truncated", [(16, logging.WARNING, 1), (32, logging.INFO, 0)],
+                         ids=["truncated", "unchanged"])
+def test_unilm_seq2seq_counts_its_changes_in_a_warning_and_nothing_else(limit, level, truncated,
+                                                                      one_long_source_one_long_target, caplog):
+    """The counts of what loading changed are a warning when it changed anything (here one source of 20 words + [SOS]
+    and [EOS], one target of 20 + [EOS], both over 16), else the same line at info level."""
+    with caplog.at_level(logging.INFO, logger="palm_plugin.tasks.unilm_seq2seq"):
+        load_train(one_long_source_one_long_target, ["--task", "unilm_seq2seq", "--arch", "unilm_tiny", "--criterion",
+                                                     "unilm_cloze", "--max-source-positions", str(limit),
+                                                     "--max-target-positions", str(limit)])
+    [record] = [r for r in caplog.records if r.getMessage().startswith("train:")]
+    assert (record.levelno, record.getMessage()) == (level, (
+        f"train: 4 pairs; truncated {truncated} sources to --max-source-positions {limit} and {truncated} targets to "
+        f"--max-target-positions {limit}; kept 0 empty sources and 0 empty targets"))
 
 
 COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--max-epoch", 1, "--batch-size", 4, "--required-batch-size-multiple",

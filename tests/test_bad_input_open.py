@@ -699,6 +699,13 @@ UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_t
     (PALM_PRE + ["--max-source-tokens", 100, "--encoder-max-positions", 64], ValueError,
      "--max-source-tokens 100 + [EOS]: up to 101 tokens, and the model reads at most --encoder-max-positions 64: "
      "lower --max-source-tokens or raise --encoder-max-positions"),
+    (PALM_PRE + ["--max-source-tokens", 40, "--max-target-tokens", 100, "--decoder-max-positions", 64], ValueError,
+     "--max-target-tokens 100 + [EOS]: up to 101 tokens, and the model reads at most --decoder-max-positions 64: "
+     "lower --max-target-tokens or raise --decoder-max-positions"),
+    (PALM_PRE + ["--objective", "masked_span", "--max-source-tokens", 40, "--max-target-tokens", 30,
+                 "--encoder-max-positions", 64], ValueError,  # the span is cut from the source: 40 + 30 + [EOS]
+     "--max-source-tokens 40 + --max-target-tokens 30 (--objective masked_span) + [EOS]: up to 71 tokens, and the "
+     "model reads at most --encoder-max-positions 64: lower --max-source-tokens or raise --encoder-max-positions"),
     (UNILM_PRE + ["--span-length-probs", "0.5,0.1"], ValueError,  # it named no option
      "--span-length-probs 0.5,0.1: 2 values summing to 0.6; give the probabilities of spans of 1, 2, 3, ... tokens, "
      "none negative, that sum to 1"),
@@ -714,6 +721,7 @@ UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_t
 ], ids=["pmlm-palm", "continuation_pair-unilm", "unilm_seq2seq-palm", "pmlm_ae_par-unilm_seq2seq",
         "unilm_cloze-continuation_pair", "unilm_cloze-translation", "palm_mlm_lm-translation", "no-loss-weight", "no-markers",
         "pmlm-tokens-per-sample", "pmlm-positions", "unilm_pretraining-positions", "continuation_pair-positions",
+        "continuation_pair-decoder-positions", "masked_span-positions",
         "span-length-probs", "negative-objective-prob", "roberta-path-missing", "heads-do-not-divide"])
 def test_training_options_that_cannot_train_name_the_option(dictionaries, monkeypatch, arguments, error, message):
     monkeypatch.chdir(dictionaries)

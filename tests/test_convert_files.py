@@ -75,6 +75,13 @@ def test_a_zipped_directory_with_only_tokenizer_json_converts(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["do_lower_case"] is False
     err = capsys.readouterr().err
     assert re.search(r"; cased \(\S+/model/tokenizer\.json normalizer\)$", err, re.MULTILINE), err[-600:]
+    # a lower-casing normaliser: the summary says so (and the folder's tokenizer_config.json)
+    tokenizer["normalizer"]["lowercase"] = True
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(tokenizer))
+    convert.main(["bert", "--input", str(tmp_path / "hf"), "--output", str(tmp_path / "lower")])
+    assert json.loads((tmp_path / "lower" / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    err = capsys.readouterr().err
+    assert re.search(rf"; lower-cased \({tmp_path}/hf/tokenizer\.json normalizer\)$", err, re.MULTILINE), err[-600:]
 
 
 def test_s2s_ft_checkpoint_with_1_1_h_biases_and_training_buffers(tmp_path, capsys):

@@ -222,6 +222,15 @@ def test_from_pretrained_of_a_missing_checkpoint_names_it_and_what_is_there(tmp_
         from_pretrained(str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"b\.pt: no such checkpoint"):
         from_pretrained(str(tmp_path), checkpoint_file="checkpoint_last.pt:b.pt")
+    # a folder of many checkpoints: the first 5 in name order
+    for epoch in range(1, 7):
+        (tmp_path / f"checkpoint{epoch}.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as missing:
+        from_pretrained(str(tmp_path))
+    assert str(missing.value) == (
+        f"{tmp_path}/checkpoint_best.pt: no such checkpoint; {tmp_path} holds checkpoint1.pt, checkpoint2.pt, "
+        "checkpoint3.pt, checkpoint4.pt, checkpoint5.pt (from_pretrained(DIR, checkpoint_file=NAME) takes "
+        "fairseq-train's --save-dir and a file in it)")
 
 
 @pytest.mark.parametrize("arguments, name, kind", [

@@ -1,5 +1,6 @@
 """The palm model in process: incremental decoding, decoder causality, learning to copy, state-dict upgrades."""
 import argparse
+import logging
 import math
 from pathlib import Path
 
@@ -397,11 +398,13 @@ def test_state_dict_upgrade_under_a_prefix():
     model.load_state_dict({k[len("palm."):]: v for k, v in state.items()}, strict=True)
 
 
-def test_deprecated_compile_copy_attention_agrees_with_copy_attention_impl_compiled():
+def test_deprecated_compile_copy_attention_agrees_with_copy_attention_impl_compiled(caplog):
     """--compile-copy-attention (deprecated) means --copy-attention-impl compiled: given both, the model is built
-    with the compiled copy attention, not refused as a contradiction."""
+    with the compiled copy attention, not refused as a contradiction, and the one warning names the new option."""
+    caplog.set_level(logging.WARNING, logger="palm_plugin.models.palm")
     model = build(compile_copy_attention=True, copy_attention_impl="compiled")
     assert model.decoder.pointer_generator.scores_impl == "compiled"
+    assert caplog.messages == ["--compile-copy-attention is deprecated: use --copy-attention-impl compiled"]
 
 
 def test_reinit_encoder_refuses_roberta_path():

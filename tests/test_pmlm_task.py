@@ -200,6 +200,13 @@ def test_a_split_binarized_in_parts_is_read_whole_when_combined(tmp_path):
     assert [combined[i].tolist() for i in range(len(combined))] == [line for lines in parts for line in lines]
     first = load_sentences(str(tmp_path), "train", 1, dictionary)
     assert [first[i].tolist() for i in range(len(first))] == parts[0]
+    # the pmlm task passes combine on: its blocks hold every line of the three parts, or of the first only
+    dictionary.save(str(tmp_path / "dict.txt"))
+    task = PseudoMaskedLMTask.setup_task(PseudoMaskedLMConfig(data=str(tmp_path), tokens_per_sample=24, seed=1))
+    for combine, lines in ((True, [line for lines in parts for line in lines]), (False, parts[0])):
+        task.load_dataset("train", combine=combine)
+        blocks = task.dataset("train").dataset
+        assert [t for i in range(len(blocks)) for t in blocks[i].tolist()] == [t for line in lines for t in line]
 
 
 def test_blocks_of_single_lines_batch(data_dir):

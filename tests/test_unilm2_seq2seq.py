@@ -356,6 +356,43 @@ def test_one_view_per_use_and_raw_sources_for_inference(tmp_path, pseudo_masks):
     assert batch["net_input"]["src_tokens"][1].tolist() == [dictionary.bos(), *lines[1].tolist(), dictionary.pad()]
 
 
+def test_inference_step_adds_the_tasks_segments_and_refuses_a_training_batch(tmp_path):
+    """A batch of sources alone (src_tokens and src_lengths, as fairseq-interactive's and the hub interface's callers
+    may give it) decodes as the generation batch with the task's segments does; a training batch that reaches the
+    generator stops with what to do."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    dictionary = make_dictionary()
+    for lang in ("src", "tgt"):
+        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
+    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=True, source_segment=0,
+                                                          target_segment=1, seed=1))
+    model = tiny_model(task.dictionary)
+    generator = task.build_generator([model], GenerationConfig(beam=2, max_len_b=4))
+    lines = [torch.tensor([dictionary.index(w) for w in ("w3", "w4", "w7")] + [dictionary.eos()]),
+             torch.tensor([dictionary.index("w5"), dictionary.eos()])]
+    inference = task.build_dataset_for_inference(lines, [len(t) for t in lines])
+    batch = inference.collater([inference[0], inference[1]])
+    assert batch["net_input"]["source_segments"].eq(0).all() and batch["net_input"]["target_segment"].eq(1).all()
+    bare = {**batch, "net_input": {k: batch["net_input"][k] for k in ("src_tokens", "src_lengths")}}
+    with torch.no_grad():
+        expected, decoded = (task.inference_step(generator, [model], b) for b in (batch, bare))
+    for ours, reference in zip(decoded, expected):
+        assert [h["tokens"].tolist() for h in ours] == [h["tokens"].tolist() for h in reference]
+        assert [float(h["score"]) for h in ours] == [float(h["score"]) for h in reference]
+    dataset = task._dataset(Sentences(task.dictionary, [5, 8], 0), Sentences(task.dictionary, [4, 2], 1))
+    training = dataset.collater([dataset[0], dataset[1]])
+    with pytest.raises(RuntimeError) as refused:
+        task.inference_step(generator, [model], training)
+    assert str(refused.value) == (
+        "a training batch reached the generator: the data loader started before the task built its generator (with "
+        "fairseq-generate: --data-buffer-size 0 and --num-workers > 0); keep the default --data-buffer-size, or "
+        "--num-workers 0, or in Python call task.build_generator before iterating (or use "
+        "task.build_dataset_for_inference)")
+
+
 def test_sources_that_fill_the_positions_exactly_are_not_counted_as_truncated():
     """A source of n tokens (its [EOS] included) takes n + 1 positions with [SOS]: at --max-source-positions n + 1
     it is whole, one fewer cuts it; the count is what the task logs, as are the empty lines it keeps."""

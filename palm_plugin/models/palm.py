@@ -337,7 +337,9 @@ class PalmModel(FairseqEncoderDecoderModel):
             ):
                 if prefix + suffix in state_dict:
                     state_dict[prefix + suffix] = state_dict[prefix + suffix][:-1]
-        check_embedding_rows(state_dict, embed_key, self.encoder.embed_tokens, self.encoder.dictionary)
+        # one row more with <mask> in the dictionary is another dictionary's checkpoint: PALM has no <pseudo>
+        check_embedding_rows(state_dict, embed_key, self.encoder.embed_tokens, self.encoder.dictionary,
+                             pseudo_family=False)
         check_symbols(state_dict, prefix + FINGERPRINT, self.encoder.dictionary)
 
 

@@ -1,7 +1,8 @@
 """A checkpoint's token embedding must have one row per symbol of the dictionary the model is built from.
 
-One row more than the dictionary, which lacks ``<pseudo>``, is a UniLMv2 checkpoint under a task without its symbol
-(the reverse, a BERT-family checkpoint under a UniLMv2 task, is grown: :mod:`palm_plugin.modules.table_extension`).
+One row more than a unilm model's dictionary, which lacks ``<pseudo>``, is a UniLMv2 checkpoint under a task without
+its symbol (PALM has no ``<pseudo>``: there it is another dictionary's checkpoint, as any other count is; the
+reverse, a BERT-family checkpoint under a UniLMv2 task, is grown: :mod:`palm_plugin.modules.table_extension`).
 
 Both models (``palm``, ``unilm``) call :func:`check_embedding_rows` at the end of ``upgrade_state_dict_named``,
 which fairseq runs on every state dict before loading it (``fairseq-generate --path``, ``--restore-file``,
@@ -28,13 +29,14 @@ class DictionaryMismatchError(ValueError):
     """A checkpoint was trained with another dictionary than the one the model was built from."""
 
 
-def check_embedding_rows(state_dict, key, embedding, dictionary):
+def check_embedding_rows(state_dict, key, embedding, dictionary, pseudo_family=True):
     """Raise :class:`DictionaryMismatchError` when ``state_dict[key]`` (a token embedding, if present) has another
-    number of rows than the model's ``embedding`` built from ``dictionary``."""
+    number of rows than the model's ``embedding`` built from ``dictionary``. ``pseudo_family``: the model's family
+    has checkpoints with UniLMv2's ``<pseudo>`` (unilm; not palm, whose one row more is another dictionary's)."""
     if key not in state_dict:
         return
     rows, expected = state_dict[key].size(0), embedding.num_embeddings
-    if rows == expected + 1 and "<pseudo>" not in dictionary:
+    if rows == expected + 1 and pseudo_family and "<pseudo>" not in dictionary:
         raise DictionaryMismatchError(
             f"the checkpoint's token embedding has {rows} rows, one more than the {expected} of this dictionary: it "
             "was trained with UniLMv2's <pseudo> symbol (pmlm, or unilm_seq2seq --pseudo-masks); add --pseudo-masks "
