@@ -105,20 +105,16 @@ def test_one_embedding_row_more_is_named_as_unilm2s_pseudo_only_where_it_can_be(
         "the checkpoint's token embedding has 26 rows, one more than the 25 of this dictionary: it was trained with "
         "UniLMv2's <pseudo> symbol (pmlm, or unilm_seq2seq --pseudo-masks); add --pseudo-masks to fine-tune or decode "
         "it with unilm_seq2seq")
-    dictionary = Dictionary()  # a unilm dictionary that holds <pseudo> already: one row more is another dictionary
-    for symbol in ("w0", "<mask>", "<pseudo>"):
-        dictionary.add_symbol(symbol)
-    with pytest.raises(DictionaryMismatchError) as refused:
-        check_embedding_rows({"tokens": torch.zeros(8, 4)}, "tokens", torch.nn.Embedding(7, 4), dictionary)
-    assert str(refused.value) == ("the checkpoint's token embedding has 8 rows but the model built from this "
-                                  f"dictionary has 7 (7 entries, <mask> present): {other}")
-    dictionary = Dictionary()  # the message says whether <mask> is in the dictionary
-    for symbol in ("w0", "w1", "<pseudo>"):
-        dictionary.add_symbol(symbol)
-    with pytest.raises(DictionaryMismatchError) as refused:
-        check_embedding_rows({"tokens": torch.zeros(9, 4)}, "tokens", torch.nn.Embedding(7, 4), dictionary)
-    assert str(refused.value) == ("the checkpoint's token embedding has 9 rows but the model built from this "
-                                  f"dictionary has 7 (7 entries, <mask> absent): {other}")
+    # a unilm dictionary that holds <pseudo> already: one row more is another dictionary; and the message says
+    # whether <mask> is in the dictionary
+    for symbols, rows, mask in ((("w0", "<mask>", "<pseudo>"), 8, "present"), (("w0", "w1", "<pseudo>"), 9, "absent")):
+        dictionary = Dictionary()
+        for symbol in symbols:
+            dictionary.add_symbol(symbol)
+        with pytest.raises(DictionaryMismatchError) as refused:
+            check_embedding_rows({"tokens": torch.zeros(rows, 4)}, "tokens", torch.nn.Embedding(7, 4), dictionary)
+        assert str(refused.value) == (f"the checkpoint's token embedding has {rows} rows but the model built from "
+                                      f"this dictionary has 7 (7 entries, <mask> {mask}): {other}")
 
 
 def write_pairs(directory, words, seed=0):
