@@ -106,8 +106,7 @@ def read_checkpoint(path, option):
             raise CheckpointPathError(str(named)) from None
         raise CheckpointPathError(f"{path}: cannot read ({error})") from None
     if not isinstance(state, dict) or "model" not in state or not ({"cfg", "args"} & set(state)):
-        if isinstance(state, dict) and isinstance(state.get("model"), dict) and safe_loading.is_released_palm(
-                state["model"]):
+        if safe_loading.is_released_palm_state(state):
             raise CheckpointPathError(safe_loading.released_palm_message(path))
         kind = "an HF state dict (e.g. pytorch_model.bin)" if isinstance(state, dict) and state and all(
             torch.is_tensor(v) for v in state.values()) else "not a fairseq checkpoint"

@@ -51,8 +51,14 @@ RELEASED_PALM_PREFIXES = ("bert.model.embeddings.", "decoder.transformer_layers.
 
 
 def is_released_palm(names) -> bool:
+    """Whether parameter names (or a pickle's strings) hold both of :data:`RELEASED_PALM_PREFIXES`."""
     names = list(names)
     return all(any(str(name).startswith(prefix) for name in names) for prefix in RELEASED_PALM_PREFIXES)
+
+
+def is_released_palm_state(state) -> bool:
+    """Whether a loaded checkpoint is PALM's released one (re-saved without its optimisers, so it loaded)."""
+    return isinstance(state, dict) and isinstance(state.get("model"), dict) and is_released_palm(state["model"])
 
 
 def released_palm_message(path) -> str:
@@ -223,8 +229,8 @@ def load_state(path):
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
     except Exception as error:  # torch's parsers fail on garbage with many exception types
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
-    if isinstance(state, dict) and isinstance(state.get("model"), dict) and is_released_palm(state["model"]):
-        raise ForeignCheckpointError(released_palm_message(path))  # re-saved without its optimisers
+    if is_released_palm_state(state):
+        raise ForeignCheckpointError(released_palm_message(path))
     return state
 
 
