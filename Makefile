@@ -15,7 +15,7 @@ PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.palm_plugin_installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env data tables clean-env mutation mutation-sample
+.PHONY: demo test env data tables clean-env mutation mutation-sample card
 
 env: $(STAMP)
 
@@ -84,6 +84,10 @@ mutation-sample: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH nice -n 10 $(PY) -m palm_tools.mutation --per-package $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) \
 		$(if $(MUTATION_PACKAGES),--packages $(MUTATION_PACKAGES)) \
 		--equivalent docs/mutation-equivalent.txt --out mutants/sample.json
+
+# what the card calls of card/ carry (card/README.md): wheels, the data, MiniLM in float16
+card: $(STAMP)
+	PY=$(CURDIR)/$(PY) bash card/prepare.sh
 
 clean-env:
 	rm -rf $(VENV)

@@ -247,53 +247,6 @@ def test_speed_card_calls_plan_what_issue_38_measures():
         assert f"::{test}" in selected, test
 
 
-def test_next_speed_card_call_measures_what_the_last_card_left_open():
-    """The call for the next card (end of section 12): it parses; its CUDA tests run in processes of their own, the
-    relative-bias tests first and alone (whether one of them leaves a CUDA error that failed every later test of
-    section 11's single process), then the padded products and the copy kernels, then the Triton attention (values,
-    gradients, its grid, the training step's memory); then it measures the UniLM family beside roberta at 64 and 256
-    sequences and the Triton attention's lever on pmlm and both UniLM configurations with its profile; all within
-    one call of 9 minutes, a row started just before the time budget ends still ending inside its timeout."""
-    text = (REPO / "docs" / "benchmarks-gpu.md").read_text()
-    lines = text[text.index("## 12. The card run of session 24"):].splitlines()
-    loop = next(line for line in lines if line.startswith("for k in ") and " pytest " in line)
-    line = next(line for line in lines if line.startswith("timeout ") and "palm_tools.bench.cli" in line)
-    timeout, command = re.match(r"^timeout (\d+) python3 -m palm_tools\.bench\.cli (.*?); tar ", line).groups()
-    groups = shlex.split(loop.split("; do ")[0])[3:]
-    per_group = int(re.search(r"; do timeout (\d+) python3 -m pytest ", loop).group(1))
-    # in one call of at most 10 minutes, with a minute to spare for the wheels and the transfers
-    assert per_group * len(groups) + int(timeout) <= 540
-    selected = {}
-    for group in groups:
-        out = run_cli(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-                      "tests/test_gpu.py", "-k", group, cwd=REPO).stdout
-        selected[group] = {m.split("[")[0] for m in re.findall(r"::(test_\S+)", out)}
-    assert groups[0] == "relative_bias" and selected[groups[0]] == {
-        "test_relative_bias_gradient_on_cuda_equals_float64_reference",
-        "test_relative_bias_reaches_cuda_attention_without_a_padded_copy"}
-    everything = set().union(*selected.values())
-    for test in ("test_triton_attention_on_cuda_equals_sdpa",
-                 "test_triton_attention_on_cuda_with_more_sentence_heads_than_a_grid_axis_takes",
-                 "test_fused_attention_pmlm_training_step_on_cuda_takes_less_memory_than_sdpa",
-                 "test_default_copy_attention_on_cuda_is_tritons",
-                 "test_triton_copy_attention_on_cuda_equals_float64_reference_in_less_memory",
-                 "test_vocabulary_products_on_cuda_multiply_by_a_padded_matrix_while_training"):
-        assert test in everything, test
-    assert sum(len(tests) for tests in selected.values()) == len(everything)  # no test runs twice
-    flex = run_cli(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-                   "tests/test_gpu.py", "-k", groups[-1], cwd=REPO).stdout
-    assert "[flex]" not in flex  # FlexAttention's compilation would take the card's minutes
-    args = benchmark.parse_args(shlex.split(command) + ["--plan-only"])
-    assert args.device == "cuda" and args.sequences == [64, 256] and args.profile_dir
-    sweep, levers, estimate, _ = benchmark.plan(args)
-    assert set(sweep.split(" at ")[0].split(": ")[1].split(", ")) == {
-        "roberta", "pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq"}
-    for config in ("pmlm_ae_par", "unilm_pretraining", "unilm_seq2seq"):
-        assert f"{config}: triton_attention, no_attention_dropout" in levers, levers
-    assert args.profile_levers == ["triton_attention"]
-    assert f"after {args.time_budget_min:g} min" in estimate and args.time_budget_min * 60 + 60 <= int(timeout)
-
-
 @pytest.mark.slow
 def test_speed_card_training_check_runs_quick_on_the_cpu(tmp_path, small_palm_data):
     """The first card call's palm-gpu-check with --quick --device cpu: pmlm and PALM fine-tuning in fp32, a second fp32

@@ -17,6 +17,7 @@ from palm_tools.experiments.plan import UNIGRAM, Plan
 from palm_tools.experiments.rows import GEN, PRESET_SELECTION
 from palm_tools.experiments.scale import PRESETS
 from tests.conftest import REPO, run_cli
+from tests.test_card_calls import tool_call
 from tests.test_experiments import check_budgets_and_seeds
 
 
@@ -148,14 +149,14 @@ OTHER_ROWS = [f"{kind}-pmlm_{o}" for o in ("ar", "par", "ae_ar") for kind in ("p
 
 
 def test_the_presets_other_rows_card_call_counts_every_run_it_will_run_and_times_each_by_what_finished(capsys):
-    """The second card call of docs/paper_tables_gpu_plan.md (the gpu preset's 13 rows at 3 seeds) on the committed
+    """card/call_41.sh's palm-experiments (the gpu preset's 13 rows at 3 seeds) on the committed
     runs, after its first try (session 24, an H100, stopped by its timeout): every pre-training of the new rows and 3
     of their 15 fine-tunings finished. It runs the 12 other fine-tunings and again the 9 finished pre-trainings they
     fine-tune from (checkpoints are not committed), as run_all would; a run's time is its own seeds' mean where one
     finished, else the mean of the finished runs of the same family (from the run's name) and kind."""
     from palm_tools.experiments import cli
 
-    argv = card_call(1)
+    argv = tool_call("call_41.sh", "palm_tools.experiments.cli")[1]
     assert "--rows" not in argv and "--tasks" not in argv  # the preset's own rows and task
     assert cli.main(argv + ["--plan-only"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -287,22 +288,3 @@ def test_a_work_folder_of_other_data_is_refused_before_anything_is_prepared(tmp_
     assert cli.main(argv + ["--plan-only"]) == 0 and (work / "data.json").read_text() == record
 
 
-def test_the_real_weights_card_call_plans_its_seed_in_the_committed_folder(capsys):
-    """The second card call of docs/real_weights.md, with --plan-only: the committed results/real_gpu folder accepts
-    its settings (scale.json: 3,000 continued pre-training updates, the card's data folder), and one seed is the four
-    pre-trainings of the question, six fine-tunings (the four, the checkpoint directly in both layouts) and the
-    WordPiece unigram baseline. --plan-only writes nothing."""
-    from palm_tools.experiments import cli
-
-    before = sorted(p.name for p in (REPO / "results" / "real_gpu").iterdir())
-    argv = card_call(0, "real_weights.md", "timeout 560 python3 -m palm_tools.experiments.cli")
-    assert cli.main(argv + ["--plan-only"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("plan: 11 of 11 runs to run (6 gen, 4 pretrain, 1 unigram), in results/real_gpu;")
-    assert sorted(p.name for p in (REPO / "results" / "real_gpu").iterdir()) == before
-    scale = json.loads((REPO / "results" / "real_gpu" / "scale.json").read_text())
-    assert (scale["real_pretrain_updates"], scale["data"], scale["device"]) == (3000, "card_data", "gpu")
-    assert {k: scale[k] for k in ("blocks", "tokens_per_sample", "real_pretrain_lr", "minilm_updates", "eval_pairs",
-                                  "warmup_updates")} == {k: json.loads((REPO / "results" / "real" / "scale.json")
-                                                                       .read_text())[k] for k in (
-        "blocks", "tokens_per_sample", "real_pretrain_lr", "minilm_updates", "eval_pairs", "warmup_updates")}
