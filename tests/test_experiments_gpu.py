@@ -288,3 +288,28 @@ def test_a_work_folder_of_other_data_is_refused_before_anything_is_prepared(tmp_
     assert cli.main(argv + ["--plan-only"]) == 0 and (work / "data.json").read_text() == record
 
 
+
+
+@pytest.mark.parametrize("page, argv", [
+    ("paper_tables_gpu", ["--preset", "gpu", "--device", "cuda", "--jobs", "14", "--work", "results/gpu", "--scale",
+                          "data=card_data", "seeds=1,2,3"]),
+    ("paper_tables_real", ["--only", "real", "--scale", "corpus=all", "seeds=1,2,3", "--work", "results/real",
+                           "--jobs", "2"]),
+])
+def test_a_committed_tables_page_is_what_its_committed_runs_make(tmp_path, capsys, page, argv):
+    """docs/PAGE.md and .json say what the committed runs of their work folder say: written again from those runs
+    (--report-only), every table and value is the same; only the header differs (the command, the time of a run
+    that ran). A record edited, or a report change, that would move a published number fails here until the page is
+    written again."""
+    from palm_tools.experiments import cli
+
+    assert cli.main(argv + ["--out", str(tmp_path / page), "--report-only"]) == 0
+
+    def body(text):  # the page without its header paragraphs
+        return [p for p in text.split("\n\n") if not p.startswith(("`palm-experiments", "Where the runs ran"))]
+
+    assert body((tmp_path / f"{page}.md").read_text()) == body((REPO / "docs" / f"{page}.md").read_text())
+    written, committed = (json.loads(p.read_text()) for p in (tmp_path / f"{page}.json",
+                                                              REPO / "docs" / f"{page}.json"))
+    assert written["experiments"] == committed["experiments"] and written["scale"] == committed["scale"]
+    assert written["run_seconds"] == committed["run_seconds"]
