@@ -313,3 +313,64 @@ def test_a_committed_tables_page_is_what_its_committed_runs_make(tmp_path, capsy
                                                               REPO / "docs" / f"{page}.json"))
     assert written["experiments"] == committed["experiments"] and written["scale"] == committed["scale"]
     assert written["run_seconds"] == committed["run_seconds"]
+
+
+# README.md's result rows measured here, by the start of the row's first cell: the record (docs/NAME.json) and,
+# in the order of the "here" cell's numbers, each value's (experiment key, row label, task); None where the cell
+# shows "—" (a row the record has no run of)
+README_CELLS = [
+    ("`make tables`: PALM / - pointer-generator", "paper_tables", [
+        ("palm", label, "gen")
+        for label in ("PALM", "- pointer-generator", "- autoregression (decoder re-initialised)", "- pre-training")]),
+    ("gpu preset on a card (256 dims", "paper_tables_gpu",
+     [("palm", "PALM", "gen"), ("palm", "- pre-training", "gen")]),
+    ("real weights ([docs/real_weights.md](docs/real_weights.md)): all-MiniLM-L6-v2's encoder", "paper_tables_real", [
+        ("real", f"PALM: {label}", "gen") for label in (
+            "MiniLM encoder -> PALM's pre-training -> fine-tune", "MiniLM encoder -> fine-tune",
+            "PALM's pre-training from scratch -> fine-tune", "from scratch")]),
+    ("`make tables`: objective mix", "paper_tables", [
+        ("unilm", label, "gen")
+        for label in ("mix (bidirectional, seq2seq, L2R, R2L)", "bidirectional only (BERT-like)", "no pre-training")]),
+    ("gpu preset on a card (as above): objective mix", "paper_tables_gpu", [
+        ("unilm", label, "gen")
+        for label in ("mix (bidirectional, seq2seq, L2R, R2L)", "bidirectional only (BERT-like)", "no pre-training")]),
+    ("`make tables`: chitchat response selection", "paper_tables_minilm", [
+        ("minilm", "UniLM from all-MiniLM-L6-v2", "sel"), ("minilm", "same network from scratch", "sel")]),
+    ("real weights ([docs/real_weights.md](docs/real_weights.md)): all-MiniLM-L6-v2 -> the objective mix",
+     "paper_tables_real", [("real", f"UniLM: MiniLM -> {label}", "gen") for label in (
+         "the four-objective mix -> fine-tune", "bidirectional only -> fine-tune", "fine-tune")]),
+    ("`make tables`: AE / AE+PAR", "paper_tables", [
+        ("unilm2", label, "gen") for label in ("AE", "AE+PAR", "no pre-training")]),
+    ("gpu preset on a card (as above): AE / AE+PAR", "paper_tables_gpu", [
+        ("unilm2", label, "gen") for label in ("AE", "AE+PAR", "no pre-training")]),
+    ("real weights ([docs/real_weights.md](docs/real_weights.md)): all-MiniLM-L6-v2 -> pmlm AE+PAR",
+     "paper_tables_real", [("real", f"UniLMv2: {label}", "gen") for label in (
+         "MiniLM -> pmlm AE+PAR -> fine-tune", "MiniLM -> pmlm AE -> fine-tune",
+         "MiniLM -> only the MLM head trained (AE), the rest frozen -> fine-tune (control)", "MiniLM -> fine-tune",
+         "from scratch", "MiniLM -> pmlm AE+PAR -> fine-tune, --target-mask-prob 0.1",
+         "MiniLM -> pmlm AE -> fine-tune, --target-mask-prob 0.1")]
+     + [None] + [("real", "UniLMv2: MiniLM -> fine-tune, --target-mask-prob 0.1", "gen")]),
+]
+
+
+def test_the_readmes_result_cells_are_their_records_rounded():
+    """Each number of README.md's results that was measured here is its record's mean (and sd where the cell gives
+    one), rounded as the cell shows it: a page written again from new runs, or a row edited by hand, that leaves the
+    README behind fails here."""
+    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[-1]
+            for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| ")}
+    for start, page, cells in README_CELLS:
+        (row,) = [first for first in rows if first.startswith(start)]
+        shown = re.findall(r"—|(\d+(?:\.\d+)?)(?: ± (\d+(?:\.\d+)?))?", re.sub(r"`[^`]*`", "", rows[row]))
+        assert len(shown) == len(cells), (row, shown)
+        record = {(e["key"], r["label"], task): cell for e in json.loads((REPO / "docs" / f"{page}.json").read_text())[
+            "experiments"] for r in e.get("rows", []) for task, cell in r.get("tasks", {}).items()}
+        for (mean, sd), where in zip(shown, cells):
+            if where is None:
+                assert mean == "", (row, mean)
+                continue
+            value = record[where]
+            for text, measured in ((mean, value["mean"]), (sd, value["sd"])):
+                if text:
+                    decimals = len(text.partition(".")[2])
+                    assert f"{measured:.{decimals}f}" == text, (row, where, text, measured)
