@@ -11,4 +11,4 @@ tool 270 palm_tools.bench.cli --sweep --device cuda --only roberta pmlm_ae_par u
     --lengths 512 --sequences 64 256 --no-find-max --no-decoding --levers triton_attention no_attention_dropout \
     --lever-configs pmlm_ae_par unilm_pretraining unilm_seq2seq --lever-sequences 64 --profile-levers triton_attention \
     --time-budget-min 3.5 --profile-dir "$OUT/prof" --output-dir "$OUT/bench"
-[ -n "${CARD_PLAN:-}" ] || tar czf "$OUT/prof.tgz" -C "$OUT" prof
+if [ -z "${CARD_PLAN:-}" ] && [ -d "$OUT/prof" ]; then tar czf "$OUT/prof.tgz" -C "$OUT" prof; fi

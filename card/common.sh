@@ -2,6 +2,7 @@
 # the tools within their timeouts. With CARD_PLAN=1, here and without a GPU, it installs nothing and each tool prints
 # its plan (--plan-only) or, for the CUDA tests, the tests a group selects: how a call is checked before a card is lent.
 set -euo pipefail
+shopt -s nullglob  # an archive of what a call brings back leaves out what a run cut short did not write
 OUT=${OUT:-/tmp/card-out}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
