@@ -45,6 +45,18 @@ def tool_call(script, module):
     return int(seconds), argv
 
 
+def options(argv):
+    """``{option: [its values]}`` of a command line of ``--option value ...``."""
+    found, option = {}, None
+    for arg in argv:
+        if arg.startswith("--"):
+            option = arg
+            found[option] = []
+        else:
+            found[option].append(arg)
+    return found
+
+
 def run_parameters(script):
     """The ``run`` tool's parameters from the script's ``# run: carry PATHS; timeout_s N`` line."""
     match = re.search(r"^# run: carry (.+); timeout_s (\d+)$", (CARD / script).read_text(), re.M)
@@ -157,6 +169,13 @@ def test_the_real_weights_calls_plan_a_seed_in_the_committed_folder():
     assert missing.returncode != 0 and missing.stderr.strip().splitlines()[-1].endswith(
         "usage: bash card/call_real_seed.sh SEED (1, 2 or 3)")
     assert card_plan("call_real_install.sh").stdout.strip() == "card: would unpack card/real.tgz"
+    # the data card/prepare.sh prepares is that of the runs the seed call runs: the same rows, scale, work folder
+    prepared = next(line for line in script_lines("prepare.sh") if " -m palm_tools.experiments.cli " in line)
+    prepared = options(shlex.split(prepared.split(" -m palm_tools.experiments.cli ")[1]))
+    run = options(tool_call("call_real_seed.sh", "palm_tools.experiments.cli")[1])
+    assert "--prepare-only" in prepared and run["--scale"][-1] == "seeds=$SEED"
+    assert prepared.pop("--prepare-only") == [] and run.pop("--jobs") and run.pop("--out")
+    assert prepared == dict(run, **{"--scale": run["--scale"][:-1]})
     scale = json.loads((REPO / "results" / "real_gpu" / "scale.json").read_text())
     assert (scale["real_pretrain_updates"], scale["data"], scale["device"]) == (3000, "card_data", "gpu")
     assert {k: scale[k] for k in ("blocks", "tokens_per_sample", "real_pretrain_lr", "minilm_updates", "eval_pairs",

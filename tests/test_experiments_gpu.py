@@ -110,13 +110,14 @@ def test_quick_path_of_the_card_command(tmp_path, small_palm_data):
     assert not Path(small_palm_data / "pretrain").exists()  # the shared fixture is left as it was
 
 
-def card_call(index, page="paper_tables_gpu_plan.md", start="timeout 540 python3 -m palm_tools.experiments.cli"):
-    """The arguments of the index-th palm-experiments card call of docs/PAGE (an indented command that begins with
-    ``start`` and goes on over lines that end with a backslash)."""
-    text = (REPO / "docs" / page).read_text()
-    at = [m.start() for m in re.finditer(re.escape(start), text)][index]
+def check_rows_card_call():
+    """The arguments of the check rows' card call of docs/paper_tables_gpu_plan.md (the indented command that begins
+    with ``timeout 540 python3 -m palm_tools.experiments.cli`` and goes on over lines that end with a backslash; the
+    later calls are card/'s scripts)."""
+    start = "timeout 540 python3 -m palm_tools.experiments.cli"
+    text = (REPO / "docs" / "paper_tables_gpu_plan.md").read_text()
     lines = []
-    for line in text[at:].splitlines():
+    for line in text[text.index(start):].splitlines():
         lines.append(line.strip().rstrip("\\"))
         if not line.endswith("\\"):
             break
@@ -130,7 +131,7 @@ def test_the_check_rows_card_call_finds_its_three_seeds_committed_with_the_card_
     report's "Where the runs ran" line reads them."""
     from palm_tools.experiments import cli
 
-    assert cli.main(card_call(0) + ["--plan-only"]) == 0
+    assert cli.main(check_rows_card_call() + ["--plan-only"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line == ("plan: 0 of 40 runs to run: every run has finished, in results/gpu; the tables are written from "
                     "them")
@@ -286,8 +287,6 @@ def test_a_work_folder_of_other_data_is_refused_before_anything_is_prepared(tmp_
     (work / "data.json").write_text(json.dumps({"dict.txt": hashlib.sha256(b"a 3\nb 2\n").hexdigest()}))
     record = (work / "data.json").read_text()
     assert cli.main(argv + ["--plan-only"]) == 0 and (work / "data.json").read_text() == record
-
-
 
 
 @pytest.mark.parametrize("page, argv", [
