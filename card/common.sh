@@ -48,6 +48,7 @@ unpack() {
     if [ -n "${CARD_PLAN:-}" ]; then
         echo "card: would unpack $1"
     else
+        [ -f "$1" ] || { echo "card: no $1 here: carry it (make card builds it)"; exit 3; }
         tar xzf "$1"
     fi
 }

