@@ -323,3 +323,32 @@ def test_an_empty_data_path_says_so_and_a_folder_without_a_dictionary_names_its_
         load_dictionary("")
     with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path}/dict.txt: no dictionary")):
         load_dictionary(str(tmp_path))
+
+
+def test_a_loaded_split_without_an_example_that_fits_is_refused_and_inference_inputs_are_skipped():
+    """fixes/data_checks.py over fairseq's FairseqTask.filter_indices_by_size, in this process: the split is named
+    when it is one the task loaded; the inputs of fairseq-interactive or the API (not a loaded split) are skipped."""
+    import numpy as np
+    from fairseq.data import FairseqDataset
+    from fairseq.tasks import FairseqTask
+
+    from palm_plugin.fixes.data_checks import BinarizedDataError
+
+    class Lengths(FairseqDataset):
+        def __init__(self, sizes):
+            self.sizes = np.array(sizes)
+
+        def __len__(self):
+            return len(self.sizes)
+
+    task = FairseqTask.__new__(FairseqTask)  # the filter reads no configuration
+    too_long, some_fit = Lengths([7, 9, 12]), Lengths([7, 3, 12, 4])
+    task.datasets = {"valid": too_long, "train": some_fit}
+    with pytest.raises(BinarizedDataError) as stop:
+        task.filter_indices_by_size(np.arange(3), too_long, 6, ignore_invalid_inputs=True)
+    assert stop.value.code == ("error: split 'valid': none of its 3 examples fits the model's positions (at most 6); "
+                               "raise --max-source-positions / --max-target-positions (or the task's length options), "
+                               "or split the examples into shorter ones")
+    assert task.filter_indices_by_size(np.arange(4), some_fit, 6, ignore_invalid_inputs=True).tolist() == [1, 3]
+    inference = Lengths([7, 9])
+    assert task.filter_indices_by_size(np.arange(2), inference, 6, ignore_invalid_inputs=True).tolist() == []

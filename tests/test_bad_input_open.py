@@ -225,6 +225,57 @@ def test_a_checkpoint_decoded_with_another_familys_task_is_refused():
     check_decoding_task(argparse.Namespace(task="translation"), checkpoint_state(), "u.pt")
 
 
+def test_a_checkpoint_path_that_is_no_checkpoint_file_names_what_to_give(tmp_path):
+    """The in-process half of test_checkpoint_journey's traps (real fairseq-train runs there)."""
+    from palm_plugin.fixes.checkpoint_paths import CheckpointPathError, read_checkpoint
+
+    hf, run, empty = tmp_path / "hf", tmp_path / "run", tmp_path / "empty"
+    for folder in (hf, run, empty):
+        folder.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint1.pt", "checkpoint2.pt"):
+        (run / name).write_bytes(b"")
+    convert = "convert it first: palm-convert bert --input {} --output converted (or hf-roberta for RoBERTa), then " \
+              "pass converted/model.pt"
+    traps = [
+        (hf, f"--path {hf}: a Hugging Face model directory, not a fairseq checkpoint; " + convert.format(hf)),
+        (hf / "model.safetensors", f"--path {hf}/model.safetensors: Hugging Face weights, not a fairseq "
+                                   "checkpoint; " + convert.format(hf)),
+        (run, f"--path {run}: a directory; pass the checkpoint file in it ({run}/checkpoint1.pt, "
+              f"{run}/checkpoint2.pt, {run}/checkpoint_best.pt)"),
+        (empty, f"--path {empty}: a directory; pass the checkpoint file in it (it holds no .pt file)"),
+        (run / "checkpoint3.pt", f"--path {run}/checkpoint3.pt: file not found; the checkpoints in {run}: "
+                                 "checkpoint1.pt, checkpoint2.pt, checkpoint_best.pt, checkpoint_last.pt"),
+        (empty / "c.pt", f"--path {empty}/c.pt: file not found; {empty} holds no .pt file"),
+        (tmp_path / "gone" / "c.pt", f"--path {tmp_path}/gone/c.pt: file not found; there is no folder "
+                                     f"{tmp_path}/gone"),
+    ]
+    for path, message in traps:
+        with pytest.raises(CheckpointPathError) as stop:
+            read_checkpoint(str(path), "--path")
+        assert str(stop.value) == "error: " + message  # CommandError's last line
+
+
+def test_a_checkpoints_configuration_reads_the_same_in_each_form_fairseq_saves():
+    """A section as fairseq writes it (a dict), as a trainer holds it (an omegaconf container) or as old checkpoints
+    keep it (``args``, a namespace); and whether a checkpoint is of the model --arch names."""
+    from omegaconf import OmegaConf
+
+    from palm_plugin.fixes.checkpoint_paths import _config, _same_model
+
+    model = {"_name": "unilm", "encoder_layers": 2, "dropout": 0.1}
+    for state in ({"cfg": {"model": model}}, {"cfg": OmegaConf.create({"model": model})},
+                  {"cfg": None, "args": argparse.Namespace(**model)}, {"args": argparse.Namespace(**model)}):
+        assert _config(state, "model") == model
+    assert _config({"cfg": {"model": None}}, "model") == {} and _config({}, "task") == {}
+    assert _same_model(argparse.Namespace(arch="unilm_base"), model)  # an arch of the model
+    assert _same_model(argparse.Namespace(arch="unilm_base"), {"arch": "unilm_tiny"})  # old checkpoints: the arch
+    assert not _same_model(argparse.Namespace(arch="palm_base"), model)
+    assert not _same_model(argparse.Namespace(), model)  # fairseq-generate's arguments name no --arch
+    assert not _same_model(argparse.Namespace(arch="unilm_base"), {})
+
+
 # ------------------------------------------------------------------------------------------- the Python API
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):

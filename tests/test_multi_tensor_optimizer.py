@@ -1,5 +1,6 @@
 """palm_plugin/fixes/multi_tensor_optimizer.py: fairseq's mixed-precision wrapper and gradient norm as multi-tensor
 operations give the updates of fairseq's per-parameter loops, bit for bit on the CPU, in one operation each."""
+import contextlib
 import copy
 import types
 
@@ -238,3 +239,35 @@ def test_fairseq_loops_on_fp32_adam_restore_its_loop_and_refuse_the_memory_effic
         built.cfg.optimizer, params), allow_unsupported=True)
     with pytest.raises(ValueError, match="neither fairseq's FP16Optimizer nor an optimizer it wraps"):
         multi_tensor_optimizer.use_fairseq_loops(wrapper)
+
+
+@pytest.mark.parametrize("case", ["a parameter listed twice", "tensor steps of a torch checkpoint"])
+def test_groups_the_multi_tensor_update_does_not_take_go_through_fairseqs_loop(case):
+    """Two cases _adam_group leaves to fairseq's loop: the same updates (a parameter listed twice is updated twice,
+    its step counted twice), and per-parameter operators only."""
+    from fairseq.optim.adam import Adam
+
+    def run(step):
+        generator = torch.Generator().manual_seed(3)
+        params = [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in ((7, 8), (4,), (30,))]
+        with pytest.warns(UserWarning, match="duplicate") if case == "a parameter listed twice" else \
+                contextlib.nullcontext():
+            adam = Adam([{"params": params + [params[0]] if case == "a parameter listed twice" else params,
+                          "weight_decay": 0.01}], lr=1e-2, betas=(0.9, 0.98), eps=1e-6)
+        adam.step = types.MethodType(step, adam)
+        calls = Calls()
+        for update in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=generator)
+            if update == 1 and case == "tensor steps of a torch checkpoint":
+                for state in adam.state.values():  # torch's Adam keeps its step as a tensor
+                    state["step"] = torch.tensor(float(state["step"]))
+            with calls if update == 2 else torch.no_grad():
+                adam.step()
+        return [p.detach() for p in params], [adam.state[p]["step"] for p in params], calls.names
+
+    ours, theirs = run(multi_tensor_optimizer.adam_step), run(multi_tensor_optimizer.ORIGINALS["adam_step"])
+    assert all(torch.equal(a, b) for a, b in zip(ours[0], theirs[0]))
+    assert [float(s) for s in ours[1]] == [float(s) for s in theirs[1]] == (
+        [6, 3, 3] if case == "a parameter listed twice" else [3, 3, 3])
+    assert ours[2] == theirs[2] and ours[2].count("addcdiv_") == (4 if case == "a parameter listed twice" else 3)

@@ -1,0 +1,233 @@
+"""The fixes' ``install`` functions (palm_plugin/fixes): each patches fairseq once however often it runs (fairseq
+imports a --user-dir more than once in some commands, and a second wrap would check twice, or make a replaced
+function its own original), and what it installs calls what fairseq had.
+
+The plugin installs its fixes when it is imported, before any test runs, so the wrapping itself is checked here
+in-process: once over the installed state, and once from stand-ins put where fairseq's functions were."""
+import argparse
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from palm_plugin import fixes
+from palm_plugin.fixes import checkpoint_copy, generation_options, multi_tensor_optimizer, saved_model_build
+from palm_plugin.fixes.parsed_arguments import check_after_parsing
+
+FIXES_DIR = os.path.dirname(fixes.__file__)
+
+
+def _from_the_fixes(value):
+    function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    code = getattr(function, "__code__", None)
+    return code is not None and code.co_filename.startswith(FIXES_DIR)
+
+
+def patched_fairseq():
+    """Every attribute of fairseq's loaded modules and of their classes that holds a function of palm_plugin/fixes:
+    ``{(owner, name): the object}``."""
+    found, seen = {}, set()
+    for name, module in list(sys.modules.items()):
+        if module is None or id(module) in seen or not (name == "fairseq" or name.startswith(("fairseq.",
+                                                                                               "fairseq_cli."))):
+            continue
+        seen.add(id(module))
+        for attribute, value in list(vars(module).items()):
+            if _from_the_fixes(value):
+                found[(module.__name__, attribute)] = value
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                for member, inner in list(vars(value).items()):
+                    if _from_the_fixes(inner):
+                        found[(f"{module.__name__}.{value.__qualname__}", member)] = inner
+    return found
+
+
+def test_installing_again_changes_nothing_in_fairseq():
+    import fairseq_cli.generate  # noqa: F401  (the commands' modules, loaded as a command loads them)
+    import fairseq_cli.train  # noqa: F401
+    from fairseq.dataclass.configs import GenerationConfig
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    fixes.install()  # what a command has by the time it imports the plugin again (fairseq_cli.train is loaded now)
+    fixes.install_after_registration()
+    before = patched_fairseq()
+    registry, originals = dict(ARCH_CONFIG_REGISTRY), dict(multi_tensor_optimizer.ORIGINALS)
+    fields = list(GenerationConfig.__dataclass_fields__)
+    assert len(before) >= 25 and ("fairseq_cli.train", "main") in before  # the scan sees the patches
+
+    fixes.install()
+    fixes.install_after_registration()
+    after = patched_fairseq()
+    assert after.keys() == before.keys()
+    assert [key for key in before if after[key] is not before[key]] == []
+    assert [name for name, fn in ARCH_CONFIG_REGISTRY.items() if fn is not registry[name]] == []
+    assert multi_tensor_optimizer.ORIGINALS == originals and list(GenerationConfig.__dataclass_fields__) == fields
+    # fairseq's own functions stay the originals the replacements call
+    assert all(not _from_the_fixes(fn) for fn in originals.values())
+
+
+def test_parse_checks_wrap_fairseqs_parse_once_per_marker(monkeypatch):
+    from fairseq import options
+
+    def parse(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+        args = argparse.Namespace(given=list(input_args or []), suppress_defaults=suppress_defaults)
+        return (args, ["left over"]) if parse_known else args
+
+    monkeypatch.setattr(options, "parse_args_and_arch", parse)
+    seen = []
+    check_after_parsing("__test_first__", lambda args, argv: seen.append(("first", args.given, argv)))
+    wrapped = options.parse_args_and_arch
+    check_after_parsing("__test_first__", lambda args, argv: seen.append(("again", args.given, argv)))
+    assert options.parse_args_and_arch is wrapped and wrapped.__wrapped__ is parse
+    assert wrapped.__palm_plugin__ and wrapped.__test_first__
+
+    assert wrapped(None, ["data", "--beam", "2"]).given == ["data", "--beam", "2"]
+    args, rest = wrapped(None, ["data"], parse_known=True)
+    assert args.given == ["data"] and rest == ["left over"]
+    assert wrapped(None, ["data"], suppress_defaults=True).suppress_defaults  # fairseq's own first pass: unchecked
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", "from", "argv"])
+    wrapped(None)
+    assert seen == [("first", ["data", "--beam", "2"], ["data", "--beam", "2"]), ("first", ["data"], ["data"]),
+                    ("first", [], ["from", "argv"])]
+
+    # a second check wraps the first; the first's marker travels with it, so the first is not wrapped again
+    check_after_parsing("__test_second__", lambda args, argv: seen.append(("second", args.given, argv)))
+    outer = options.parse_args_and_arch
+    check_after_parsing("__test_first__", lambda args, argv: seen.append(("again", args.given, argv)))
+    assert options.parse_args_and_arch is outer and outer.__wrapped__ is wrapped
+    seen.clear()
+    outer(None, ["x"])
+    assert seen == [("first", ["x"], ["x"]), ("second", ["x"], ["x"])]
+
+
+def test_saved_model_build_wraps_build_model_and_train_main_once(monkeypatch, tmp_path):
+    from fairseq import models
+
+    def build_model(cfg, task, from_checkpoint=False):
+        return cfg, task, from_checkpoint, saved_model_build.building_saved_model(), \
+            saved_model_build.building_from_checkpoint()
+
+    def main(cfg):
+        return saved_model_build.building_saved_model(), saved_model_build.building_from_checkpoint()
+
+    train = types.ModuleType("fairseq_cli.train")  # fairseq-train's module, loaded before the plugin
+    train.main = main
+    monkeypatch.setitem(sys.modules, "fairseq_cli.train", train)
+    monkeypatch.setattr(models, "build_model", build_model)
+    saved_model_build.install()
+    wrapped_build, wrapped_main = models.build_model, train.main
+    saved_model_build.install()
+    assert (models.build_model, train.main) == (wrapped_build, wrapped_main)
+    assert wrapped_build is not build_model and wrapped_main is not main
+
+    assert wrapped_build("cfg", "task") == ("cfg", "task", False, False, False)
+    assert wrapped_build("cfg", "task", from_checkpoint=True) == ("cfg", "task", True, True, True)
+    assert saved_model_build.building_saved_model() is False  # reset after the build
+
+    def checkpoint(restore_file="checkpoint_last.pt", finetune_from_model=None):
+        return types.SimpleNamespace(checkpoint=types.SimpleNamespace(
+            save_dir=str(tmp_path), restore_file=restore_file, finetune_from_model=finetune_from_model))
+
+    assert wrapped_main(checkpoint()) == (False, False)  # a new run
+    assert wrapped_main(checkpoint(finetune_from_model="roberta.pt")) == (True, False)
+    assert wrapped_main(checkpoint(restore_file=str(tmp_path / "other.pt"))) == (False, False)  # missing: scratch
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    assert wrapped_main(checkpoint()) == (True, False)  # resuming
+    assert saved_model_build.building_saved_model() is False
+
+
+def test_multi_tensor_install_keeps_fairseqs_functions_as_its_originals(monkeypatch):
+    """A second install that took the replacements for fairseq's functions would make Adam's step call itself."""
+    from fairseq import utils
+    from fairseq.optim.adam import Adam
+    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
+
+    stand_ins = {"adam_step": lambda self, closure=None: "adam",
+                 "clip_grad_norm_": lambda params, max_norm, aggregate_norm_fn=None: "norm"}
+    monkeypatch.setattr(multi_tensor_optimizer, "ORIGINALS", {})
+    monkeypatch.setattr(multi_tensor_optimizer.clip_grad_norm_, "__palm_plugin__", True)
+    monkeypatch.setattr(utils, "clip_grad_norm_", stand_ins["clip_grad_norm_"])
+    monkeypatch.setattr(Adam, "step", stand_ins["adam_step"])
+    for name in multi_tensor_optimizer.NAMES:
+        stand_ins[name] = lambda self, *args, name=name: name
+        monkeypatch.setattr(_FP16OptimizerMixin, name, stand_ins[name])
+
+    multi_tensor_optimizer.install()
+    multi_tensor_optimizer.install()
+    assert multi_tensor_optimizer.ORIGINALS == stand_ins
+    assert utils.clip_grad_norm_ is multi_tensor_optimizer.clip_grad_norm_
+    assert Adam.step is multi_tensor_optimizer.adam_step
+    assert [getattr(_FP16OptimizerMixin, name) for name in multi_tensor_optimizer.NAMES] == [
+        getattr(multi_tensor_optimizer, name) for name in multi_tensor_optimizer.NAMES]
+    # cases the replacement leaves to fairseq reach the stand-in: a single gradient's norm
+    one = torch.nn.Parameter(torch.ones(3))
+    one.grad = torch.ones(3)
+    assert utils.clip_grad_norm_([one], 1.0) == "norm"
+
+
+def test_atomic_copy_leaves_remote_and_kept_files_to_fairseqs_copy(monkeypatch, tmp_path):
+    from fairseq.file_io import PathManager
+
+    calls = []
+
+    def copy(src_path, dst_path, overwrite=False):
+        calls.append((src_path, dst_path, overwrite))
+        return "fairseq's"
+
+    monkeypatch.setattr(PathManager, "copy", staticmethod(copy))
+    checkpoint_copy.install()
+    atomic = PathManager.copy
+    checkpoint_copy.install()
+    assert PathManager.copy is atomic and atomic is not copy
+
+    src, dst = tmp_path / "checkpoint_3_30.pt", tmp_path / "checkpoint_last.pt"
+    src.write_bytes(b"new" * 100)
+    assert atomic(str(src), str(dst)) is True and dst.read_bytes() == src.read_bytes() and calls == []
+    dst.write_bytes(b"kept")
+    assert atomic(str(src), str(dst)) == "fairseq's"  # an existing file without overwrite: fairseq decides
+    assert calls == [(str(src), str(dst), False)] and dst.read_bytes() == b"kept"
+    assert atomic(str(src), str(dst), overwrite=True) is True and dst.read_bytes() == src.read_bytes()
+    monkeypatch.setattr(PathManager, "path_requires_pathmanager", staticmethod(lambda path: True))
+    assert atomic(str(src), "manifold://bucket/checkpoint_last.pt", overwrite=True) == "fairseq's"
+    assert calls[-1] == (str(src), "manifold://bucket/checkpoint_last.pt", True)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_3_30.pt", "checkpoint_last.pt"]  # no .tmp left
+
+
+def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
+    from fairseq.sequence_generator import SequenceGenerator
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    def generate(self, sample, *rest, **kwargs):
+        return "generated"
+
+    penalties = []
+
+    def finalize_hypos(self, step, *rest, **kwargs):
+        penalties.append(self.len_penalty)
+
+    monkeypatch.setattr(FairseqTask, "build_generator", lambda self, models, args, *rest, **kwargs: None)
+    monkeypatch.setattr(SequenceGenerator, "_generate", generate)
+    monkeypatch.setattr(SequenceGenerator, "finalize_hypos", finalize_hypos)
+    generation_options.install()
+    wrapped = (FairseqTask.build_generator, SequenceGenerator._generate, SequenceGenerator.finalize_hypos)
+    generation_options.install()
+    assert (FairseqTask.build_generator, SequenceGenerator._generate, SequenceGenerator.finalize_hypos) == wrapped
+    assert SequenceGenerator._generate is not generate and SequenceGenerator.finalize_hypos is not finalize_hypos
+
+    generator = types.SimpleNamespace(min_len=1, max_len_a=0, max_len_b=10, max_len=200, match_source_len=False,
+                                      gnmt_length_penalty=True, len_penalty=0.6)
+    sample = {"net_input": {"src_tokens": torch.ones(2, 5, dtype=torch.long)}}
+    assert SequenceGenerator._generate(generator, sample) == "generated"
+    generator.min_len = 11
+    with pytest.raises(ValueError, match=r"--min-len 11 is above --max-len-a 0 x 5 \(this batch's source width\) \+ "
+                                         r"--max-len-b 10 = 10"):
+        SequenceGenerator._generate(generator, sample)
+
+    # GNMT's ((5 + |Y|) / 6) ** alpha through fairseq's |Y| ** len_penalty, at step 3 (4 tokens); 1 at step 0
+    SequenceGenerator.finalize_hypos(generator, 3)
+    SequenceGenerator.finalize_hypos(generator, 0)
+    assert 4 ** penalties[0] == pytest.approx((9 / 6) ** 0.6, rel=1e-12) and penalties[1] == 0.6
+    assert generator.len_penalty == 0.6
+
