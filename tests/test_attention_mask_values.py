@@ -61,3 +61,26 @@ def test_ranks_give_the_pseudo_masked_rule_for_any_steps_and_kinds():
     expected = pmlm_mask(steps, kinds, padding)
     assert 0.2 < float(expected.float().mean()) < 0.8
     assert torch.equal(shown_by_ranks(steps, kinds, padding), expected)
+
+
+def test_every_mask_is_built_on_the_device_of_its_batch():
+    """The (B, T, T) mask is built where the batch's fields are (the model's device), for every layout, padding
+    hidden. The meta device stands in for a GPU: a tensor made on the CPU is another device to it, as to CUDA, so an
+    operation mixing the two fails, as it would there (meta tensors hold no values: shape and dtype are checked)."""
+    from palm_plugin.modules.attention_masks import Objective, mask_from_fields
+
+    def on_meta(values):
+        return torch.tensor(values, device="meta")
+
+    padding = torch.zeros(2, 6, dtype=torch.bool, device="meta")
+    layouts = {
+        "bidirectional": {},
+        "unilm": dict(objectives=on_meta([Objective.RIGHT_TO_LEFT, Objective.SEQ2SEQ]),
+                      source_lengths=on_meta([3, 4])),
+        "pseudo seq2seq": dict(source_lengths=on_meta([2, 2]), target_lengths=on_meta([2, 1])),
+        "pmlm": dict(steps=torch.zeros(2, 6, dtype=torch.long, device="meta"),
+                     kinds=torch.zeros(2, 6, dtype=torch.long, device="meta")),
+    }
+    for name, fields in layouts.items():
+        mask = mask_from_fields(padding, **fields)
+        assert (mask.device.type, tuple(mask.shape), mask.dtype) == ("meta", (2, 6, 6), torch.bool), name

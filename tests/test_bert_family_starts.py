@@ -158,6 +158,21 @@ def test_a_unilm2_checkpoint_under_a_task_without_pseudo_masks_says_so(converted
         unilm2_model({**state, "model": trained}, dictionary, relative_position_buckets=32)
 
 
+def test_palm_from_a_unilm2_checkpoint_is_refused_naming_the_checkpoints_it_starts_from(converted, tmp_path):
+    """PALM's encoder has no relative position bias: a UniLMv2 checkpoint (here the converted BERT fine-tuned under
+    --arch unilm2_*, which adds the bias table) is refused with the kinds of checkpoint --roberta-path takes."""
+    _, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    dictionary.add_symbol("<mask>")
+    path = tmp_path / "unilm2.pt"
+    torch.save({**state, "model": unilm2_model(state, dictionary, relative_position_buckets=32).state_dict()}, path)
+    with pytest.raises(ValueError) as refused:
+        build_palm(dictionary, roberta_path=str(path), layer_norm_eps=1e-12, encoder_layers=2, encoder_embed_dim=64,
+                   encoder_ffn_embed_dim=256, encoder_attention_heads=4, encoder_max_positions=64)
+    assert str(refused.value) == (f"{path}: a UniLMv2 checkpoint (relative position bias): PALM's encoder has none; "
+                                  "start PALM from a BERT, UniLM v1 or MiniLM checkpoint")
+
+
 def test_palm_from_a_conversion_that_recorded_no_epsilon_takes_berts(converted, tmp_path):
     """A converted checkpoint whose configuration names no LayerNorm epsilon (written before palm-convert recorded
     it) is a BERT, whose epsilon is 1e-12 (transformers.BertConfig's default): PALM with that epsilon starts from it,

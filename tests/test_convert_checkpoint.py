@@ -340,7 +340,8 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     config_text = (source / "config.json").read_text()
     (source / "config.json").write_text(json.dumps({k: v for k, v in json.loads(config_text).items()
                                                     if k != "intermediate_size"}))
-    with pytest.raises(SystemExit, match=r"config\.json: missing 'intermediate_size'"):
+    with pytest.raises(SystemExit, match=r"config\.json: missing 'intermediate_size', which a BERT-family config\.json "
+                                         r"holds: use the model's own config\.json$"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     (source / "config.json").write_text(config_text)
 

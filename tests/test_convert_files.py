@@ -261,14 +261,22 @@ def test_unsafe_bin_is_refused_and_never_run(tmp_path):
     assert not marker.exists()
     # the output may not be the input's folder: its vocab.txt and tokenizer_config.json would be replaced
     before = {p.name: p.read_bytes() for p in source.iterdir()}
-    with pytest.raises(SystemExit, match=f"^error: --output {source} is the folder of --input {source}: "):
+    replaced = ("the files written there (model.pt, dict.txt, vocab.txt, tokenizer_config.json, ...) would replace the "
+                "input's; choose another folder")
+    with pytest.raises(SystemExit) as stop:
         convert.main(["bert", "--input", str(source), "--output", str(source)])
+    assert stop.value.code == f"error: --output {source} is the folder of --input {source}: {replaced}"
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
-    # nor the folder of roberta's --dict (its dict.txt would be replaced)
+    # nor the folder of roberta's --dict (its dict.txt would be replaced), nor that of export's --vocab (its vocab.txt)
     dictionary = source / "dict.txt"
     with pytest.raises(SystemExit, match=f"^error: --output {source} is the folder of --dict {dictionary}: "):
         convert.main(["roberta", "--input", str(tmp_path / "model.pt"), "--dict", str(dictionary), "--output",
                       str(source)])
+    vocab = source / "vocab.txt"
+    with pytest.raises(SystemExit) as stop:
+        convert.main(["export", "--input", str(tmp_path / "model.pt"), "--vocab", str(vocab), "--output", str(source)])
+    assert stop.value.code == f"error: --output {source} is the folder of --vocab {vocab}: {replaced}"
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
 
 
 def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path, capsys):
@@ -316,7 +324,9 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     assert [getattr(transformers, name) for name in exported["architectures"]] == [type(reference)]
     assert (exported["source_type_id"], exported["target_type_id"]) == (0, 1)  # the segments fine-tuning used
     (tmp_path / "extra_vocab.txt").write_text("\n".join(VOCAB + ["zebra"]) + "\n")
-    with pytest.raises(SystemExit, match=r"extra_vocab\.txt: tokens not in the checkpoint's dictionary: \['zebra'\]"):
+    with pytest.raises(SystemExit, match=r"extra_vocab\.txt: tokens not in the checkpoint's dictionary: \['zebra'\]; "
+                                         r"pass the vocab\.txt the checkpoint was converted from \(--vocab\), or "
+                                         r"none$"):
         convert.main(["export", "--input", str(ours / "model.pt"), "--output", str(tmp_path / "refused"),
                       "--vocab", str(tmp_path / "extra_vocab.txt")])
     from safetensors.torch import load_file
@@ -337,11 +347,20 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     for arch in ("unilm_base", "roberta"):
         trained["cfg"]["model"]["_name"] = arch
         torch.save(trained, ours / f"checkpoint_{arch}.pt")
-    convert.main(["export", "--input", str(ours / "checkpoint_unilm_base.pt"), "--output", str(tmp_path / "by_arch")])
-    by_arch = load_file(tmp_path / "by_arch" / "model.safetensors")
+    # (export's output folder made with its parent, as mkdir -p)
+    convert.main(["export", "--input", str(ours / "checkpoint_unilm_base.pt"), "--output",
+                  str(tmp_path / "exports" / "by_arch")])
+    by_arch = load_file(tmp_path / "exports" / "by_arch" / "model.safetensors")
     assert by_arch.keys() == back.keys() and all(torch.equal(by_arch[k], back[k]) for k in back)
     with pytest.raises(SystemExit, match=r"checkpoint_roberta\.pt: a 'roberta' model; export writes unilm models"):
         convert.main(["export", "--input", str(ours / "checkpoint_roberta.pt"), "--output", str(tmp_path / "no")])
+    # a configuration that names the model by its architecture alone (arch, without _name) exports as well
+    del trained["cfg"]["model"]["_name"]
+    trained["cfg"]["model"]["arch"] = "unilm_base"
+    torch.save(trained, ours / "checkpoint_arch_only.pt")
+    convert.main(["export", "--input", str(ours / "checkpoint_arch_only.pt"), "--output", str(tmp_path / "arch_only")])
+    arch_only = load_file(tmp_path / "arch_only" / "model.safetensors")
+    assert arch_only.keys() == back.keys() and all(torch.equal(arch_only[k], back[k]) for k in back)
     # fine-tuned with sentence_prediction, a checkpoint carries a classification head, which HF's BERT has no place
     # for: the export leaves it out and writes the same files as without it
     model, _ = load_converted(ours)

@@ -107,6 +107,26 @@ def test_flex_forward_equals_sdpa(stacks, case, buckets):
         assert float((a - e).abs().max()) <= 1e-5, f"layer {layer}"
 
 
+def test_no_mask_attends_as_a_batch_without_padding(stacks):
+    """A stack called without a mask (None: every row sees every column) under flex gives the states of sdpa without
+    a mask; its block mask shows every pair (a batch without padding, in the kernel's boolean fields)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    stack = stacks[0]
+    positions = default_positions()
+    tokens = tokens_of(torch.zeros(BATCH, LENGTH, dtype=torch.bool))
+    with torch.no_grad():
+        expected = stack(tokens, None, positions)
+        stack.attention_impl = "flex"
+        try:
+            mask = stack.flex_mask(positions, None, torch.float32).block_mask
+            actual = stack(tokens, None, positions)
+        finally:
+            stack.attention_impl = "sdpa"
+    assert bool(create_mask(mask.mask_mod, BATCH, None, LENGTH, LENGTH, "cpu").all())
+    assert float((actual - expected).abs().max()) <= 1e-5
+
+
 def dense_tiles(mask, block=flex_attention.BLOCK_SIZE):
     """How many visible pairs each ``block`` x ``block`` tile of a dense ``(B, T, S)`` mask holds ``(B, tiles,
     tiles)`` (outside the sequence counts as hidden). Written from the mask, not from the BlockMask."""

@@ -321,6 +321,11 @@ API_CASES = {
                                    "--min-len 510: the longest source of this batch takes 4 of the model's 512 "
                                    "positions, which leaves room for 507 tokens before </s>; give --min-len 507 or "
                                    "less, or shorter sources (--max-source-positions)"),
+    # the same with --match-source-len, whose cap (the source's length, 301 here) leaves --min-len 250 allowed
+    "min-len-past-the-positions-matching-the-source": (
+        lambda hub, root: hub.generate(" ".join(["w1"] * 300), match_source_len=True, min_len=250), ValueError,
+        "--min-len 250: the longest source of this batch takes 302 of the model's 512 positions, which leaves room "
+        "for 209 tokens before </s>; give --min-len 209 or less, or shorter sources (--max-source-positions)"),
     # fairseq's AssertionError again: with --match-source-len the longest output is the batch's longest source
     "min-len-above-the-source": (lambda hub, root: hub.generate(["w1 w2", "w3"], match_source_len=True, min_len=4),
                                  ValueError,
@@ -422,6 +427,18 @@ def test_generate_with_nbest_gives_that_many_hypotheses_of_each_input(untrained)
     assert [hypotheses[0] for hypotheses in three] == best
     assert hub.generate("w1 w2", beam=2, nbest=2, max_len_b=3) == hub.generate(["w1 w2"], beam=2, nbest=2,
                                                                                 max_len_b=3)[0]
+
+
+def test_prefix_allowed_tokens_fn_constrains_unilm_hypotheses(untrained):
+    """generate's prefix_allowed_tokens_fn (fairseq's hub interface hands it to the task's build_generator): each step
+    writes only a token it returns, here w3 or </s>; the untrained model writes other words without it."""
+    hub, _ = untrained
+    allowed = [hub.tgt_dict.index("w3"), hub.tgt_dict.eos()]
+    free = hub.generate("w1 w2", beam=2, min_len=3, max_len_b=5).split()
+    constrained = hub.generate("w1 w2", beam=2, min_len=3, max_len_b=5,
+                               prefix_allowed_tokens_fn=lambda sentence, prefix: allowed).split()
+    assert set(free) != {"w3"}
+    assert set(constrained) == {"w3"} and 3 <= len(constrained) <= 5
 
 
 def test_match_source_len_caps_unilm_hypotheses_as_fairseqs_translation_does(untrained, tmp_path):

@@ -479,6 +479,9 @@ def test_a_target_dictionary_other_than_the_source_one_is_refused_with_what_to_d
     model = PalmModel.build_model(cfg, argparse.Namespace(source_dictionary=make_dictionary(),
                                                           target_dictionary=make_dictionary()))
     assert model.decoder.pointer_generator.output_embedding is model.encoder.embed_tokens.weight
+    # the decoder's dictionary (fairseq's FairseqDecoder.dictionary, which scripts read hypotheses out with) is that
+    # one dictionary: ids 5 6 7 are the words make_dictionary added second to fourth, after fairseq's 4 specials
+    assert model.decoder.dictionary.string(torch.tensor([5, 6, 7])) == "w1 w2 w3"
 
 
 def test_fine_tuning_tasks_of_fairseq_get_no_mlm_head():

@@ -209,6 +209,17 @@ def test_a_split_binarized_in_parts_is_read_whole_when_combined(tmp_path):
         assert [t for i in range(len(blocks)) for t in blocks[i].tolist()] == [t for line in lines for t in line]
 
 
+def test_a_split_as_raw_text_is_encoded_with_the_tasks_dictionary(data_dir, tmp_path):
+    """A text file at the split's own path (train, no .bin / .idx: fairseq's load_indexed_dataset reads it as its raw
+    dataset implementation, encoding each line with the dictionary it is given) gives the blocks of the same text
+    binarized by fairseq-preprocess."""
+    (tmp_path / "dict.txt").write_text((data_dir / "dict.txt").read_text())
+    (tmp_path / "train").write_text((data_dir.parent / "train.txt").read_text())
+    blocks = [load(folder, "ae_par")[1].dataset for folder in (tmp_path, data_dir)]
+    raw, binarized = ([b[i].tolist() for i in range(len(b))] for b in blocks)
+    assert raw == binarized and len(raw) > 1
+
+
 def test_blocks_of_single_lines_batch(data_dir):
     """--sample-break-mode eos: fairseq 0.12's TokenBlockDataset reads ``np.compat.long``, which numpy 2 removed
     (AttributeError: module 'numpy' has no attribute 'compat'); the plugin provides it

@@ -170,8 +170,11 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
         assert compiled_layers.compile_layers([torch.nn.Linear(2, 2)]) == 0
     finally:
         saved_model_build._SAVED.reset(token)
-    if key == "palm":  # as fairseq-generate builds it from the checkpoint's configuration
-        for_use = compiled.task.build_model(compiled.cfg.model, from_checkpoint=True)
+    # as fairseq-generate builds it from the checkpoint's configuration (unilm_seq2seq: through the plugin's tasks,
+    # which hand from_checkpoint on to fairseq's)
+    for_use = compiled.task.build_model(compiled.cfg.model, from_checkpoint=True)
+    assert [m for m in for_use.modules() if getattr(m, "_compiled_call_impl", None) is not None] == []
+    if key == "palm":
         assert [m.scores_impl for m in for_use.modules() if isinstance(m, PointerGenerator)] == ["blocked"]
         with pytest.raises(SystemExit, match="--no-copy removes"):
             built_with(corpus, key, ["--compile-copy-attention", "--no-copy"])

@@ -405,8 +405,8 @@ def test_sources_that_fill_the_positions_exactly_are_not_counted_as_truncated():
         dataset = UniLMSeq2SeqDataset(source, target, dictionary, max_source, 32, noise,
                                       dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT, TARGET_SEGMENT, 7)
         assert dataset.truncated_sources == truncated, max_source
-    # empty lines ([EOS] alone) are kept and counted, sources and targets apart
-    empty = UniLMSeq2SeqDataset(Sentences(dictionary, [1, 8, 3], seed=0), Sentences(dictionary, [4, 1, 1], seed=1),
+    # empty lines ([EOS] alone) are kept and counted, sources and targets apart; a line of one word is not empty
+    empty = UniLMSeq2SeqDataset(Sentences(dictionary, [1, 2, 3], seed=0), Sentences(dictionary, [2, 1, 1], seed=1),
                                 dictionary, 64, 32, noise, dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT,
                                 TARGET_SEGMENT, 7)
     assert (len(empty), empty.empty_sources, empty.empty_targets) == (3, 1, 2)

@@ -265,6 +265,28 @@ def test_a_triton_checkpoint_used_where_its_kernels_cannot_run_attends_with_sdpa
     assert torch.equal(actual, expected)
 
 
+def test_triton_on_a_machine_without_cuda_names_what_is_missing(monkeypatch):
+    """--attention-impl triton where its kernels cannot run names the missing part: with the triton package importable
+    (torch's builds bring it) the CUDA device, without it the package to install."""
+    from palm_plugin.errors import CommandError
+    from palm_plugin.modules import attention_impl
+
+    try:  # whether the package imports, found apart from triton_installed()
+        import triton
+    except ImportError:
+        triton = None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if triton is not None:  # this process does not interpret the kernels (their tests run in a process of their own)
+        monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    assert attention_impl.triton_installed() == (triton is not None)
+    with pytest.raises(CommandError) as refused:
+        attention_impl.check_usable("triton", True, 0.0)
+    assert str(refused.value.code) == "error: --attention-impl triton: " + (
+        f"its kernels run on CUDA, and no CUDA device is available (torch {torch.__version__}); use --attention-impl "
+        "sdpa" if triton is not None else
+        "its kernels need the triton package (pip install triton), which is not installed; use --attention-impl sdpa")
+
+
 def test_classification_head_registered_again_with_other_classes_is_replaced_with_a_warning(caplog):
     """fairseq's convention (RoBERTa): registering a head of the same name again replaces it, and says so only when
     the number of classes changes; an inner_dim is refused with the reason."""
@@ -312,3 +334,21 @@ def test_a_stack_whose_heads_do_not_divide_its_width_is_refused_for_python_calle
     with pytest.raises(ValueError, match=r"^model dimension 30 is not divisible by the number of heads 4$"):
         UniLMTransformer(vocab_size=20, padding_idx=1, dim=30, ffn_dim=60, layers=1, num_heads=4, max_positions=16,
                          num_segments=2, dropout=0.0, attention_dropout=0.0)
+
+
+def test_a_stack_built_in_python_without_an_epsilon_normalises_as_bert():
+    """A UniLMTransformer built directly takes BERT's LayerNorm epsilon, 1e-12 (transformers.BertConfig's default,
+    the one the checkpoints it reads were trained with): its states are those of the stack given 1e-12."""
+    from transformers import BertConfig
+
+    from palm_plugin.modules.unilm_transformer import UniLMTransformer
+
+    sizes = dict(vocab_size=20, padding_idx=1, dim=16, ffn_dim=32, layers=1, num_heads=2, max_positions=16,
+                 num_segments=2, dropout=0.0, attention_dropout=0.0)
+    stacks = []
+    for eps in ({}, {"layer_norm_eps": BertConfig().layer_norm_eps}):
+        torch.manual_seed(0)
+        stacks.append(UniLMTransformer(**sizes, **eps).eval())
+    tokens = torch.randint(2, 20, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(stacks[0](tokens, None), stacks[1](tokens, None))

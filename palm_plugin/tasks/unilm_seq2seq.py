@@ -220,9 +220,10 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
 
     def _check_room_for_min_len(self, generator, models, src_tokens):
         """A hypothesis ends with </s> at the model's last position (:class:`UniLMIncrementalDecoder`), but --min-len
-        forbids </s> before its length: a source too long for it would take the decoder past its positions."""
+        forbids </s> before its length: a source too long for it would take the decoder past its positions (with
+        --match-source-len too, which caps a hypothesis at its source's length, not at the room the source leaves)."""
         min_len = getattr(generator, "min_len", 0)
-        if not min_len or getattr(generator, "match_source_len", False):
+        if not min_len:
             return
         positions = min(model.max_positions() for model in models)
         if min_len <= positions - 1 - src_tokens.size(1):  # room even for the padded width: no host sync a batch
