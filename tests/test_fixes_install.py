@@ -44,13 +44,14 @@ def patched_fairseq():
     return found
 
 
-def test_installing_again_changes_nothing_in_fairseq():
-    import fairseq_cli.generate  # noqa: F401  (the commands' modules, loaded as a command loads them)
-    import fairseq_cli.train  # noqa: F401
+def test_installing_again_changes_nothing_in_fairseq(monkeypatch):
     from fairseq.dataclass.configs import GenerationConfig
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
-    fixes.install()  # what a command has by the time it imports the plugin again (fairseq_cli.train is loaded now)
+    train = types.ModuleType("fairseq_cli.train")  # fairseq-train's module as the command has it, not imported here
+    train.main = lambda cfg: None
+    monkeypatch.setitem(sys.modules, "fairseq_cli.train", train)
+    fixes.install()  # what a command has by the time it imports the plugin again
     fixes.install_after_registration()
     before = patched_fairseq()
     registry, originals = dict(ARCH_CONFIG_REGISTRY), dict(multi_tensor_optimizer.ORIGINALS)
