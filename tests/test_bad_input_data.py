@@ -327,12 +327,13 @@ def test_an_empty_data_path_says_so_and_a_folder_without_a_dictionary_names_its_
 
 def test_a_loaded_split_without_an_example_that_fits_is_refused_and_inference_inputs_are_skipped():
     """fixes/data_checks.py over fairseq's FairseqTask.filter_indices_by_size, in this process: the split is named
-    when it is one the task loaded; the inputs of fairseq-interactive or the API (not a loaded split) are skipped."""
+    when it is one the task loaded; the inputs of fairseq-interactive or the API (not a loaded split) are skipped.
+    Both as installed at the plugin's import and as ``_name_the_split`` wraps a filter now (what mutmut can see)."""
     import numpy as np
     from fairseq.data import FairseqDataset
     from fairseq.tasks import FairseqTask
 
-    from palm_plugin.fixes.data_checks import BinarizedDataError
+    from palm_plugin.fixes.data_checks import BinarizedDataError, _name_the_split
 
     class Lengths(FairseqDataset):
         def __init__(self, sizes):
@@ -344,11 +345,18 @@ def test_a_loaded_split_without_an_example_that_fits_is_refused_and_inference_in
     task = FairseqTask.__new__(FairseqTask)  # the filter reads no configuration
     too_long, some_fit = Lengths([7, 9, 12]), Lengths([7, 3, 12, 4])
     task.datasets = {"valid": too_long, "train": some_fit}
-    with pytest.raises(BinarizedDataError) as stop:
-        task.filter_indices_by_size(np.arange(3), too_long, 6, ignore_invalid_inputs=True)
-    assert stop.value.code == ("error: split 'valid': none of its 3 examples fits the model's positions (at most 6); "
-                               "raise --max-source-positions / --max-target-positions (or the task's length options), "
-                               "or split the examples into shorter ones")
-    assert task.filter_indices_by_size(np.arange(4), some_fit, 6, ignore_invalid_inputs=True).tolist() == [1, 3]
-    inference = Lengths([7, 9])
-    assert task.filter_indices_by_size(np.arange(2), inference, 6, ignore_invalid_inputs=True).tolist() == []
+
+    def fitting(self, indices, dataset, max_positions, ignore_invalid_inputs):  # fairseq's, skipping what is too long
+        return indices[dataset.sizes[indices] <= max_positions]
+
+    for name, filter_indices in (("installed", FairseqTask.filter_indices_by_size),
+                                 ("wrapped", _name_the_split(fitting))):
+        with pytest.raises(BinarizedDataError) as stop:
+            filter_indices(task, np.arange(3), too_long, 6, ignore_invalid_inputs=True)
+        assert stop.value.code == (
+            "error: split 'valid': none of its 3 examples fits the model's positions (at most 6); raise "
+            "--max-source-positions / --max-target-positions (or the task's length options), or split the examples "
+            "into shorter ones"), name
+        assert filter_indices(task, np.arange(4), some_fit, 6, ignore_invalid_inputs=True).tolist() == [1, 3], name
+        inference = Lengths([7, 9])
+        assert filter_indices(task, np.arange(2), inference, 6, ignore_invalid_inputs=True).tolist() == [], name
