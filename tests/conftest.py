@@ -6,6 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# One thread in every process of the suite: make test runs two xdist workers on the machine's two cores, and torch's
+# default (a thread per core) in both made the in-process training tests wait on each other (a tiny classifier's 1,200
+# steps took 257 s in a CI run against 45 s on one thread). Tool processes inherit the setting from the environment.
+os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = REPO / "palm_plugin"
@@ -68,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
 
 def tool_env(**extra):
     """The environment of a tool's process: this checkout on the path, one thread (each xdist worker has one core)."""
-    return dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
+    return dict(os.environ, PYTHONPATH=python_path(REPO), **extra)
 
 
 def run_interpreted(test_file, tests: int, timeout=900):

@@ -15,15 +15,6 @@ from palm_plugin.modules.dictionary_check import FINGERPRINT
 WORDS = 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The machine's cores are shared with other test processes: oversubscribed threads make training 10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_dictionary(words=WORDS, mask=True):
     dictionary = Dictionary()
     for i in range(words):

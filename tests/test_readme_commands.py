@@ -104,7 +104,7 @@ def write_words(path, rows, seed, lengths=(3, 9)):
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
-    for folder, mono, pairs in (("text", (120, 12), (64, 8, 4)), ("raw", (36, 6), (16, 4, 4))):
+    for folder, mono, pairs in (("text", (120, 12), (64, 8, 4)), ("raw", (12, 6), (6, 4, 4))):
         (root / folder).mkdir()
         for split, rows in zip(("train", "valid"), mono):
             text = write_words(root / folder / f"{split}.mono", rows, seed=len(split))

