@@ -9,8 +9,7 @@ process of their own: this file again, started by :func:`test_kernels_under_the_
 each program in numpy, so the batches are small: 5 sequences of 45 to 70 tokens, padded to 70, heads of 24 (held in
 tiles of 32). The masks are checked with tiles of 16 x 16 (and 16 x 32) that leave partial tiles at every edge and
 whole ones between; what is not the tiling, with the module's own tiles, which leave the interpreter fewer programs to
-run. Two of the interpreter's slow paths are made faster here (:func:`reduce_in_halves`,
-:func:`patch_the_language_once_a_launch`)."""
+run. The interpreter runs with the fix and speed-ups of tests/triton_interpreter.py."""
 import importlib.util
 import json
 import logging
@@ -35,7 +34,6 @@ interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in test_kernel
 BATCH, LENGTH, HEADS, HEAD_DIM, POSITIONS = 5, 70, 2, 24, 128
 LENGTHS = torch.tensor([70, 61, 45, 53, 66])  # unequal, odd and even, across tile edges
 INTERPRETED_TESTS = 21
-
 
 if IN_INTERPRETER:
     from tests.triton_interpreter import install
@@ -101,14 +99,11 @@ def module_kernels():
 
 
 @pytest.fixture
-def kernels(monkeypatch):
+def kernels(module_kernels, monkeypatch):
     """Tiles small enough to leave partial ones at these sizes."""
-    from palm_plugin.modules import attention_triton
-
-    assert attention_triton.INTERPRETED
     for kernel in ("FORWARD", "QUERY_GRADIENT", "QUERY_GRADIENT_WITHOUT_BIAS", "KEY_GRADIENT"):
-        monkeypatch.setattr(attention_triton, kernel, attention_triton.Tiles(16, 16, 4))
-    return attention_triton
+        monkeypatch.setattr(module_kernels, kernel, module_kernels.Tiles(16, 16, 4))
+    return module_kernels
 
 
 # ------------------------------------------------------------------------------------------------ the batches

@@ -18,7 +18,7 @@ CARRY_LIMIT = 64 * 2 ** 20  # what one call may carry, the working tree included
 
 def card_plan(script, *args, check=True):
     """``CARD_PLAN=1 bash card/SCRIPT ARGS`` here, as a session would check it: its completed process."""
-    env = dict(os.environ, CARD_PLAN="1", OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    env = dict(os.environ, CARD_PLAN="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
                OUT="/tmp/card-plan-out")
     result = subprocess.run(["bash", f"card/{script}", *args], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=300)

@@ -17,7 +17,7 @@ RECIPE = REPO / "examples" / "pretrain" / "run.sh"
 
 def run_recipe(tmp_path, model, **extra):
     env = dict(os.environ, PYTHONPATH=python_path(), SMOKE="1", MODEL=model, ROOT=str(tmp_path),
-               BIN=str(Path(sys.executable).parent), PYTHON=sys.executable, OMP_NUM_THREADS="1", **extra)
+               BIN=str(Path(sys.executable).parent), PYTHON=sys.executable, **extra)
     result = subprocess.run(["bash", str(RECIPE)], env=env, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         pytest.fail(f"pretrain recipe exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")

@@ -137,7 +137,7 @@ def environment(command, workspace):
     arch = re.search(r"--arch (\S+)", command)
     args = TRAIN_ARGS + (f" --arch {TINY.get(arch.group(1), arch.group(1))}" if arch else "")
     return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=python_path(workspace),
-                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", ARGS=args, SMOKE="1", WORKERS="1", PYTHON=sys.executable)
+                ARGS=args, SMOKE="1", WORKERS="1", PYTHON=sys.executable)
 
 
 def run_command(language, command, workspace):

@@ -4,7 +4,6 @@ seed their noise from (seed, epoch, index), so the resumed run sees the same mas
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -25,7 +24,7 @@ def train_command(data, task, save_dir):
 
 
 def run(command):
-    env = dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=python_path(REPO))
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -36,7 +35,7 @@ def test_sigkill_then_resume_matches_uninterrupted(task, mono_data, tmp_path):
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     killed_dir = tmp_path / "killed"
-    env = dict(os.environ, PYTHONPATH=python_path(REPO), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=python_path(REPO))
     process = subprocess.Popen(train_command(mono_data, task, killed_dir), env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     last = killed_dir / "checkpoint_last.pt"
