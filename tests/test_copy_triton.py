@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from palm_plugin.fixes import saved_model_build
-from palm_plugin.modules.copy_generator import AdditiveAttentionScores, check_copy_attention_impl
+from palm_plugin.modules.copy_generator import AdditiveAttentionScores
 from palm_tools.bench.kernel_instructions import COPY_KERNELS, compile_copy
 from tests.conftest import run_interpreted
 from tests.test_palm_copy_generator import assert_gradients_equal_dense_reference, make_generator, make_inputs
@@ -157,21 +157,6 @@ def loop_regions(ir):
 def test_cpu_tensors_outside_the_interpreter_name_the_option_to_use():
     with pytest.raises(ValueError, match="run on CUDA .*use --copy-attention-impl blocked"):
         AdditiveAttentionScores.apply(*inputs(torch.float32), "triton")
-
-
-@pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER, reason="checks the build without CUDA")
-def test_model_build_refuses_triton_without_cuda_or_package(monkeypatch):
-    if importlib.util.find_spec("triton") is not None:
-        with pytest.raises(SystemExit, match=re.escape(
-                "--copy-attention-impl triton runs its kernels on CUDA, and no CUDA device is available: use "
-                "--copy-attention-impl blocked (the CPU's fastest)")):
-            build(copy_attention_impl="triton")
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "triton" else find_spec(name))
-    with pytest.raises(SystemExit, match="needs the triton package .*use --copy-attention-impl compiled"):
-        check_copy_attention_impl("triton")
-    check_copy_attention_impl("blocked")
-    check_copy_attention_impl("compiled")
 
 
 @interpreted

@@ -1,4 +1,5 @@
 """PALM's pointer-generator (equations (2)-(8)) against a direct, loop-by-loop computation in float64."""
+import importlib.util
 import math
 import re
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 
 from palm_plugin.modules import compiled_layers, copy_generator
-from palm_plugin.modules.copy_generator import PointerGenerator
+from palm_plugin.modules.copy_generator import PointerGenerator, check_copy_attention_impl
 from tests.conftest import mutmut_stats_pass
+from tests.test_palm_model import build
 
 DIM, VOCAB, MARKERS, PAD = 8, 12, 3, 1
 
@@ -297,3 +299,18 @@ def test_each_copy_attention_impl_takes_its_own_evaluation(monkeypatch):
     for impl, rows in (("blocked", 2), ("auto", 2), ("compiled", 1)):
         scores, _ = copy_generator._evaluation(impl, memory[:rows], query[:rows])
         assert scores.args[0] is copy_generator._blocked_weighted_sums, impl
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the build without CUDA")
+def test_model_build_refuses_triton_without_cuda_or_package(monkeypatch):
+    if importlib.util.find_spec("triton") is not None:
+        with pytest.raises(SystemExit, match=re.escape(
+                "--copy-attention-impl triton runs its kernels on CUDA, and no CUDA device is available: use "
+                "--copy-attention-impl blocked (the CPU's fastest)")):
+            build(copy_attention_impl="triton")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "triton" else find_spec(name))
+    with pytest.raises(SystemExit, match="needs the triton package .*use --copy-attention-impl compiled"):
+        check_copy_attention_impl("triton")
+    check_copy_attention_impl("blocked")
+    check_copy_attention_impl("compiled")

@@ -182,7 +182,7 @@ def test_s2s_ft_noise_fills_pseudo_slots_80_10_10_and_noises_each_target_token_i
     dataset = PseudoSeq2SeqDataset(source, target, dictionary, 64, 32, policy, dictionary.index(MASK_SYMBOL),
                                    SOURCE_SEGMENT, TARGET_SEGMENT, 7, noise="s2s_ft")
     mask, pseudo = dictionary.index(MASK_SYMBOL), dictionary.index(PSEUDO_SYMBOL)
-    slots, truths, histories, changed_per_row = [], [], [], []
+    slots, truths, histories, changed_per_row, partly_shown = [], [], [], [], []
     for epoch in range(1, 6):
         dataset.set_epoch(epoch)
         batch = dataset.collater([dataset[i] for i in range(rows)])
@@ -193,6 +193,8 @@ def test_s2s_ft_noise_fills_pseudo_slots_80_10_10_and_noises_each_target_token_i
             slot, history = tokens[row, s + n : s + 2 * n], tokens[row, s : s + n]
             slots.append(slot), truths.append(truth), histories.append(history)
             changed_per_row.append(int(history.ne(truth).sum()))
+            noisable = slot.ne(truth)  # the tokens whose own slot differs from them: shown or not, one by one
+            partly_shown.append(0 < int(history[noisable].ne(truth[noisable]).sum()) < int(noisable.sum()))
     slot, truth, history = torch.cat(slots), torch.cat(truths), torch.cat(histories)
     total = len(slot)  # 5000 target tokens
     assert abs(float(slot.eq(mask).float().mean()) - 0.8) < 0.03
@@ -205,6 +207,8 @@ def test_s2s_ft_noise_fills_pseudo_slots_80_10_10_and_noises_each_target_token_i
     noised = slot.ne(truth)
     assert abs(float(history[noised].ne(truth[noised]).float().mean()) - 0.3) < 0.03
     assert len(set(changed_per_row)) > 3  # binomial counts, not ceil(p * n) every time
+    # a draw per token, not one per row: all or none of a row's ~22 noisable tokens has probability 0.7^22 + 0.3^22
+    assert sum(partly_shown) >= 0.95 * len(partly_shown)
     assert total == 5 * rows * 25
 
 

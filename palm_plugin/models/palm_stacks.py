@@ -132,6 +132,5 @@ def transformer_config(cfg) -> TransformerConfig:
         side.attention_heads = heads
         side.learned_pos = True
         side.normalize_before = False
-    config.decoder.input_dim = cfg.encoder_embed_dim
     config.decoder.output_dim = cfg.encoder_embed_dim
     return config

@@ -58,7 +58,7 @@ class RelativePositionBias(nn.Module):
     ``weight``: ``[num_heads, num_buckets]`` (see the module docstring for why this layout).
     """
 
-    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128):
+    def __init__(self, num_heads: int, num_buckets: int, max_distance: int):
         super().__init__()
         # T5's bidirectional scheme needs an exact bucket in each half and a log range beyond it
         if num_buckets < 4 or max_distance <= num_buckets // 4:
