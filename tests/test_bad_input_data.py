@@ -360,3 +360,28 @@ def test_a_loaded_split_without_an_example_that_fits_is_refused_and_inference_in
         assert filter_indices(task, np.arange(4), some_fit, 6, ignore_invalid_inputs=True).tolist() == [1, 3], name
         inference = Lengths([7, 9])
         assert filter_indices(task, np.arange(2), inference, 6, ignore_invalid_inputs=True).tolist() == [], name
+
+
+def test_inputs_cut_by_the_task_are_counted_with_the_limit_that_cut_them(caplog):
+    """fairseq-interactive and the API: a unilm_seq2seq task truncates a long source (its dataset counts it); the
+    warning names the limit to raise (the interactive half runs in a fairseq process: test_bad_input.py)."""
+    import types
+
+    from palm_plugin.fixes.data_checks import warn_if_truncated
+
+    built = []
+
+    def build_dataset_for_inference(tokens, lengths):
+        built.append(lengths)
+        return types.SimpleNamespace(truncated_sources=sum(length > 8 for length in lengths))
+
+    task = types.SimpleNamespace(cfg=types.SimpleNamespace(max_source_positions=8),
+                                 build_dataset_for_inference=build_dataset_for_inference)
+    tokens = [torch.ones(n, dtype=torch.long) for n in (12, 5, 9)]
+    warn_if_truncated(task, tokens)
+    warn_if_truncated(task, tokens[1:2])  # nothing cut: nothing said
+    assert built == [[12, 5, 9], [5]]
+    assert warnings(caplog) == [
+        "2 of 3 inputs longer than --max-source-positions 8 ([SOS] and [EOS] included; the longest has 12 tokens): "
+        "only their first tokens are read; raise --max-source-positions (within the model's positions) or split the "
+        "input"]

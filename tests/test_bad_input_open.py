@@ -76,6 +76,9 @@ def test_numeric_options_in_range_and_at_their_bounds_are_taken():
     args = parse_training(*UNILM, "--label-smoothing", 0, "--mask-prob", 1, "--dropout", 0)
     assert (args.label_smoothing, args.mask_prob, args.dropout) == (0.0, 1.0, 0.0)
     assert parse_training(*PALM, "--label-smoothing", 0.1).label_smoothing == 0.1
+    # the copy layer's size, or no copy layer: each alone is taken (only both together are refused)
+    assert parse_training(*PALM, "--no-copy").no_copy
+    assert parse_training(*PALM, "--copy-attention-dim", 1).copy_attention_dim == 1
 
 
 def test_the_cloze_criterion_built_in_python_checks_its_smoothing():
@@ -230,8 +233,11 @@ def test_a_checkpoint_path_that_is_no_checkpoint_file_names_what_to_give(tmp_pat
     from palm_plugin.fixes.checkpoint_paths import CheckpointPathError, read_checkpoint
 
     hf, run, empty = tmp_path / "hf", tmp_path / "run", tmp_path / "empty"
-    for folder in (hf, run, empty):
+    bert = tmp_path / "bert"
+    for folder in (hf, run, empty, bert):
         folder.mkdir()
+    torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(2, 2)}, bert / "pytorch_model.bin")
+    torch.save([torch.zeros(2)], bert / "list.pt")
     (hf / "config.json").write_text("{}")
     (hf / "model.safetensors").write_bytes(b"")
     for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint1.pt", "checkpoint2.pt"):
@@ -250,6 +256,9 @@ def test_a_checkpoint_path_that_is_no_checkpoint_file_names_what_to_give(tmp_pat
         (empty / "c.pt", f"--path {empty}/c.pt: file not found; {empty} holds no .pt file"),
         (tmp_path / "gone" / "c.pt", f"--path {tmp_path}/gone/c.pt: file not found; there is no folder "
                                      f"{tmp_path}/gone"),
+        (bert / "pytorch_model.bin", f"--path {bert}/pytorch_model.bin: an HF state dict (e.g. pytorch_model.bin); "
+                                     + convert.format(bert)),
+        (bert / "list.pt", f"--path {bert}/list.pt: not a fairseq checkpoint; " + convert.format(bert)),
     ]
     for path, message in traps:
         with pytest.raises(CheckpointPathError) as stop:
@@ -274,6 +283,29 @@ def test_a_checkpoints_configuration_reads_the_same_in_each_form_fairseq_saves()
     assert not _same_model(argparse.Namespace(arch="palm_base"), model)
     assert not _same_model(argparse.Namespace(), model)  # fairseq-generate's arguments name no --arch
     assert not _same_model(argparse.Namespace(arch="unilm_base"), {})
+
+
+def test_decoding_adopts_the_task_layout_of_the_first_checkpoint_in_either_form(tmp_path):
+    """fairseq-generate --path: a checkpoint fine-tuned with other segment ids or --pseudo-masks decodes with them
+    (an ensemble with its first checkpoint's), whether it keeps its configuration as ``cfg`` or, as old fairseq
+    did, as ``args``; what the command line sets stays."""
+    from palm_plugin.fixes.checkpoint_paths import check
+
+    task = {"_name": "unilm_seq2seq", "source_segment": 2, "target_segment": 3, "pseudo_masks": True}
+    torch.save({"model": {}, "cfg": {"model": {"_name": "unilm"}, "task": task}}, tmp_path / "cfg.pt")
+    torch.save({"model": {}, "args": argparse.Namespace(arch="unilm_tiny", task="unilm_seq2seq", source_segment=4,
+                                                        target_segment=5, pseudo_masks=True)}, tmp_path / "args.pt")
+
+    def decode(*names, arguments=()):
+        args = argparse.Namespace(task="unilm_seq2seq", source_segment=0, target_segment=1, pseudo_masks=False,
+                                  path=os.pathsep.join(str(tmp_path / name) for name in names))
+        check(args, list(arguments))
+        return args.source_segment, args.target_segment, args.pseudo_masks
+
+    assert decode("args.pt") == (4, 5, True)
+    assert decode("cfg.pt", "args.pt") == (2, 3, True)
+    assert decode("args.pt", "cfg.pt") == (4, 5, True)
+    assert decode("cfg.pt", arguments=["--source-segment", "0"]) == (0, 3, True)
 
 
 # ------------------------------------------------------------------------------------------- the Python API

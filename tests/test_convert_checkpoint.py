@@ -282,6 +282,13 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
                       "--layer-norm-eps", "tiny"])
     assert exit_status.value.code == 2
     assert "argument --layer-norm-eps: invalid float value: 'tiny'" in capsys.readouterr().err
+    for epsilon in ("0", "1", "1.5"):  # an epsilon is a small positive number: the open interval (0, 1)
+        with pytest.raises(SystemExit) as exit_status:
+            convert.main(["bert", "--input", str(tmp_path / "absent"), "--output", str(tmp_path / "out"),
+                          "--layer-norm-eps", epsilon])
+        assert exit_status.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            f" bert: error: argument --layer-norm-eps: {epsilon} is outside (0, 1): a LayerNorm epsilon (BERT: 1e-12)")
 
     fused = fuse_unilm2_state(bert.state_dict(), layers=2, heads=4, buckets=32, generator=torch.Generator())
     fused["bert.encoder.layer.1.attention.self.qkv_linear.weight"] = torch.zeros(2 * 64, 64)

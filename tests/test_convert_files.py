@@ -376,6 +376,25 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
 
 
 
+@pytest.mark.parametrize("lowercase", [False, True], ids=["cased", "lower-cased"])
+def test_export_keeps_the_casing_of_the_conversion(tmp_path, capsys, lowercase):
+    """The casing palm-convert bert read (here from tokenizer.json's normaliser) goes out with the export:
+    transformers' tokenizer of the exported folder lower-cases exactly when the original's did (BertTokenizer
+    lower-cases unless told otherwise)."""
+    config = tiny_bert_config()
+    reference = randomize(transformers.BertForMaskedLM(config), seed=9)
+    reference.save_pretrained(tmp_path / "hf")
+    tokenizer = {"normalizer": {"type": "BertNormalizer", "lowercase": lowercase},
+                 "model": {"type": "WordPiece", "vocab": {token: i for i, token in enumerate(VOCAB)}}}
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(tokenizer))
+    convert.main(["bert", "--input", str(tmp_path / "hf"), "--output", str(tmp_path / "ours")])
+    convert.main(["export", "--input", str(tmp_path / "ours" / "model.pt"), "--output", str(tmp_path / "back")])
+    exported = transformers.BertTokenizer.from_pretrained(tmp_path / "back")
+    assert exported.tokenize("W3 w3") == (["w3", "w3"] if lowercase else ["[UNK]", "w3"])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {tmp_path / 'back'} (config.json, vocab.txt, model.safetensors, tokenizer_config.json)")
+
+
 def test_a_relative_position_table_alone_makes_a_unilm2_dictionary(tmp_path):
     """UniLMv2 is told by its relative position table (or its fused qkv): either gives the <pseudo> row that
     pseudo-masked fine-tuning needs."""

@@ -5,6 +5,8 @@ function its own original), and what it installs calls what fairseq had.
 The plugin installs its fixes when it is imported, before any test runs, so the wrapping itself is checked here
 in-process: once over the installed state, and once from stand-ins put where fairseq's functions were."""
 import argparse
+import importlib.util
+import logging
 import os
 import sys
 import types
@@ -149,7 +151,8 @@ def test_multi_tensor_install_keeps_fairseqs_functions_as_its_originals(monkeypa
     from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
 
     stand_ins = {"adam_step": lambda self, closure=None: "adam",
-                 "clip_grad_norm_": lambda params, max_norm, aggregate_norm_fn=None: "norm"}
+                 "clip_grad_norm_": lambda params, max_norm, aggregate_norm_fn=None: ("norm", max_norm,
+                                                                                      aggregate_norm_fn)}
     monkeypatch.setattr(multi_tensor_optimizer, "ORIGINALS", {})
     monkeypatch.setattr(multi_tensor_optimizer.clip_grad_norm_, "__palm_plugin__", True)
     monkeypatch.setattr(utils, "clip_grad_norm_", stand_ins["clip_grad_norm_"])
@@ -168,7 +171,9 @@ def test_multi_tensor_install_keeps_fairseqs_functions_as_its_originals(monkeypa
     # cases the replacement leaves to fairseq reach the stand-in: a single gradient's norm
     one = torch.nn.Parameter(torch.ones(3))
     one.grad = torch.ones(3)
-    assert utils.clip_grad_norm_([one], 1.0) == "norm"
+    assert utils.clip_grad_norm_([one], 1.0) == ("norm", 1.0, None)
+    # with the all-reduce of distributed training, which fairseq's norm must still apply
+    assert utils.clip_grad_norm_([one], 0.5, aggregate_norm_fn=torch.sqrt) == ("norm", 0.5, torch.sqrt)
 
 
 def test_atomic_copy_leaves_remote_and_kept_files_to_fairseqs_copy(monkeypatch, tmp_path):
@@ -235,3 +240,102 @@ def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
     assert 4 ** penalties[0] == pytest.approx((9 / 6) ** 0.6, rel=1e-12) and penalties[1] == 0.6
     assert generator.len_penalty == 0.6
 
+
+def test_bf16_install_wraps_each_architecture_once_and_turns_the_implied_tpu_off(monkeypatch, caplog):
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from palm_plugin.fixes import bf16_without_xla
+
+    def arch(args):
+        args.encoder_layers = 2
+
+    monkeypatch.setitem(ARCH_CONFIG_REGISTRY, "test_arch", arch)  # an architecture registered after the plugin
+    bf16_without_xla.install()
+    wrapped = ARCH_CONFIG_REGISTRY["test_arch"]
+    bf16_without_xla.install()
+    assert ARCH_CONFIG_REGISTRY["test_arch"] is wrapped and wrapped is not arch and wrapped.__wrapped__ is arch
+
+    find_spec = importlib.util.find_spec  # a machine without torch_xla, whatever this one has
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "torch_xla" else
+                        find_spec(name, *rest))
+    with caplog.at_level(logging.INFO, logger=bf16_without_xla.__name__):
+        for cpu in (False, True):
+            args = argparse.Namespace(bf16=True, tpu=True, cpu=cpu)  # fairseq's post-processing set tpu
+            wrapped(args)
+            assert (args.tpu, args.encoder_layers) == (False, 2)
+    assert [r.getMessage() for r in caplog.records if r.name == bf16_without_xla.__name__] == [
+        f"--bf16: training in bfloat16 on the {where} (fairseq's implied --tpu is turned off: no torch_xla)"
+        for where in ("GPU", "CPU")]
+    args = argparse.Namespace(bf16=False, tpu=True, cpu=False)  # --tpu asked for without --bf16: fairseq's to handle
+    wrapped(args)
+    assert args.tpu is True
+
+
+def test_incremental_state_lookup_answers_none_without_a_state_and_asks_fairseq_with_one(monkeypatch):
+    from fairseq.incremental_decoding_utils import FairseqIncrementalState
+
+    from palm_plugin.fixes import compiled_decoder_layers
+
+    calls = []
+
+    def lookup(self, incremental_state, key):  # fairseq's: builds the key from the module's id first
+        calls.append((self, incremental_state, key))
+        return incremental_state.get(key)
+
+    monkeypatch.setattr(FairseqIncrementalState, "get_incremental_state", lookup)
+    compiled_decoder_layers.install()
+    patched = FairseqIncrementalState.get_incremental_state
+    compiled_decoder_layers.install()
+    assert FairseqIncrementalState.get_incremental_state is patched and patched is not lookup
+
+    assert patched("layer", None, "attn_state") is None and calls == []  # training: no state, no key built
+    state = {"attn_state": "buffer"}
+    assert patched("layer", state, "attn_state") == "buffer" and calls == [("layer", state, "attn_state")]
+
+
+def test_torchrun_without_gpus_takes_the_world_from_its_environment(monkeypatch):
+    from fairseq.distributed import utils
+
+    from palm_plugin.fixes import distributed
+
+    monkeypatch.setattr(utils, "infer_init_method", lambda cfg, force_distributed=False: ("fairseq's", cfg))
+    monkeypatch.setattr(utils, "_infer_torch_distributed_launch_init", lambda cfg: "fairseq's torchrun")
+    distributed.install()
+    patched = (utils.infer_init_method, utils._infer_torch_distributed_launch_init)
+    distributed.install()
+    assert (utils.infer_init_method, utils._infer_torch_distributed_launch_init) == patched
+
+    for name, value in (("MASTER_ADDR", "localhost"), ("MASTER_PORT", "29500"), ("WORLD_SIZE", "3"), ("RANK", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cfg = types.SimpleNamespace(distributed_world_size=1)  # fairseq's default on CPU
+    assert utils.infer_init_method(cfg) == ("fairseq's", cfg) and cfg.distributed_world_size == 3
+    cfg = types.SimpleNamespace()
+    utils._infer_torch_distributed_launch_init(cfg)
+    assert vars(cfg) == {"distributed_init_method": "env://", "distributed_world_size": 3, "distributed_rank": 2,
+                         "device_id": 0, "distributed_no_spawn": True}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # with GPUs: fairseq's
+    assert utils._infer_torch_distributed_launch_init(types.SimpleNamespace()) == "fairseq's torchrun"
+
+
+def test_ema_copies_a_models_integer_state_with_the_keys_it_skips(monkeypatch):
+    from fairseq.models.ema import EMA
+
+    from palm_plugin.fixes import ema_integer_state
+
+    seen = []
+
+    def init(self, model, config, device=None, skip_keys=None):
+        seen.append((model, config, device, skip_keys))
+
+    monkeypatch.setattr(EMA, "__init__", init)
+    ema_integer_state.install()
+    patched = EMA.__init__
+    ema_integer_state.install()
+    assert EMA.__init__ is patched and patched is not init
+
+    model = torch.nn.BatchNorm1d(2)  # num_batches_tracked: an integer count, which EMA's in-place decay refuses
+    EMA(model, "config", "cpu", skip_keys=["weight"])
+    EMA(model, "config")
+    assert seen == [(model, "config", "cpu", {"weight", "num_batches_tracked"}),
+                    (model, "config", None, {"num_batches_tracked"})]

@@ -314,3 +314,34 @@ def test_stage_ae_refuses_the_unconditional_objective():
     with pytest.raises(ValueError, match="train stage ae with --objective continuation, then stage joint"):
         PalmMlmLmCriterion(task, "ae", 0.0, 1.0)
     assert PalmMlmLmCriterion(task, "joint", 0.0, 1.0).stage == "joint"
+
+
+def test_a_split_loaded_without_an_epoch_is_the_first_shards(tmp_path):
+    """DATA = a:b:c: fairseq-generate and fairseq-eval-lm load their split with ``load_dataset(split)``, no epoch: the
+    task reads the first directory's, as epoch 1; fairseq-train's epoch e reads directory (e - 1) % 3."""
+    from fairseq.data import indexed_dataset
+
+    from palm_plugin.tasks.continuation_pair import ContinuationPairConfig, ContinuationPairTask
+
+    dictionary = Dictionary()
+    words = [(dictionary.add_symbol(f"context{k}"), dictionary.add_symbol(f"continued{k}")) for k in range(3)]
+    shards = []
+    for index, (context, continued) in enumerate(words):  # a document of two sentences a shard
+        shards.append(tmp_path / f"s{index}")
+        shards[-1].mkdir()
+        dictionary.save(str(shards[-1] / "dict.txt"))
+        builder = indexed_dataset.make_builder(str(shards[-1] / "valid.bin"), impl="mmap", vocab_size=len(dictionary))
+        for sentence in (context, continued):
+            builder.add_item(torch.tensor([sentence, dictionary.eos()]))
+        builder.finalize(str(shards[-1] / "valid.idx"))
+    task = ContinuationPairTask.setup_task(ContinuationPairConfig(data=":".join(map(str, shards)), seed=1))
+
+    def continuation(**epoch):
+        task.load_dataset("valid", **epoch)
+        dataset = task.dataset("valid")
+        assert len(dataset) == 1
+        return [task.dictionary[t] for t in dataset[0]["target"].tolist()]
+
+    assert continuation() == ["continued0", "</s>"]
+    assert [continuation(epoch=epoch) for epoch in (1, 2, 3, 4)] == [
+        ["continued0", "</s>"], ["continued1", "</s>"], ["continued2", "</s>"], ["continued0", "</s>"]]

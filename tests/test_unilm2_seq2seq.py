@@ -231,6 +231,32 @@ def test_decoding_placeholder_follows_the_noise_scheme(tmp_path):
         assert model.decoder.placeholder == task.dictionary.index(symbol)
 
 
+@pytest.mark.parametrize("segments", [(1, 0), (0, 0), (1, 1), (0, 2), (2, 1), (-1, 1), (0, -1)])
+def test_segments_are_any_two_of_the_models_segment_types(tmp_path, segments):
+    """--source-segment and --target-segment may be any of the model's segment types (0 and 1 of a UniLMv2 or BERT
+    model), in either order or the same one; one past them stops fairseq-train with what to give."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    dictionary = make_dictionary()
+    for lang in ("src", "tgt"):
+        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
+    source, target = segments
+    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=True,
+                                                          source_segment=source, target_segment=target, seed=1))
+    namespace = argparse.Namespace()
+    unilm2_tiny(namespace)
+    cfg = UniLMConfig.from_namespace(namespace)
+    cfg._name = "unilm"
+    assert cfg.num_segments == 2
+    if all(0 <= segment < 2 for segment in segments):
+        assert task.build_model(OmegaConf.structured(cfg)).cfg.num_segments == 2
+        return
+    with pytest.raises(ValueError) as refused:
+        task.build_model(OmegaConf.structured(cfg))
+    assert str(refused.value) == (f"--source-segment {source} / --target-segment {target} do not fit the model's 2 "
+                                  "segment types (UniLMv2 and BERT checkpoints: --source-segment 0 --target-segment 1)")
+
+
 def decode_step_logits(model, batch, dictionary, cached):
     """Logits (B, T, V) of target token i given y_<i, from the model's decoder (placeholder [P])."""
     targets = [t[t.ne(dictionary.pad())] for t in batch["target"]]
@@ -395,6 +421,40 @@ def test_inference_step_adds_the_tasks_segments_and_refuses_a_training_batch(tmp
         "fairseq-generate: --data-buffer-size 0 and --num-workers > 0); keep the default --data-buffer-size, or "
         "--num-workers 0, or in Python call task.build_generator before iterating (or use "
         "task.build_dataset_for_inference)")
+
+
+def test_a_batch_that_carries_its_segments_decodes_with_them(tmp_path):
+    """The task adds its segments to a batch without any: a batch that carries its own (collated by a dataset of
+    other segments, or built by hand) is decoded with those, as a task of those segments decodes the bare sources."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    dictionary = make_dictionary()
+    for lang in ("src", "tgt"):
+        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
+    tasks = {segments: UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(
+        data=str(tmp_path), pseudo_masks=True, source_segment=segments[0], target_segment=segments[1], seed=1))
+        for segments in ((0, 1), (1, 0))}
+    model = tiny_model(tasks[0, 1].dictionary)
+    lines = [torch.tensor([dictionary.index(w) for w in ("w3", "w4", "w7")] + [dictionary.eos()]),
+             torch.tensor([dictionary.index("w5"), dictionary.eos()])]
+
+    def decode(task, own_segments=None):
+        generator = task.build_generator([model], GenerationConfig(beam=2, max_len_b=4))
+        inference = task.build_dataset_for_inference(lines, [len(t) for t in lines])
+        batch = inference.collater([inference[0], inference[1]])
+        net_input = {k: batch["net_input"][k] for k in ("src_tokens", "src_lengths")}
+        if own_segments is not None:
+            net_input["source_segments"] = torch.full_like(net_input["src_tokens"], own_segments[0])
+            net_input["target_segment"] = torch.full((len(lines),), own_segments[1])
+        with torch.no_grad():
+            hypotheses = task.inference_step(generator, [model], {**batch, "net_input": net_input})
+        return [[(h["tokens"].tolist(), float(h["score"])) for h in row] for row in hypotheses]
+
+    swapped = decode(tasks[1, 0])
+    assert swapped != decode(tasks[0, 1])  # the segments change what is decoded
+    assert decode(tasks[0, 1], own_segments=(1, 0)) == swapped
 
 
 def test_sources_that_fill_the_positions_exactly_are_not_counted_as_truncated():
