@@ -295,10 +295,11 @@ def test_decoding_adopts_the_task_layout_of_the_first_checkpoint_in_either_form(
     torch.save({"model": {}, "cfg": {"model": {"_name": "unilm"}, "task": task}}, tmp_path / "cfg.pt")
     torch.save({"model": {}, "args": argparse.Namespace(arch="unilm_tiny", task="unilm_seq2seq", source_segment=4,
                                                         target_segment=5, pseudo_masks=True)}, tmp_path / "args.pt")
+    torch.save({"model": {}, "args": argparse.Namespace(arch="unilm2_tiny", task="pmlm")}, tmp_path / "pmlm.pt")
 
-    def decode(*names, arguments=()):
-        args = argparse.Namespace(task="unilm_seq2seq", source_segment=0, target_segment=1, pseudo_masks=False,
-                                  path=os.pathsep.join(str(tmp_path / name) for name in names))
+    def decode(*names, arguments=(), segments=(0, 1)):
+        args = argparse.Namespace(task="unilm_seq2seq", source_segment=segments[0], target_segment=segments[1],
+                                  pseudo_masks=False, path=os.pathsep.join(str(tmp_path / name) for name in names))
         check(args, list(arguments))
         return args.source_segment, args.target_segment, args.pseudo_masks
 
@@ -306,6 +307,8 @@ def test_decoding_adopts_the_task_layout_of_the_first_checkpoint_in_either_form(
     assert decode("cfg.pt", "args.pt") == (2, 3, True)
     assert decode("args.pt", "cfg.pt") == (4, 5, True)
     assert decode("cfg.pt", arguments=["--source-segment", "0"]) == (0, 3, True)
+    # pre-trained by another task: the segments of its S1 / S2, nothing of the fine-tuning task's
+    assert decode("pmlm.pt", segments=(4, 5)) == (0, 1, False)
 
 
 # ------------------------------------------------------------------------------------------- the Python API

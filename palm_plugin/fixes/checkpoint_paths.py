@@ -155,7 +155,7 @@ def adopt(args, arguments, state, path, sizes=True):
                 adopted[name] = value
             elif getattr(args, name) != value and not (name in GROWABLE and getattr(args, name) > value):
                 conflicts.append((name, getattr(args, name), value))
-    task = task_cfg.get("_name", getattr(args, "task", None))
+    task = task_cfg.get("_name") or task_cfg.get("task") or getattr(args, "task", None)  # cfg, or args of old
     segments = task_cfg if task == getattr(args, "task", None) else PRETRAINING_SEGMENTS.get(task, {})
     for name in TASK_FIELDS:
         if name in segments and hasattr(args, name) and not _given(arguments, name):
