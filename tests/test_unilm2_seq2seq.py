@@ -65,6 +65,26 @@ def tiny_model(dictionary, seed=0):
     return model.eval()
 
 
+def seq2seq_task(folder, dictionary, **options):
+    """A unilm_seq2seq task over ``dictionary`` (saved in ``folder`` as its two sides'), --pseudo-masks and segments
+    0 / 1 unless ``options`` say otherwise."""
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+
+    for lang in ("src", "tgt"):
+        dictionary.save(str(folder / f"dict.{lang}.txt"))
+    options = {"pseudo_masks": True, "source_segment": 0, "target_segment": 1, "seed": 1, **options}
+    return UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(folder), **options))
+
+
+def tiny_model_config():
+    """unilm2_tiny's configuration as fairseq-train hands it to a task's build_model."""
+    namespace = argparse.Namespace()
+    unilm2_tiny(namespace)
+    cfg = UniLMConfig.from_namespace(namespace)
+    cfg._name = "unilm"
+    return OmegaConf.structured(cfg)
+
+
 def generation_batch(dataset, indices):
     """The generation view of the same pairs (what fairseq-generate gets once the task built its generator)."""
     dataset.generation = True
@@ -214,20 +234,9 @@ def test_s2s_ft_noise_fills_pseudo_slots_80_10_10_and_noises_each_target_token_i
 
 def test_decoding_placeholder_follows_the_noise_scheme(tmp_path):
     """The decoder feeds the symbol the pseudo slots held in training: <pseudo> (exact) or [MASK] (s2s_ft)."""
-    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
-
-    dictionary = make_dictionary()
-    for lang in ("src", "tgt"):
-        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
     for noise, symbol in (("exact", PSEUDO_SYMBOL), ("s2s_ft", MASK_SYMBOL)):
-        task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(
-            data=str(tmp_path), pseudo_masks=True, pseudo_mask_noise=noise, source_segment=0, target_segment=1,
-            seed=1))
-        namespace = argparse.Namespace()
-        unilm2_tiny(namespace)
-        cfg = UniLMConfig.from_namespace(namespace)
-        cfg._name = "unilm"
-        model = task.build_model(OmegaConf.structured(cfg))
+        task = seq2seq_task(tmp_path, make_dictionary(), pseudo_mask_noise=noise)
+        model = task.build_model(tiny_model_config())
         assert model.decoder.placeholder == task.dictionary.index(symbol)
 
 
@@ -235,24 +244,15 @@ def test_decoding_placeholder_follows_the_noise_scheme(tmp_path):
 def test_segments_are_any_two_of_the_models_segment_types(tmp_path, segments):
     """--source-segment and --target-segment may be any of the model's segment types (0 and 1 of a UniLMv2 or BERT
     model), in either order or the same one; one past them stops fairseq-train with what to give."""
-    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
-
-    dictionary = make_dictionary()
-    for lang in ("src", "tgt"):
-        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
     source, target = segments
-    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=True,
-                                                          source_segment=source, target_segment=target, seed=1))
-    namespace = argparse.Namespace()
-    unilm2_tiny(namespace)
-    cfg = UniLMConfig.from_namespace(namespace)
-    cfg._name = "unilm"
+    task = seq2seq_task(tmp_path, make_dictionary(), source_segment=source, target_segment=target)
+    cfg = tiny_model_config()
     assert cfg.num_segments == 2
     if all(0 <= segment < 2 for segment in segments):
-        assert task.build_model(OmegaConf.structured(cfg)).cfg.num_segments == 2
+        assert task.build_model(cfg).cfg.num_segments == 2
         return
     with pytest.raises(ValueError) as refused:
-        task.build_model(OmegaConf.structured(cfg))
+        task.build_model(cfg)
     assert str(refused.value) == (f"--source-segment {source} / --target-segment {target} do not fit the model's 2 "
                                   "segment types (UniLMv2 and BERT checkpoints: --source-segment 0 --target-segment 1)")
 
@@ -357,13 +357,8 @@ def test_one_view_per_use_and_raw_sources_for_inference(tmp_path, pseudo_masks):
     """Training batches hold the packed rows and labels only (no reference, no source-only view); generation
     batches hold the source, its segments and the reference, and draw no noise; build_dataset_for_inference takes
     encoded lines as fairseq-interactive gives them."""
-    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
-
     dictionary = make_dictionary()
-    for lang in ("src", "tgt"):
-        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
-    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=pseudo_masks,
-                                                          source_segment=0, target_segment=1, seed=1))
+    task = seq2seq_task(tmp_path, dictionary, pseudo_masks=pseudo_masks)
     dataset = task._dataset(Sentences(task.dictionary, [5, 8], 0), Sentences(task.dictionary, [4, 2], 1))
     training = dataset.collater([dataset[0], dataset[1]])
     assert set(training) == {"id", "nsentences", "ntokens", "net_input", "target"}
@@ -392,13 +387,8 @@ def test_inference_step_adds_the_tasks_segments_and_refuses_a_training_batch(tmp
     generator stops with what to do."""
     from fairseq.dataclass.configs import GenerationConfig
 
-    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
-
     dictionary = make_dictionary()
-    for lang in ("src", "tgt"):
-        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
-    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path), pseudo_masks=True, source_segment=0,
-                                                          target_segment=1, seed=1))
+    task = seq2seq_task(tmp_path, dictionary)
     model = tiny_model(task.dictionary)
     generator = task.build_generator([model], GenerationConfig(beam=2, max_len_b=4))
     lines = [torch.tensor([dictionary.index(w) for w in ("w3", "w4", "w7")] + [dictionary.eos()]),
@@ -428,14 +418,9 @@ def test_a_batch_that_carries_its_segments_decodes_with_them(tmp_path):
     other segments, or built by hand) is decoded with those, as a task of those segments decodes the bare sources."""
     from fairseq.dataclass.configs import GenerationConfig
 
-    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
-
     dictionary = make_dictionary()
-    for lang in ("src", "tgt"):
-        dictionary.save(str(tmp_path / f"dict.{lang}.txt"))
-    tasks = {segments: UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(
-        data=str(tmp_path), pseudo_masks=True, source_segment=segments[0], target_segment=segments[1], seed=1))
-        for segments in ((0, 1), (1, 0))}
+    tasks = {segments: seq2seq_task(tmp_path, dictionary, source_segment=segments[0], target_segment=segments[1])
+             for segments in ((0, 1), (1, 0))}
     model = tiny_model(tasks[0, 1].dictionary)
     lines = [torch.tensor([dictionary.index(w) for w in ("w3", "w4", "w7")] + [dictionary.eos()]),
              torch.tensor([dictionary.index("w5"), dictionary.eos()])]
