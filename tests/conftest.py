@@ -21,6 +21,17 @@ BIN = Path(sys.executable).parent
 STARTUP = REPO / "tests" / "startup"
 
 
+def binarize(prefix, lines, dictionary):
+    """What fairseq-preprocess writes at ``prefix`` (.bin / .idx): one item per line of token ids, ending with [EOS]
+    (a blank line is [EOS] alone)."""
+    from fairseq.data import indexed_dataset
+
+    builder = indexed_dataset.make_builder(f"{prefix}.bin", impl="mmap", vocab_size=len(dictionary))
+    for line in lines:
+        builder.add_item(torch.tensor([*line, dictionary.eos()], dtype=torch.int32))
+    builder.finalize(f"{prefix}.idx")
+
+
 def python_path(*folders):
     """PYTHONPATH of a tool process the suite starts: ``folders``, then :data:`STARTUP`."""
     return os.pathsep.join([*map(str, folders), str(STARTUP)])

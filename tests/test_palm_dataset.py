@@ -8,6 +8,7 @@ from fairseq.data import Dictionary
 
 from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
 from palm_plugin.data.token_masking import TokenMaskingPolicy
+from tests.conftest import binarize
 
 
 def random_corpus(rng, documents=40, longest=60):
@@ -319,8 +320,6 @@ def test_stage_ae_refuses_the_unconditional_objective():
 def test_a_split_loaded_without_an_epoch_is_the_first_shards(tmp_path):
     """DATA = a:b:c: fairseq-generate and fairseq-eval-lm load their split with ``load_dataset(split)``, no epoch: the
     task reads the first directory's, as epoch 1; fairseq-train's epoch e reads directory (e - 1) % 3."""
-    from fairseq.data import indexed_dataset
-
     from palm_plugin.tasks.continuation_pair import ContinuationPairConfig, ContinuationPairTask
 
     dictionary = Dictionary()
@@ -330,10 +329,7 @@ def test_a_split_loaded_without_an_epoch_is_the_first_shards(tmp_path):
         shards.append(tmp_path / f"s{index}")
         shards[-1].mkdir()
         dictionary.save(str(shards[-1] / "dict.txt"))
-        builder = indexed_dataset.make_builder(str(shards[-1] / "valid.bin"), impl="mmap", vocab_size=len(dictionary))
-        for sentence in (context, continued):
-            builder.add_item(torch.tensor([sentence, dictionary.eos()]))
-        builder.finalize(str(shards[-1] / "valid.idx"))
+        binarize(shards[-1] / "valid", [[context], [continued]], dictionary)
     task = ContinuationPairTask.setup_task(ContinuationPairConfig(data=":".join(map(str, shards)), seed=1))
 
     def continuation(**epoch):

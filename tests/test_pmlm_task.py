@@ -11,7 +11,7 @@ from palm_plugin.models.unilm import UniLMConfig, UniLMModel
 from palm_plugin.modules.attention_masks import PseudoMaskKind as K
 from palm_plugin.tasks.pmlm import PseudoMaskedLMConfig, PseudoMaskedLMTask
 from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
-from tests.conftest import run_cli
+from tests.conftest import binarize, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_inputs_are_two_segments_of_contiguous_text(data_dir):
 
 def test_epochs_cycle_through_colon_separated_shards(tmp_path):
     """DATA = a:b:c: epoch e reads shard (e - 1) % 3, the rule of fairseq's own tasks (translation, masked_lm)."""
-    from fairseq.data import Dictionary, indexed_dataset
+    from fairseq.data import Dictionary
 
     from palm_plugin.data.monolingual import load_sentences
 
@@ -170,10 +170,7 @@ def test_epochs_cycle_through_colon_separated_shards(tmp_path):
     shards = []
     for index, word in enumerate(words):
         (tmp_path / f"s{index}").mkdir()
-        prefix = str(tmp_path / f"s{index}" / "train")
-        builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(dictionary))
-        builder.add_item(torch.tensor([word, dictionary.eos()]))
-        builder.finalize(prefix + ".idx")
+        binarize(tmp_path / f"s{index}" / "train", [[word]], dictionary)
         shards.append(str(tmp_path / f"s{index}"))
     read = [load_sentences(":".join(shards), "train", epoch, dictionary)[0][0].item() for epoch in range(1, 8)]
     assert read == [words[(epoch - 1) % 3] for epoch in range(1, 8)]
@@ -183,19 +180,16 @@ def test_a_split_binarized_in_parts_is_read_whole_when_combined(tmp_path):
     """fairseq-train loads its training split with combine=True: train, train1, train2 ... of one directory (a
     corpus binarized in parts, fairseq's convention) are read as one split, in that order; a split loaded without
     combine (validation) is its first part only."""
-    from fairseq.data import Dictionary, indexed_dataset
+    from fairseq.data import Dictionary
 
     from palm_plugin.data.monolingual import load_sentences
 
     dictionary = Dictionary()
-    parts = [[[dictionary.add_symbol(f"p{part}l{line}"), dictionary.eos()] for line in range(lines)]
+    parts = [[[dictionary.add_symbol(f"p{part}l{line}")] for line in range(lines)]
              for part, lines in enumerate((2, 3, 1))]
     for part, lines in enumerate(parts):
-        prefix = str(tmp_path / f"train{part or ''}")
-        builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(dictionary))
-        for line in lines:
-            builder.add_item(torch.tensor(line))
-        builder.finalize(prefix + ".idx")
+        binarize(tmp_path / f"train{part or ''}", lines, dictionary)
+    parts = [[[*line, dictionary.eos()] for line in lines] for lines in parts]  # as read: each line ends with [EOS]
     combined = load_sentences(str(tmp_path), "train", 1, dictionary, combine=True)
     assert [combined[i].tolist() for i in range(len(combined))] == [line for lines in parts for line in lines]
     first = load_sentences(str(tmp_path), "train", 1, dictionary)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterionConfig
-from fairseq.data import Dictionary, indexed_dataset
+from fairseq.data import Dictionary
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import OmegaConf
 
@@ -37,6 +37,7 @@ from palm_plugin.tasks.continuation_pair import ContinuationPairConfig, Continua
 from palm_plugin.tasks.pmlm import PseudoMaskedLMConfig, PseudoMaskedLMTask
 from palm_plugin.tasks.unilm_pretraining import UniLMPretrainingConfig, UniLMPretrainingTask
 from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+from tests.conftest import binarize
 from tests.test_learns_to_stop import model_config
 
 VOCABULARY = 30522  # BERT's WordPiece vocabulary
@@ -55,14 +56,6 @@ def bert_size_dictionary():
 def sentences(d, lengths, seed):
     rng = np.random.default_rng(seed)
     return [rng.integers(d.nspecial, len(d), n) for n in lengths]
-
-
-def binarize(prefix, lines, d):
-    """What fairseq-preprocess writes: one item per line, ending with [EOS] (a blank line is [EOS] alone)."""
-    builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=len(d))
-    for line in lines:
-        builder.add_item(torch.tensor([*line, d.eos()], dtype=torch.int32))
-    builder.finalize(prefix + ".idx")
 
 
 @pytest.fixture(scope="module")
