@@ -116,6 +116,27 @@ def run_cli(tool, *args, cwd=None, check=True, timeout=900, env_extra=None, inpu
     return result
 
 
+def subcommand_help(main, parser, tool, capsys):
+    """What ``TOOL COMMAND --help`` prints for each subcommand of ``parser`` (``main``: the tool's entry point), each
+    run of whitespace as one space: it exits 0, is headed with the command a user types and shows every option's help
+    text. Returns {command: text}."""
+    import argparse
+
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    texts = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "1000")  # unwrapped: argparse breaks lines at hyphens too
+        for name, command in commands.items():
+            with pytest.raises(SystemExit) as stop:
+                main([name, "--help"])
+            text = " ".join(capsys.readouterr().out.split())
+            assert stop.value.code == 0 and text.startswith(f"usage: {tool} {name} "), text
+            for action in command._actions:
+                assert action.help and " ".join(action.help.split()) in text, (name, action.option_strings)
+            texts[name] = text
+    return texts
+
+
 @pytest.fixture(scope="module")
 def synthetic_corpus(tmp_path_factory):
     """palm-bench's synthetic binarized data (300 documents), made once per test module, with hydra's warnings and

@@ -63,14 +63,22 @@ PALM = ["--task", "translation", "--arch", "palm_tiny", "--criterion", "label_sm
      r"--reinit-encoder re-initialises the encoder of the pre-trained PALM that --finetune-from-model loads, and this "
      r"run loads no checkpoint \(its model starts random anyway\): add --finetune-from-model PALM.pt, or leave out "
      r"--reinit-encoder$"),
-    (UNILM + ["--fp16", "--cpu"],
-     r"--fp16: fairseq's FP16Optimizer keeps its fp32 copy of the weights on a CUDA device, and this run has none "
-     r"\(--cpu\): train without --fp16 on the CPU \(or with --bf16\)$"),
 ])
 def test_numeric_options_out_of_range_stop_at_the_command_line(arguments, message):
     with pytest.raises(SystemExit) as stop:
         parse_training(*arguments)
     assert re.match("error: " + message, str(stop.value.code)), stop.value.code
+
+
+@pytest.mark.parametrize("cuda, arguments, reason", [(True, ["--cpu"], "--cpu"), (False, [], "no CUDA device")],
+                         ids=["cpu-asked", "no-cuda"])
+def test_fp16_without_a_cuda_device_to_train_on_stops(monkeypatch, cuda, arguments, reason):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)  # either one alone leaves FP16Optimizer no device
+    with pytest.raises(SystemExit) as stop:
+        parse_training(*UNILM, "--fp16", *arguments)
+    assert stop.value.code == (f"error: --fp16: fairseq's FP16Optimizer keeps its fp32 copy of the weights on a CUDA "
+                               f"device, and this run has none ({reason}): train without --fp16 on the CPU (or with "
+                               f"--bf16)")
 
 
 def test_numeric_options_in_range_and_at_their_bounds_are_taken():
@@ -460,8 +468,8 @@ def test_palm_data_refusals(tmp_path, capsys):
         assert status == 2 and line.endswith(f"argument --valid-fraction: {float(value):g} is outside (0, 0.5): the "
                                              f"share of the text held out for validation (of conversations: for "
                                              f"validation and for test each); give e.g. 0.05"), line
-    assert run_palm_data(capsys, *out, "--vocab-size", "0")[1].endswith(
-        "argument --vocab-size: 0 is below 2; give a whole number of at least 2")
+    assert run_palm_data(capsys, *out, "--vocab-size", "0") == (
+        2, "palm-data: error: argument --vocab-size: 0 is below 2; give a whole number of at least 2")
     packed = tmp_path / "a.txt.gz"
     packed.write_bytes(gzip.compress(text.read_bytes()))
     assert run_palm_data(capsys, *out, "--pretrain-text", packed)[1] == (
@@ -830,6 +838,17 @@ def test_training_options_that_cannot_train_name_the_option(dictionaries, monkey
     assert str(stopped.value.code if error is SystemExit else stopped.value) == message
 
 
+def test_the_other_familys_arch_is_refused_through_fairseqs_legacy_namespace_too(dictionaries):
+    """task.build_model(args) with parse_args_and_arch's Namespace (fairseq's older API): --arch, no _name."""
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(dictionaries), "--user-dir", str(USER_DIR), "--cpu", *PMLM[:2], "--arch", "palm_tiny"])
+    with pytest.raises(ValueError, match="^--task pmlm makes batches for a unilm model, and --arch palm_tiny is a palm "
+                                         "model: give a unilm arch"):
+        tasks.setup_task(args).build_model(args)
+
+
 def test_options_of_the_other_unilm_seq2seq_layout_are_named_as_unread(dictionaries, caplog):
     for layout in (["--target-mask-prob", 0.3, "--pseudo-mask-noise", "s2s_ft"], ["--pseudo-masks", "--mask-prob", 0.5],
                    ["--pseudo-masks", "--target-mask-prob", 0.1], ["--mask-prob", 0.5]):
@@ -865,6 +884,9 @@ def family_checkpoints(tmp_path_factory):
         "--encoder-attention-heads", "2", "--criterion", "unilm_cloze"])
     torch.save({"cfg": {"model": {"_name": "roberta_base"}, "task": {"_name": "masked_lm"}}, "model": {}},
                root / "roberta.pt")
+    # fairseq's released RoBERTa checkpoints predate cfg: their options, --arch among them, are an argparse Namespace
+    torch.save({"args": argparse.Namespace(arch="roberta_base", task="masked_lm"), "model": {}},
+               root / "roberta-args.pt")
     return root
 
 
@@ -885,7 +907,11 @@ def family_checkpoints(tmp_path_factory):
     ("roberta.pt", PALM, "is a roberta model (--arch roberta_base), and --arch palm_tiny is a palm model: give a "
                          "roberta arch (roberta, roberta_prenorm, roberta_base, roberta_large, xlm); to start PALM's "
                          "encoder from a RoBERTa checkpoint, pass it as --roberta-path"),
-], ids=["unilm-palm", "converted-palm", "unilm2-palm", "palm-unilm", "palm-unilm2", "roberta-palm"])
+    ("roberta-args.pt", PALM, "is a roberta model (--arch roberta_base), and --arch palm_tiny is a palm model: give a "
+                              "roberta arch (roberta, roberta_prenorm, roberta_base, roberta_large, xlm); to start "
+                              "PALM's encoder from a RoBERTa checkpoint, pass it as --roberta-path"),
+], ids=["unilm-palm", "converted-palm", "unilm2-palm", "palm-unilm", "palm-unilm2", "roberta-palm",
+        "roberta-args-palm"])
 def test_a_checkpoint_of_the_other_family_to_fine_tune_is_refused(family_checkpoints, checkpoint, arguments, message):
     """fairseq-train --finetune-from-model: fairseq failed at loading, "please ensure that the architectures match"."""
     path = family_checkpoints / checkpoint

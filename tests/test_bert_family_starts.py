@@ -78,12 +78,22 @@ def test_fine_tuning_a_checkpoint_without_relative_bias_keeps_the_unilm2_arch(co
     """fairseq-train --arch unilm2_* --finetune-from-model BERT adopts the checkpoint's sizes but not its lack of a
     relative position bias (that would silently train UniLM v1); a size that conflicts still stops."""
     _, out, state = converted
-    args = argparse.Namespace(arch="unilm2_tiny", relative_position_buckets=32, relative_position_max_distance=64,
-                              encoder_layers=4, source_segment=4, target_segment=5, task="unilm_seq2seq")
+
+    def unilm2_args():
+        return argparse.Namespace(arch="unilm2_tiny", relative_position_buckets=32, relative_position_max_distance=64,
+                                  encoder_layers=4, source_segment=4, target_segment=5, task="unilm_seq2seq")
+
+    args = unilm2_args()
     adopted = checkpoint_paths.adopt(args, ["--arch", "unilm2_tiny"], state, str(out / "model.pt"))
     assert (args.relative_position_buckets, args.relative_position_max_distance) == (32, 64)
     assert args.encoder_layers == adopted["encoder_layers"] == 2
     assert "relative_position_buckets" not in adopted
+    # the same from a configuration that lists the relative sizes before the others (its order is the writer's)
+    model_cfg = state["cfg"]["model"]
+    reordered = {**state, "cfg": {**state["cfg"], "model": {key: model_cfg[key] for key in reversed(model_cfg)}}}
+    again = unilm2_args()
+    assert checkpoint_paths.adopt(again, ["--arch", "unilm2_tiny"], reordered, "reordered.pt") == adopted
+    assert vars(again) == vars(args)
     # a pmlm checkpoint (UniLMv2 pre-training: S1 / S2 are segments 0 / 1) gives its segments to unilm_seq2seq
     pmlm = {**state, "cfg": {**state["cfg"], "task": {"_name": "pmlm"}}}
     args = argparse.Namespace(arch="unilm2_tiny", source_segment=4, target_segment=5, task="unilm_seq2seq")

@@ -108,6 +108,35 @@ def test_parse_checks_wrap_fairseqs_parse_once_per_marker(monkeypatch):
     assert seen == [("first", ["x"], ["x"]), ("second", ["x"], ["x"])]
 
 
+def test_help_wraps_fairseqs_parse_once_and_prints_the_options_added_while_parsing(monkeypatch, capsys):
+    from fairseq import options
+
+    from palm_plugin.fixes import option_help
+
+    def parse(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+        parser.add_argument("--task-option", default="x")  # fairseq adds the task's options while it parses
+        if modify_parser is not None:
+            modify_parser(parser)
+        return parser.parse_known_args(input_args)[0] if parse_known else parser.parse_args(input_args)
+
+    def command_parser():
+        parser = argparse.ArgumentParser(prog="fairseq-train")
+        parser.add_argument("data")
+        return parser
+
+    monkeypatch.setattr(options, "parse_args_and_arch", parse)
+    option_help.install()
+    wrapped = options.parse_args_and_arch
+    option_help.install()
+    assert options.parse_args_and_arch is wrapped and wrapped is not parse
+    assert vars(wrapped(command_parser(), ["data", "--task-option", "y"])) == {"data": "data", "task_option": "y"}
+    parser = command_parser()
+    with pytest.raises(SystemExit) as stop:
+        wrapped(parser, ["--help"])  # DATA left out
+    assert stop.value.code == 0 and "--task-option" in capsys.readouterr().out
+    assert [action.nargs for action in parser._actions if action.dest == "data"] == [None]  # DATA required again
+
+
 def test_saved_model_build_wraps_build_model_and_train_main_once(monkeypatch, tmp_path):
     from fairseq import models
 
@@ -204,6 +233,54 @@ def test_atomic_copy_leaves_remote_and_kept_files_to_fairseqs_copy(monkeypatch, 
     assert sorted(os.listdir(tmp_path)) == ["checkpoint_3_30.pt", "checkpoint_last.pt"]  # no .tmp left
 
 
+def test_bpe_files_are_checked_before_fairseqs_build_bpe(monkeypatch, tmp_path):
+    from fairseq.data import encoders
+
+    from palm_plugin.fixes import bpe_files
+
+    calls = []
+
+    def build_bpe(cfg, *rest, **kwargs):
+        calls.append((cfg, rest, kwargs))
+        return "bpe"
+
+    monkeypatch.setattr(encoders, "build_bpe", build_bpe)
+    bpe_files.install()
+    wrapped = encoders.build_bpe
+    bpe_files.install()
+    assert encoders.build_bpe is wrapped and wrapped.__wrapped__ is build_bpe
+
+    gpt2 = argparse.Namespace(bpe="gpt2")  # fairseq's downloaded defaults: nothing to check
+    assert wrapped(gpt2, "more", key=1) == "bpe" and calls == [(gpt2, ("more",), {"key": 1})]
+    with pytest.raises(bpe_files.TokenizerFileError, match=r"^error: --sentencepiece-model \S+spm.model: no such file"):
+        wrapped(argparse.Namespace(bpe="sentencepiece", sentencepiece_model=str(tmp_path / "spm.model")))
+    assert len(calls) == 1
+
+
+def test_model_overrides_wrap_fairseqs_loader_once(monkeypatch):
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    from palm_plugin.fixes import model_overrides
+
+    loaded = ([torch.nn.Linear(1, 1)], OmegaConf.create({"model": {"dropout": 0.1}}),
+              types.SimpleNamespace(cfg=types.SimpleNamespace(_name="unilm_seq2seq")))
+    monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task",
+                        lambda filenames, arg_overrides=None, *rest, **kwargs: loaded)
+    monkeypatch.setattr(model_overrides, "_command_line_keys", set())
+    model_overrides.install()
+    wrapped = checkpoint_utils.load_model_ensemble_and_task
+    model_overrides.install()
+    assert checkpoint_utils.load_model_ensemble_and_task is wrapped and wrapped.__palm_model_overrides__
+
+    model_overrides._record(argparse.Namespace(model_overrides="{'dropout': 0.2}"), [])
+    assert wrapped(["a.pt"], {"dropout": 0.2}) is loaded
+    model_overrides._record(argparse.Namespace(model_overrides="{'dropuot': 0.2}"), [])
+    with pytest.raises(model_overrides.ModelOverrideError, match=r"^error: --model-overrides 'dropuot': not an option "
+                                                                 r"of a.pt \(task unilm_seq2seq, model Linear\)"):
+        wrapped(["a.pt"], {"dropuot": 0.2})
+
+
 def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
     from fairseq.sequence_generator import SequenceGenerator
     from fairseq.tasks.fairseq_task import FairseqTask
@@ -216,7 +293,7 @@ def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
     def finalize_hypos(self, step, *rest, **kwargs):
         penalties.append(self.len_penalty)
 
-    monkeypatch.setattr(FairseqTask, "build_generator", lambda self, models, args, *rest, **kwargs: None)
+    monkeypatch.setattr(FairseqTask, "build_generator", lambda self, models, args, *rest, **kwargs: (self, models))
     monkeypatch.setattr(SequenceGenerator, "_generate", generate)
     monkeypatch.setattr(SequenceGenerator, "finalize_hypos", finalize_hypos)
     generation_options.install()
@@ -224,6 +301,8 @@ def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
     generation_options.install()
     assert (FairseqTask.build_generator, SequenceGenerator._generate, SequenceGenerator.finalize_hypos) == wrapped
     assert SequenceGenerator._generate is not generate and SequenceGenerator.finalize_hypos is not finalize_hypos
+    task = types.SimpleNamespace(target_dictionary=None)  # no SequenceGenerator built: returned as fairseq built it
+    assert FairseqTask.build_generator(task, ["model"], argparse.Namespace()) == (task, ["model"])
 
     generator = types.SimpleNamespace(min_len=1, max_len_a=0, max_len_b=10, max_len=200, match_source_len=False,
                                       gnmt_length_penalty=True, len_penalty=0.6)
@@ -326,7 +405,7 @@ def test_ema_copies_a_models_integer_state_with_the_keys_it_skips(monkeypatch):
     seen = []
 
     def init(self, model, config, device=None, skip_keys=None):
-        seen.append((model, config, device, skip_keys))
+        seen.append((self, model, config, device, skip_keys))
 
     monkeypatch.setattr(EMA, "__init__", init)
     ema_integer_state.install()
@@ -335,7 +414,6 @@ def test_ema_copies_a_models_integer_state_with_the_keys_it_skips(monkeypatch):
     assert EMA.__init__ is patched and patched is not init
 
     model = torch.nn.BatchNorm1d(2)  # num_batches_tracked: an integer count, which EMA's in-place decay refuses
-    EMA(model, "config", "cpu", skip_keys=["weight"])
-    EMA(model, "config")
-    assert seen == [(model, "config", "cpu", {"weight", "num_batches_tracked"}),
-                    (model, "config", None, {"num_batches_tracked"})]
+    emas = [EMA(model, "config", "cpu", skip_keys=["weight"]), EMA(model, "config")]
+    assert seen == [(emas[0], model, "config", "cpu", {"weight", "num_batches_tracked"}),
+                    (emas[1], model, "config", None, {"num_batches_tracked"})]

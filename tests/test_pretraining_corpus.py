@@ -46,7 +46,8 @@ def write_export(path, pages):
 def test_wiki_documents_are_articles_split_into_sentences(tmp_path):
     export = write_export(tmp_path / "wiki.xml.bz2", [
         (0, "Ada Lovelace", ARTICLE, False),
-        (0, "Lovelace", "#REDIRECT [[Ada Lovelace]] and some more words to pass the length filter", True),
+        (0, "Lovelace", "#REDIRECT [[Ada Lovelace]]\nA redirect may hold prose of its own, and it is still no "
+                        "article to keep.", True),
         (4, "Wikipedia:About", "A project page with enough words in it to pass the length filter here.", False),
     ])
     documents = wiki_documents(export)

@@ -7,7 +7,7 @@ import pytest
 
 from palm_tools.data import prepare
 from palm_tools.data.readers.cornell import SMALL_TRAIN
-from tests.conftest import run_cli
+from tests.conftest import run_cli, subcommand_help
 
 
 def lines(path):
@@ -167,6 +167,7 @@ def squad_file(path, drop_field=None):
         {"id": "q3", "question": "What character does the school have?",
          "answers": [{"text": "Catholic", "answer_start": paragraph.index("Catholic")},
                      {"text": "a Catholic character", "answer_start": paragraph.index("a Catholic")}]},
+        {"id": "q4", "question": "Who built the dome?", "answers": []},
     ]
     if drop_field:
         del qas[2][drop_field]
@@ -185,7 +186,7 @@ def test_squad_question_generation_sentence_and_paragraph(tmp_path, capsys):
     doclist.write_text("University_of_Notre_Dame\n")
     code, out, _ = run(capsys, "squad-qg", "--squad-json", squad, "--doclist", doclist, "--context", "sentence",
                        "--out", tmp_path / "test")
-    assert code == 0 and "read 3, kept 2, dropped 1 (1 answer not at answer_start)" in out
+    assert code == 0 and "read 4, kept 2, dropped 2 (1 answer not at answer_start, 1 question without answer)" in out
     assert lines(tmp_path / "test.src") == [
         "Atop the Main Building's gold dome is a golden statue of the Virgin Mary. [SEP] "
         "a golden statue of the Virgin Mary",
@@ -194,7 +195,7 @@ def test_squad_question_generation_sentence_and_paragraph(tmp_path, capsys):
     assert lines(tmp_path / "test.tgt") == ["What sits on top of the Main Building?",
                                            "What character does the school have?"]
     code, out, _ = run(capsys, "squad-qg", "--squad-json", squad, "--no-answer", "--out", tmp_path / "all")
-    assert code == 0 and "read 4, kept 3" in out
+    assert code == 0 and "read 5, kept 3" in out
     assert lines(tmp_path / "all.src")[2] == "She sang. It was loud."
     assert lines(tmp_path / "all.src")[0].startswith("Architecturally, the school has a Catholic character. Atop")
 
@@ -346,6 +347,12 @@ def test_console_script_runs(tmp_path):
     result = run_cli("palm-prepare", "gigaword", "--source", article, "--target", title, "--out", tmp_path / "o")
     assert "read 1, kept 1, dropped 0" in result.stdout
     assert (tmp_path / "o.tgt").read_text() == "one title\n"
+
+
+def test_help_of_every_command(capsys):
+    texts = subcommand_help(prepare.main, prepare.build_parser(), "palm-prepare", capsys)
+    assert sorted(texts) == ["cnndm", "coqa", "cornell", "encode", "gigaword", "msmarco", "squad-qg", "xsum"]
+    assert "--context {paragraph,sentence} the paragraph, or the sentence(s) holding the answer" in texts["squad-qg"]
 
 
 @pytest.mark.parametrize("benchmark", ["msmarco", "coqa", "squad-qg"])

@@ -3,13 +3,15 @@ computations, fairseq-generate / fairseq-validate parsing, and (slow) perplexity
 two independent ways. The ROUGE-1.5.5 cross-check is in tests/test_score_rouge_perl.py."""
 import json
 import math
+import os
 import re
+import sys
 
 import pytest
 
 from palm_tools.scoring import cli as score
 from palm_tools.scoring import ScoreError, inputs, metrics, perplexity
-from tests.conftest import REPO, USER_DIR, binarize_pairs, run_cli
+from tests.conftest import REPO, USER_DIR, binarize_pairs, run_cli, subcommand_help
 
 
 def sotu_sentences(count, start=0):
@@ -103,6 +105,7 @@ def test_rouge_sentence_markers_are_split_not_scored():
     assert metrics.rouge([swapped], [ref])["rouge-l"]["f"] == pytest.approx(100)
     assert metrics.rouge([swapped], [ref], sentence_split="none")["rouge-l"]["f"] < 70
     assert metrics.rouge(["went"], ["go"])["rouge-1"]["f"] == pytest.approx(100)  # WordNet exception, as -m does
+    assert metrics.rouge(["went"], ["go"], stemming=False)["rouge-1"]["f"] == 0  # --no-stemming: no -m
 
 
 def test_answer_f1_as_coqa_computes_it(tmp_path):
@@ -118,6 +121,7 @@ def test_answer_f1_as_coqa_computes_it(tmp_path):
     assert score.main(["f1", "--hyp", h, "--ref", r1, "--ref", r2, "--out", str(out)]) == 0
     first = max(2 * (2 / 3) * (2 / 3) / (4 / 3), 2 * (1 / 3) * 1 / (4 / 3))
     assert json.loads(out.read_text())["f1"] == pytest.approx(100 * (first + 1 + 1) / 3)
+    assert list(json.loads(out.read_text())) == ["examples", "f1", "metric"]  # --out files list their keys sorted
     assert metrics.answer_f1(["white"], [["cat"]])["f1"] == 0
     with pytest.raises(ScoreError, match=r"example 1 \(line 1 of each --ref\) has no non-empty reference: give it one"):
         metrics.answer_f1(["white"], [[""]])
@@ -203,6 +207,37 @@ def test_errors_name_the_file(tmp_path, capsys):
     assert "no \"valid on 'valid' subset\" line" in capsys.readouterr().err
     assert score.main(["bleu", "--hyp", str(tmp_path / "missing.txt"), "--ref", r]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_help_of_every_command(capsys):
+    texts = subcommand_help(score.main, score.build_parser(), "palm-score", capsys)
+    assert sorted(texts) == ["bleu", "f1", "meteor", "ppl", "rouge", "rougel"]
+    assert "--lowercase compare lower-cased text" in texts["bleu"]
+    assert "--log LOG fairseq-validate or fairseq-train log" in texts["ppl"]
+
+
+def test_meteor_gives_the_jar_one_normalised_line_per_reference(tmp_path, capsys, monkeypatch):
+    """What palm-score meteor hands the jar and reads back, seen by a stand-in `java` on PATH that records its
+    arguments and files (the real jar takes seconds to start; it is compared with coco-caption's wrapper below)."""
+    (tmp_path / "bin").mkdir()
+    java = tmp_path / "bin" / "java"
+    java.write_text(f"#!{sys.executable}\n"
+                    "import json, sys\n"
+                    "files = [open(name, encoding='utf-8').read() for name in sys.argv[4:6]]\n"
+                    f"open({str(tmp_path / 'seen.json')!r}, 'w').write(json.dumps([sys.argv[1:], *files]))\n"
+                    "print('Final score:            0.4321')\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    h = write(tmp_path / "h", ["the  cat\tsat", "a dog"])
+    r1 = write(tmp_path / "r1", ["the cat sat down", "a dog barked"])
+    r2 = write(tmp_path / "r2", ["", "one  dog barked"])
+    assert score.main(["meteor", "--hyp", h, "--ref", r1, "--ref", r2]) == 0
+    assert capsys.readouterr().out == "METEOR 43.21 (METEOR 1.5, -norm)\n"
+    arguments, hyps, refs = json.loads((tmp_path / "seen.json").read_text())
+    assert arguments[:3] + arguments[5:] == ["-Xmx2G", "-jar", metrics.meteor_jar(), "-l", "en", "-norm", "-r", "2"]
+    assert hyps == "the cat sat\na dog\n"
+    # the references of an example on consecutive lines, an empty one replaced by the first
+    assert refs == "the cat sat down\nthe cat sat down\na dog barked\none dog barked\n"
 
 
 @pytest.mark.slow

@@ -238,6 +238,12 @@ def test_decoding_placeholder_follows_the_noise_scheme(tmp_path):
         task = seq2seq_task(tmp_path, make_dictionary(), pseudo_mask_noise=noise)
         model = task.build_model(tiny_model_config())
         assert model.decoder.placeholder == task.dictionary.index(symbol)
+        # the task's training data fills the pseudo slots by the same scheme (s2s_ft: [MASK] 80%, never <pseudo>)
+        dataset = task._dataset(Sentences(task.dictionary, [5, 8], 0), Sentences(task.dictionary, [9, 12], 1))
+        batch = dataset.collater([dataset[0], dataset[1]])
+        slots = batch["net_input"]["src_tokens"][batch["target"].ne(task.dictionary.pad())]
+        assert slots.eq(model.decoder.placeholder).float().mean() >= 0.5
+        assert slots.eq(task.dictionary.index(PSEUDO_SYMBOL)).all() == (noise == "exact")
 
 
 @pytest.mark.parametrize("segments", [(1, 0), (0, 0), (1, 1), (0, 2), (2, 1), (-1, 1), (0, -1)])

@@ -44,13 +44,14 @@ def build(tokens_per_sample=24, **kwargs):
 def test_chunks_stay_inside_documents_and_the_budget():
     """Chunks by hand, on documents of unequal lengths; a corpus with no usable text gives empty integer ranges (not
     numpy's float default for an empty array), so indexing the corpus with them still works."""
-    sizes = np.array([4, 3, 1, 6, 6, 6, 1, 30, 1, 2, 1])  # items include [EOS]; 1 = document break
+    sizes = np.array([4, 3, 1, 6, 6, 6, 1, 30, 1, 2, 1, 3])  # items include [EOS]; 1 = document break
     starts, ends, lengths, documents = sentence_chunks(sizes, budget=10)
-    # Sentences are added while they fit; a single 1-token sentence (size 2) makes no chunk.
-    assert starts.tolist() == [0, 3, 5, 7]
-    assert ends.tolist() == [2, 5, 6, 8]
-    assert lengths.tolist() == [5, 10, 5, 10]  # the 29-token sentence is cut to the budget
-    assert documents.tolist() == [0, 1, 1, 2]
+    # Sentences are added while they fit; a single 1-token sentence (size 2) makes no chunk, a 2-token one (A and B
+    # of one token each) does.
+    assert starts.tolist() == [0, 3, 5, 7, 11]
+    assert ends.tolist() == [2, 5, 6, 8, 12]
+    assert lengths.tolist() == [5, 10, 5, 10, 2]  # the 29-token sentence is cut to the budget
+    assert documents.tolist() == [0, 1, 1, 2, 4]
     assert (sizes[starts] > 1).all()  # the ranges index the corpus's items: a chunk starts on a sentence
     # Documents of one token each (a chunk needs two text tokens): four empty ranges, which still index the corpus.
     sizes = np.array([2, 1, 2, 1, 1, 2])

@@ -1,7 +1,7 @@
 """The dictionary plumbing every task of the plugin shares: one vocabulary for source and target, with ``<mask>``."""
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-from fairseq.tasks import FairseqTask
+from fairseq.tasks import TASK_REGISTRY, FairseqTask
 
 from palm_plugin.data.symbols import MASK_SYMBOL
 
@@ -12,7 +12,9 @@ FAMILY_TASKS = {"unilm": "unilm_pretraining, pmlm or unilm_seq2seq",
 
 def task_name(task) -> str:
     """The name ``task`` was registered under, as --task gives it."""
-    return getattr(task.cfg, "_name", None) or type(task).__name__
+    # a task set up from fairseq's legacy Namespace holds a config without _name: ask the registry
+    registered = [name for name, cls in TASK_REGISTRY.items() if cls is type(task)]
+    return getattr(task.cfg, "_name", None) or (registered[0] if registered else type(task).__name__)
 
 
 def check_positions(model, tokens_per_sample):
