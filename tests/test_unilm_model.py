@@ -127,6 +127,17 @@ def test_padding_keys_are_invisible(arch, how):
     assert (perturbed[1, 5:] - reference[1, 5:]).abs().max() > 0.1  # the padding itself did change
 
 
+@pytest.mark.parametrize("arch", [unilm_tiny, unilm2_tiny])
+def test_the_padding_embedding_starts_at_zero_and_is_never_trained(arch):
+    """As BERT's (HF's padding_idx): the [PAD] row of the token table is zero in a new model and gets no gradient,
+    even from outputs at padded positions."""
+    model, dictionary = build(arch)
+    table = model.stack.embeddings.tokens.weight
+    assert table[dictionary.pad()].abs().max() == 0 and table.abs().max() > 0
+    model(tokens_with_padding(dictionary), features_only=True)[0].square().sum().backward()
+    assert table.grad[dictionary.pad()].abs().max() == 0 and table.grad.abs().max() > 0
+
+
 def test_classification_heads_and_checkpoint_upgrade():
     model, dictionary = build(unilm_tiny)
     model.register_classification_head("sentiment", num_classes=3)
