@@ -11,7 +11,7 @@ import pytest
 
 from palm_tools.scoring import cli as score
 from palm_tools.scoring import ScoreError, inputs, metrics, perplexity
-from tests.conftest import REPO, USER_DIR, binarize_pairs, run_cli, subcommand_help
+from tests.conftest import USER_DIR, binarize_pairs, run_cli, subcommand_help
 
 
 def sotu_sentences(count, start=0):
