@@ -27,6 +27,16 @@ def _from_the_fixes(value):
     return code is not None and code.co_filename.startswith(FIXES_DIR)
 
 
+def install_twice(fix, patched):
+    """``fix.install()`` run twice: what ``patched()`` reads (the functions it puts in fairseq) is the same after the
+    second run as after the first, so fairseq is wrapped once. Returns it."""
+    fix.install()
+    first = patched()
+    fix.install()
+    assert patched() == first
+    return first
+
+
 def patched_fairseq():
     """Every attribute of fairseq's loaded modules and of their classes that holds a function of palm_plugin/fixes:
     ``{(owner, name): the object}``."""
@@ -125,10 +135,8 @@ def test_help_wraps_fairseqs_parse_once_and_prints_the_options_added_while_parsi
         return parser
 
     monkeypatch.setattr(options, "parse_args_and_arch", parse)
-    option_help.install()
-    wrapped = options.parse_args_and_arch
-    option_help.install()
-    assert options.parse_args_and_arch is wrapped and wrapped is not parse
+    wrapped = install_twice(option_help, lambda: options.parse_args_and_arch)
+    assert wrapped is not parse
     assert vars(wrapped(command_parser(), ["data", "--task-option", "y"])) == {"data": "data", "task_option": "y"}
     parser = command_parser()
     with pytest.raises(SystemExit) as stop:
@@ -151,10 +159,7 @@ def test_saved_model_build_wraps_build_model_and_train_main_once(monkeypatch, tm
     train.main = main
     monkeypatch.setitem(sys.modules, "fairseq_cli.train", train)
     monkeypatch.setattr(models, "build_model", build_model)
-    saved_model_build.install()
-    wrapped_build, wrapped_main = models.build_model, train.main
-    saved_model_build.install()
-    assert (models.build_model, train.main) == (wrapped_build, wrapped_main)
+    wrapped_build, wrapped_main = install_twice(saved_model_build, lambda: (models.build_model, train.main))
     assert wrapped_build is not build_model and wrapped_main is not main
 
     assert wrapped_build("cfg", "task") == ("cfg", "task", False, False, False)
@@ -215,10 +220,8 @@ def test_atomic_copy_leaves_remote_and_kept_files_to_fairseqs_copy(monkeypatch, 
         return "fairseq's"
 
     monkeypatch.setattr(PathManager, "copy", staticmethod(copy))
-    checkpoint_copy.install()
-    atomic = PathManager.copy
-    checkpoint_copy.install()
-    assert PathManager.copy is atomic and atomic is not copy
+    atomic = install_twice(checkpoint_copy, lambda: PathManager.copy)
+    assert atomic is not copy
 
     src, dst = tmp_path / "checkpoint_3_30.pt", tmp_path / "checkpoint_last.pt"
     src.write_bytes(b"new" * 100)
@@ -245,10 +248,8 @@ def test_bpe_files_are_checked_before_fairseqs_build_bpe(monkeypatch, tmp_path):
         return "bpe"
 
     monkeypatch.setattr(encoders, "build_bpe", build_bpe)
-    bpe_files.install()
-    wrapped = encoders.build_bpe
-    bpe_files.install()
-    assert encoders.build_bpe is wrapped and wrapped.__wrapped__ is build_bpe
+    wrapped = install_twice(bpe_files, lambda: encoders.build_bpe)
+    assert wrapped.__wrapped__ is build_bpe
 
     gpt2 = argparse.Namespace(bpe="gpt2")  # fairseq's downloaded defaults: nothing to check
     assert wrapped(gpt2, "more", key=1) == "bpe" and calls == [(gpt2, ("more",), {"key": 1})]
@@ -268,10 +269,8 @@ def test_model_overrides_wrap_fairseqs_loader_once(monkeypatch):
     monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task",
                         lambda filenames, arg_overrides=None, *rest, **kwargs: loaded)
     monkeypatch.setattr(model_overrides, "_command_line_keys", set())
-    model_overrides.install()
-    wrapped = checkpoint_utils.load_model_ensemble_and_task
-    model_overrides.install()
-    assert checkpoint_utils.load_model_ensemble_and_task is wrapped and wrapped.__palm_model_overrides__
+    wrapped = install_twice(model_overrides, lambda: checkpoint_utils.load_model_ensemble_and_task)
+    assert wrapped.__palm_model_overrides__
 
     model_overrides._record(argparse.Namespace(model_overrides="{'dropout': 0.2}"), [])
     assert wrapped(["a.pt"], {"dropout": 0.2}) is loaded
@@ -296,10 +295,8 @@ def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
     monkeypatch.setattr(FairseqTask, "build_generator", lambda self, models, args, *rest, **kwargs: (self, models))
     monkeypatch.setattr(SequenceGenerator, "_generate", generate)
     monkeypatch.setattr(SequenceGenerator, "finalize_hypos", finalize_hypos)
-    generation_options.install()
-    wrapped = (FairseqTask.build_generator, SequenceGenerator._generate, SequenceGenerator.finalize_hypos)
-    generation_options.install()
-    assert (FairseqTask.build_generator, SequenceGenerator._generate, SequenceGenerator.finalize_hypos) == wrapped
+    install_twice(generation_options,
+                  lambda: (FairseqTask.build_generator, SequenceGenerator._generate, SequenceGenerator.finalize_hypos))
     assert SequenceGenerator._generate is not generate and SequenceGenerator.finalize_hypos is not finalize_hypos
     task = types.SimpleNamespace(target_dictionary=None)  # no SequenceGenerator built: returned as fairseq built it
     assert FairseqTask.build_generator(task, ["model"], argparse.Namespace()) == (task, ["model"])
@@ -329,10 +326,8 @@ def test_bf16_install_wraps_each_architecture_once_and_turns_the_implied_tpu_off
         args.encoder_layers = 2
 
     monkeypatch.setitem(ARCH_CONFIG_REGISTRY, "test_arch", arch)  # an architecture registered after the plugin
-    bf16_without_xla.install()
-    wrapped = ARCH_CONFIG_REGISTRY["test_arch"]
-    bf16_without_xla.install()
-    assert ARCH_CONFIG_REGISTRY["test_arch"] is wrapped and wrapped is not arch and wrapped.__wrapped__ is arch
+    wrapped = install_twice(bf16_without_xla, lambda: ARCH_CONFIG_REGISTRY["test_arch"])
+    assert wrapped is not arch and wrapped.__wrapped__ is arch
 
     find_spec = importlib.util.find_spec  # a machine without torch_xla, whatever this one has
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "torch_xla" else
@@ -362,10 +357,8 @@ def test_incremental_state_lookup_answers_none_without_a_state_and_asks_fairseq_
         return incremental_state.get(key)
 
     monkeypatch.setattr(FairseqIncrementalState, "get_incremental_state", lookup)
-    compiled_decoder_layers.install()
-    patched = FairseqIncrementalState.get_incremental_state
-    compiled_decoder_layers.install()
-    assert FairseqIncrementalState.get_incremental_state is patched and patched is not lookup
+    patched = install_twice(compiled_decoder_layers, lambda: FairseqIncrementalState.get_incremental_state)
+    assert patched is not lookup
 
     assert patched("layer", None, "attn_state") is None and calls == []  # training: no state, no key built
     state = {"attn_state": "buffer"}
@@ -379,10 +372,7 @@ def test_torchrun_without_gpus_takes_the_world_from_its_environment(monkeypatch)
 
     monkeypatch.setattr(utils, "infer_init_method", lambda cfg, force_distributed=False: ("fairseq's", cfg))
     monkeypatch.setattr(utils, "_infer_torch_distributed_launch_init", lambda cfg: "fairseq's torchrun")
-    distributed.install()
-    patched = (utils.infer_init_method, utils._infer_torch_distributed_launch_init)
-    distributed.install()
-    assert (utils.infer_init_method, utils._infer_torch_distributed_launch_init) == patched
+    install_twice(distributed, lambda: (utils.infer_init_method, utils._infer_torch_distributed_launch_init))
 
     for name, value in (("MASTER_ADDR", "localhost"), ("MASTER_PORT", "29500"), ("WORLD_SIZE", "3"), ("RANK", "2")):
         monkeypatch.setenv(name, value)
@@ -408,10 +398,8 @@ def test_ema_copies_a_models_integer_state_with_the_keys_it_skips(monkeypatch):
         seen.append((self, model, config, device, skip_keys))
 
     monkeypatch.setattr(EMA, "__init__", init)
-    ema_integer_state.install()
-    patched = EMA.__init__
-    ema_integer_state.install()
-    assert EMA.__init__ is patched and patched is not init
+    patched = install_twice(ema_integer_state, lambda: EMA.__init__)
+    assert patched is not init
 
     model = torch.nn.BatchNorm1d(2)  # num_batches_tracked: an integer count, which EMA's in-place decay refuses
     emas = [EMA(model, "config", "cpu", skip_keys=["weight"]), EMA(model, "config")]
