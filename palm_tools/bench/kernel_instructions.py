@@ -265,7 +265,8 @@ def tilings(directory) -> List[Tuple[str, str, Tuple[int, int, int], float]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m palm_tools.bench.kernel_instructions",
+                                     description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tilings", action="store_true",
                         help="compare candidate tilings over a pmlm AE+PAR and a UniLM pre-training batch (a few "

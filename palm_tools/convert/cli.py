@@ -38,7 +38,7 @@ from palm_tools.convert.roberta import convert_hf_roberta, convert_roberta
 
 def build_parser():
     """palm-convert's command line: one sub-command per conversion."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="palm-convert", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     bert = commands.add_parser("bert", help="HF BERT / UniLM v1 / MiniLM / UniLMv2 directory (or .zip) -> unilm")
     bert.add_argument("--input", required=True, help="HF directory (config.json, vocab.txt or tokenizer.json, and "

@@ -189,7 +189,8 @@ def markdown(report):
 def parse_args(argv=None):
     import torch
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="palm-gpu-check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="report folder (created)")
     parser.add_argument("--data", type=Path, default=Path("data"),
                         help="palm-data output folder: bin/chitchat10k and bin/sotu are read")
