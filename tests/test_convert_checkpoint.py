@@ -385,10 +385,13 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     # a shard index that names a weight its shards lack
     (source / "pytorch_model.bin").unlink()
     torch.save(bert.state_dict(), source / "shard-1.bin")
-    weight_map = dict.fromkeys([*bert.state_dict(), "pooler.extra.weight"], "shard-1.bin")
-    (source / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    with pytest.raises(SystemExit, match=r"index\.json: the shards lack \['pooler\.extra\.weight'\]"):
-        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+    for absent, named in ((["pooler.extra.weight"], "pooler.extra.weight"),
+                          ([f"extra.{i}" for i in range(7)], "extra.0, extra.1, extra.2, extra.3, extra.4 and 2 more")):
+        weight_map = dict.fromkeys([*bert.state_dict(), *absent], "shard-1.bin")
+        (source / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        with pytest.raises(SystemExit, match=rf"index\.json: the shards lack {re.escape(named)}; download the shard "
+                                             r"files again$"):
+            convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
     (source / "pytorch_model.bin.index.json").unlink()
 
     torch.save(bert.state_dict(), source / "pytorch_model.bin")

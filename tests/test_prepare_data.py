@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -391,3 +392,12 @@ def test_without_a_wikipedia_extract_the_log_says_why(tmp_path, monkeypatch):
     assert logged == ["no Wikipedia extract: gensim is not installed (pip install --no-deps gensim) and no --wiki-xml "
                       "given", f"no Wikipedia extract: gensim is installed without its test data ({GENSIM_WIKI}) and "
                                f"no --wiki-xml given"]
+
+
+def test_defaults_are_the_documented_ones():
+    """palm-data without options writes data/ (docs/data.md; `make data` names it too) and its chitchat10k subset
+    has 10,000 training pairs, the size of PALM's Cornell experiment (section 3.6: "10K pairs randomly sampled")."""
+    from palm_tools.data.corpora import build_parser
+
+    args = build_parser().parse_args([])
+    assert args.out == Path("data") and args.small_train_pairs == 10_000

@@ -2,6 +2,8 @@
 pieces on tiny hand-made vocabularies and a decode round trip through the class fairseq-generate decodes with."""
 import json
 
+import pytest
+
 from palm_tools.data import encode, prepare
 
 
@@ -42,6 +44,12 @@ def test_wordpiece_pieces(tmp_path, capsys):
                   "--outputs", out)
     assert code == 0
     assert out.read_text().splitlines() == ["the cat ##s sat .", "the [UNK]"]
+    # the subword scheme is never guessed
+    with pytest.raises(SystemExit) as stop:
+        run(capsys, "encode", "--model", vocab, "--inputs", text, "--outputs", tmp_path / "b.wp.tgt")
+    assert stop.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == \
+        "palm-prepare encode: error: the following arguments are required: --bpe"
+    assert not (tmp_path / "b.wp.tgt").exists()
 
 
 def test_an_output_that_is_an_input_is_refused_and_nothing_is_written(tmp_path, capsys):

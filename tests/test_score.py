@@ -6,6 +6,7 @@ import math
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,7 +61,9 @@ def test_bleu_lowercase_and_two_references(tmp_path):
     assert cased < 5 < lowered
     # a second reference equal to the hypothesis makes BLEU 100
     assert score.main(["bleu", "--hyp", h, "--ref", r, "--ref", h, "--out", str(tmp_path / "o.json")]) == 0
-    assert json.loads((tmp_path / "o.json").read_text())["bleu"] == pytest.approx(100)
+    result = json.loads((tmp_path / "o.json").read_text())
+    # sacrebleu's own default tokenizer, recorded as such (13a, mteval's)
+    assert result["bleu"] == pytest.approx(100) and result["tokenize"] == "13a" and "tok:13a" in result["signature"]
 
 
 def test_rougel_beta_one_equals_rouge_score_lcs(tmp_path):
@@ -88,10 +91,11 @@ def test_rougel_coco_formula_and_multiple_references(tmp_path):
                        str(tmp_path / "o.json")]) == 0
     assert json.loads((tmp_path / "o.json").read_text())["rouge-l"] == pytest.approx(both)
     assert metrics.rouge_l(["A B"], [["a b"]], lowercase=True)["rouge-l"] == pytest.approx(100)
+    assert metrics.rouge_l(["A B"], [["a b"]])["rouge-l"] == 0  # cased unless --lowercase, as coco-caption scores
     assert metrics.rouge_l([""], [["a b"]])["rouge-l"] == 0
 
 
-def test_rouge_sentence_markers_are_split_not_scored():
+def test_rouge_sentence_markers_are_split_not_scored(tmp_path):
     ref = "the senate passed the bill . <q> the president signed it ."
     assert metrics.split_sentences(ref, "marker") == ["the senate passed the bill .", "the president signed it ."]
     assert metrics.split_sentences("a b. c d. e", "period") == ["a b.", "c d.", "e"]
@@ -106,6 +110,10 @@ def test_rouge_sentence_markers_are_split_not_scored():
     assert metrics.rouge([swapped], [ref], sentence_split="none")["rouge-l"]["f"] < 70
     assert metrics.rouge(["went"], ["go"])["rouge-1"]["f"] == pytest.approx(100)  # WordNet exception, as -m does
     assert metrics.rouge(["went"], ["go"], stemming=False)["rouge-1"]["f"] == 0  # --no-stemming: no -m
+    h, r, out = write(tmp_path / "h", ["went"]), write(tmp_path / "r", ["go"]), str(tmp_path / "o.json")
+    for flags, expected in (([], 100), (["--no-stemming"], 0)):
+        assert score.main(["rouge", "--hyp", h, "--ref", r, "--out", out, *flags]) == 0
+        assert json.loads(Path(out).read_text())["rouge-1"]["f"] == pytest.approx(expected)
 
 
 def test_answer_f1_as_coqa_computes_it(tmp_path):

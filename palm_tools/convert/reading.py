@@ -69,7 +69,8 @@ def read_weights(directory):
         state.update(read_weight_file(directory / shard))
     missing = sorted(set(weight_map) - set(state))
     if missing:
-        raise ConversionError(f"{found}: the shards lack {missing[:5]}; download the shard files again")
+        named = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ConversionError(f"{found}: the shards lack {named}; download the shard files again")
     return state, found
 
 
