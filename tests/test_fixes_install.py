@@ -11,6 +11,7 @@ import os
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,7 +125,11 @@ def test_help_wraps_fairseqs_parse_once_and_prints_the_options_added_while_parsi
     from palm_plugin.fixes import option_help
 
     def parse(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
-        parser.add_argument("--task-option", default="x")  # fairseq adds the task's options while it parses
+        # as fairseq's: a first parse (where --help acts) learns --task, whose options are added for the last parse
+        if modify_parser is not None:
+            modify_parser(parser)
+        task = parser.parse_known_args(input_args)[0].task
+        parser.add_argument(f"--{task}-option", default="x")
         if modify_parser is not None:
             modify_parser(parser)
         return parser.parse_known_args(input_args)[0] if parse_known else parser.parse_args(input_args)
@@ -132,17 +137,23 @@ def test_help_wraps_fairseqs_parse_once_and_prints_the_options_added_while_parsi
     def command_parser():
         parser = argparse.ArgumentParser(prog="fairseq-train")
         parser.add_argument("data")
+        parser.add_argument("--task", default="translation")
         return parser
 
     monkeypatch.setattr(options, "parse_args_and_arch", parse)
     wrapped = install_twice(option_help, lambda: options.parse_args_and_arch)
     assert wrapped is not parse
-    assert vars(wrapped(command_parser(), ["data", "--task-option", "y"])) == {"data": "data", "task_option": "y"}
-    parser = command_parser()
-    with pytest.raises(SystemExit) as stop:
-        wrapped(parser, ["--help"])  # DATA left out
-    assert stop.value.code == 0 and "--task-option" in capsys.readouterr().out
-    assert [action.nargs for action in parser._actions if action.dest == "data"] == [None]  # DATA required again
+    assert vars(wrapped(command_parser(), ["data", "--task", "pmlm", "--pmlm-option", "y"])) == {
+        "data": "data", "task": "pmlm", "pmlm_option": "y"}
+    # the arguments given, not the command line's (the command line asks for no task's help); then the command line's
+    for command_line, given in ((["fairseq-train", "--help"], ["--task", "pmlm", "--help"]),
+                                (["fairseq-train", "--task", "pmlm", "--help"], None)):
+        monkeypatch.setattr(sys, "argv", command_line)
+        parser = command_parser()
+        with pytest.raises(SystemExit) as stop:
+            wrapped(parser, given)  # DATA left out
+        assert stop.value.code == 0 and "--pmlm-option" in capsys.readouterr().out
+        assert [action.nargs for action in parser._actions if action.dest == "data"] == [None]  # DATA required again
 
 
 def test_saved_model_build_wraps_build_model_and_train_main_once(monkeypatch, tmp_path):
@@ -315,6 +326,9 @@ def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
     SequenceGenerator.finalize_hypos(generator, 0)
     assert 4 ** penalties[0] == pytest.approx((9 / 6) ** 0.6, rel=1e-12) and penalties[1] == 0.6
     assert generator.len_penalty == 0.6
+    built_directly = types.SimpleNamespace(len_penalty=0.6)  # a SequenceGenerator not from build_generator: fairseq's
+    SequenceGenerator.finalize_hypos(built_directly, 3)
+    assert penalties[2] == 0.6
 
 
 def test_bf16_install_wraps_each_architecture_once_and_turns_the_implied_tpu_off(monkeypatch, caplog):
@@ -405,3 +419,72 @@ def test_ema_copies_a_models_integer_state_with_the_keys_it_skips(monkeypatch):
     emas = [EMA(model, "config", "cpu", skip_keys=["weight"]), EMA(model, "config")]
     assert seen == [(emas[0], model, "config", "cpu", {"weight", "num_batches_tracked"}),
                     (emas[1], model, "config", None, {"num_batches_tracked"})]
+
+
+def test_data_checks_wrap_fairseqs_dataset_opening_once_and_quiet_its_destructors(monkeypatch, tmp_path):
+    from fairseq.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
+    from fairseq.tasks import FairseqTask, translation
+
+    from palm_plugin.fixes import data_checks
+
+    opened = []
+
+    def destructor(self):  # fairseq's: closes the buffer __init__ opens last
+        del self._bin_buffer_mmap
+
+    monkeypatch.setattr(MMapIndexedDataset, "_do_init", lambda self, path: opened.append(path))
+    for cls in (MMapIndexedDataset, MMapIndexedDataset.Index):
+        monkeypatch.setattr(cls, "__del__", destructor)
+    monkeypatch.setattr(translation, "load_langpair_dataset", lambda *args, **kwargs: "pairs")
+    monkeypatch.setattr(FairseqTask, "filter_indices_by_size", lambda self, indices, *rest: indices)
+    monkeypatch.setattr(FairseqTask, "get_interactive_tokens_and_lengths", lambda self, lines, encode_fn: ([], []))
+    install_twice(data_checks, lambda: (MMapIndexedDataset._do_init, MMapIndexedDataset.__del__,
+                                        MMapIndexedDataset.Index.__del__, translation.load_langpair_dataset,
+                                        FairseqTask.filter_indices_by_size,
+                                        FairseqTask.get_interactive_tokens_and_lengths))
+
+    for cls in (MMapIndexedDataset, MMapIndexedDataset.Index):
+        object.__new__(cls).__del__()  # an __init__ that failed before opening the buffer: fairseq's raised
+        opened_buffer = object.__new__(cls)
+        opened_buffer._bin_buffer_mmap = "buffer"
+        opened_buffer.__del__()
+        assert "_bin_buffer_mmap" not in vars(opened_buffer)  # fairseq's destructor ran
+    for name, tokens in (("empty", []), ("train", [[4, 5, 2]])):
+        builder = MMapIndexedDatasetBuilder(str(tmp_path / f"{name}.bin"), dtype=np.int32)
+        for line in tokens:
+            builder.add_item(torch.tensor(line))
+        builder.finalize(str(tmp_path / f"{name}.idx"))
+    with pytest.raises(data_checks.BinarizedDataError, match=r"empty.bin: the split has no examples"):
+        MMapIndexedDataset._do_init(object.__new__(MMapIndexedDataset), str(tmp_path / "empty"))
+    MMapIndexedDataset._do_init(object.__new__(MMapIndexedDataset), str(tmp_path / "train"))
+    assert opened == [str(tmp_path / "train")]
+
+
+def test_diverse_beam_rows_wrap_fairseqs_step_once(monkeypatch):
+    from fairseq.search import DiverseBeamSearch
+
+    from palm_plugin.fixes import diverse_beam_rows
+
+    def step(self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None):
+        return original_batch_idxs
+
+    monkeypatch.setattr(DiverseBeamSearch, "step", step)
+    patched = install_twice(diverse_beam_rows, lambda: DiverseBeamSearch.step)
+    assert patched is not step
+    search = types.SimpleNamespace()
+    # sample ids become rows: their positions at the first step, the finished sentence (id 3) left out later
+    assert patched(search, 0, None, None, None, torch.tensor([7, 3, 11, 5])).tolist() == [0, 1, 2, 3]
+    assert patched(search, 1, None, None, None, torch.tensor([7, 11, 5])).tolist() == [0, 2, 3]
+    assert patched(search, 2, None, None) is None  # no ids: fairseq's
+
+
+def test_loader_exit_registers_its_stop_once(monkeypatch):
+    from fairseq.data.iterators import BackgroundConsumer
+
+    from palm_plugin.fixes import loader_exit
+
+    registered = []
+    monkeypatch.delattr(BackgroundConsumer, "__palm_plugin__")  # as before the plugin's first import
+    monkeypatch.setattr(loader_exit.atexit, "register", registered.append)
+    install_twice(loader_exit, lambda: list(registered))
+    assert registered == [loader_exit.stop_loading_threads]  # once, however often fairseq imports the plugin

@@ -167,3 +167,28 @@ def test_garbage_file_names_the_file(tmp_path):
     path.write_text("these are notes, not a checkpoint")
     with pytest.raises(CorruptCheckpointError, match="notes.pt: cannot read this file as a torch checkpoint"):
         checkpoint_utils.load_checkpoint_to_cpu(str(path))
+
+
+def test_a_dictionary_mismatch_names_the_dictionaries_of_the_languages_given(monkeypatch, tmp_path):
+    """-s/-t given (in the checkpoint's configuration and the data's): their dict.LANG.txt, not ones inferred from
+    the files in DATA, where the training data (from another machine) is not even there."""
+    from fairseq import checkpoint_utils
+
+    from palm_plugin.fixes.safe_loading import _name_dictionary_mismatch
+    from palm_plugin.modules.dictionary_check import DictionaryMismatchError
+
+    data, gone = tmp_path / "data", tmp_path / "gone"
+    data.mkdir()
+    trained = argparse.Namespace(data=str(gone), source_lang="en", target_lang="de")
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu",
+                        lambda path, *rest: {"cfg": argparse.Namespace(task=trained)})
+
+    def load(filenames, arg_overrides=None, task=None):
+        raise DictionaryMismatchError("another dictionary")
+
+    task = argparse.Namespace(cfg=argparse.Namespace(data=str(data), source_lang="en", target_lang="de"))
+    with pytest.raises(DictionaryMismatchError) as mismatch:
+        _name_dictionary_mismatch(load)(["model.pt"], None, task)
+    assert str(mismatch.value) == (f"model.pt: does not fit the dictionary {data}/dict.en.txt and {data}/dict.de.txt: "
+                                   f"another dictionary. This checkpoint was trained with {gone}/dict.en.txt and "
+                                   f"{gone}/dict.de.txt")
