@@ -7,6 +7,7 @@ Every forward here has one shape (6 rows of 299 tokens, 4 heads of 16): compilin
 about 20 s per shape and per score_mod, so the file compiles twice (with and without the bias) and shares them.
 """
 import argparse
+import warnings
 
 import pytest
 import torch
@@ -160,6 +161,23 @@ def test_the_cpu_builds_block_masks_without_compiling():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     causal = torch.ones(length, length, dtype=torch.bool).tril().expand(batch, -1, -1)
     assert torch.equal(block_mask.to_dense()[:, 0].bool(), dense_tiles(causal) > 0)
+
+
+def test_flex_attention_compiled_for_the_cpu_warns_once_what_it_costs(monkeypatch):
+    """Compiling FlexAttention for the CPU (inference) warns, once, that each batch shape compiles anew and which
+    option to use instead; compiling it for CUDA does not. torch.compile is stubbed: nothing compiles here."""
+    monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    monkeypatch.setattr(flex_attention, "_COMPILED", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert flex_attention._compiled(flex_attention.flex_attention, torch.device("cuda")) is \
+            flex_attention.flex_attention
+    with pytest.warns(UserWarning) as warned:
+        flex_attention._compiled(flex_attention.flex_attention, torch.device("cpu"))
+        flex_attention._compiled(flex_attention.flex_attention, torch.device("cpu"))
+    assert [str(w.message) for w in warned] == [
+        "--attention-impl flex on the CPU compiles FlexAttention once per batch shape (about 20 s each, inference "
+        "only); for CPU work use --attention-impl sdpa"]
 
 
 def test_block_counts_of_a_mask_without_full_tiles():
@@ -320,3 +338,12 @@ def test_the_compiled_block_mask_builder_takes_one_graph_per_family():
         eager = flex_attention.block_mask(mask_mod, BATCH, LENGTH, "cpu")
         assert torch.equal(compiled.to_dense(), eager.to_dense()), name
     assert seen == {"pmlm", "unilm", "bidirectional"}
+    # steps without kinds: every token CONTEXT, by a defaulted kinds field that the pmlm graph serves as it is
+    fields, _ = CASES["pmlm AE+PAR"]
+    no_kinds = flex_attention.MaskFields(fields["padding_mask"], steps=fields["steps"]).mask_mod()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        compiled = build(no_kinds, BATCH, None, LENGTH, LENGTH, device="cpu", BLOCK_SIZE=flex_attention.BLOCK_SIZE)
+    context = flex_attention.MaskFields(fields["padding_mask"], steps=fields["steps"],
+                                        kinds=torch.zeros_like(fields["kinds"])).mask_mod()
+    eager = flex_attention.block_mask(context, BATCH, LENGTH, "cpu")
+    assert torch.equal(compiled.to_dense(), eager.to_dense())

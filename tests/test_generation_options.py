@@ -353,3 +353,30 @@ def test_a_split_that_is_not_there_names_the_splits_that_are(tmp_path, task_name
         f"{tmp_path}/test.src-tgt.src.idx: dataset not found (fairseq-preprocess output); {tmp_path} holds train, "
         f"valid: give one of those splits (--gen-subset, --valid-subset), or binarize 'test' into {tmp_path} with "
         "fairseq-preprocess")
+
+
+def test_text_beside_a_binarized_split_is_read_as_fairseqs_translation_reads_it(tmp_path):
+    """A folder that also holds fairseq-preprocess --dataset-impl raw's copies of the text (train.src-tgt.src): fairseq
+    reads that text first, encoded with the task's dictionary, and so does unilm_seq2seq (not a failed assertion)."""
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    from palm_plugin.tasks.unilm_seq2seq import UniLMSeq2SeqConfig, UniLMSeq2SeqTask
+    from tests.conftest import binarize
+
+    words = Dictionary()
+    for word in ("w1", "w2", "w3"):
+        words.add_symbol(word)
+    lines = {"src": ["w1 w2", "w3"], "tgt": ["w2", "w3 w1 w1"]}
+    for lang, text in lines.items():
+        words.save(str(tmp_path / f"dict.{lang}.txt"))
+        (tmp_path / f"train.src-tgt.{lang}").write_text("\n".join(text) + "\n")
+        binarize(tmp_path / f"train.src-tgt.{lang}", [[] for _ in text], words)  # unlike the text: shows which is read
+    task = UniLMSeq2SeqTask.setup_task(UniLMSeq2SeqConfig(data=str(tmp_path)))
+    task.load_dataset("train")
+    fairseqs = TranslationTask.setup_task(TranslationConfig(data=str(tmp_path), source_lang="src", target_lang="tgt",
+                                                            dataset_impl=None))  # fairseq's default: inferred
+    fairseqs.load_dataset("train")
+    ours, reference = task.dataset("train"), fairseqs.dataset("train")
+    for side, dataset, expected in (("src", ours.source, reference.src), ("tgt", ours.target, reference.tgt)):
+        assert [dataset[i].tolist() for i in range(2)] == [expected[i].tolist() for i in range(2)] == [
+            [*map(task.dictionary.index, line.split()), task.dictionary.eos()] for line in lines[side]]

@@ -408,12 +408,15 @@ def test_data_folder_is_looked_for_where_fairseq_reads_it(untrained, tmp_path, m
     assert str(raised.value).startswith(f"data_name_or_path {root}/missing: no such folder; ")
 
 
-def test_fairseqs_archive_map_is_passed_on_not_refused_as_an_option(untrained):
-    """archive_map is a keyword of fairseq's own from_pretrained, not an option of the checkpoint: a map that gives
-    the model folder options sets them, as in fairseq (here beam, fairseq's default 5), with the same weights."""
+def test_fairseqs_archive_map_and_generation_args_are_passed_on_not_refused_as_options(untrained):
+    """archive_map and generation_args are keywords of fairseq's own from_pretrained, not options of the checkpoint:
+    a map that gives the model folder options sets them, as in fairseq (here beam, fairseq's default 5), and
+    generation_args sets generation options, with the same weights."""
     hub, root = untrained
-    loaded = _load(root, data_name_or_path=".", archive_map={str(root): {"path": str(root), "beam": 3}})
+    loaded = _load(root, data_name_or_path=".", archive_map={str(root): {"path": str(root), "beam": 3}},
+                   generation_args={"nbest": 2})
     assert (hub.cfg.generation.beam, loaded.cfg.generation.beam) == (5, 3)
+    assert (hub.cfg.generation.nbest, loaded.cfg.generation.nbest) == (1, 2)
     expected = hub.models[0].state_dict()
     assert all(torch.equal(value, expected[name]) for name, value in loaded.models[0].state_dict().items())
 

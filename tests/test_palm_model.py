@@ -150,8 +150,10 @@ def test_decoder_learns_to_copy_the_source():
     assert lm_bits < 0.3, f"lm_loss {lm_bits:.3f} bits on a copy task"
 
 
-def test_no_copy_ablation_has_no_copy_parameters():
-    full, ablated = build(), build(no_copy=True)
+@pytest.mark.parametrize("impl", ["auto", "blocked"])
+def test_no_copy_ablation_has_no_copy_parameters(impl):
+    """--no-copy removes the copy layer, and builds with --copy-attention-impl left at auto (the default) or blocked."""
+    full, ablated = build(), build(no_copy=True, copy_attention_impl=impl)
     names = {name for name, _ in ablated.named_parameters()}
     assert not any(part in name for name in names for part in ("memory_projection", "query_projection", "gate"))
     extra = sum(p.numel() for p in full.parameters()) - sum(p.numel() for p in ablated.parameters())
