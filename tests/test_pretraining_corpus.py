@@ -5,7 +5,7 @@ import bz2
 import json
 
 from palm_tools.data.pretraining_corpus import conversations_from_pairs, wiki_documents, wikitext_paragraphs
-from tests.test_prepare_data import SMALL, inputs, run  # noqa: F401 (inputs: the module fixture of real text)
+from tests.test_prepare_data import SMALL, inputs, run_here  # noqa: F401 (inputs: a module fixture)
 
 ARTICLE = """{{Infobox person|name=Ada {{small|Lovelace}}|born=1815}}
 '''Ada Lovelace''' was an English [[mathematician]] and [[Writer|writer]], chiefly known for her work on the
@@ -64,12 +64,12 @@ def test_conversations_from_pairs():
         ["hi", "hello there", "how are you", "fine"], ["new topic", "sure", "ok then"]]
 
 
-def test_real_run_binarizes_every_source_once_without_held_out_conversations(inputs, tmp_path):  # noqa: F811
+def test_real_run_binarizes_every_source_once_without_held_out_conversations(inputs, tmp_path, capsys):  # noqa: F811
     wiki = write_export(tmp_path / "wiki.xml.bz2", [(0, "Ada Lovelace", ARTICLE, False)])
     out = tmp_path / "data"
     arguments = ["--out", out, "--pretrain-text", inputs / "corpus.txt", "--dialog-json", inputs / "dialogs.json",
                  *SMALL, "--valid-fraction", "0.2", "--pretraining-corpus", "all", "--wiki-xml", wiki]
-    result = run(*arguments)
+    result = run_here(capsys, *arguments)  # in this process, where mutmut sees the stage
     assert result.returncode == 0, result.stderr
     sources = json.loads((out / "pretrain" / "sources.json").read_text())
     assert list(sources) == ["sotu", "chitchat_train_conversations", "wikipedia_extract"]
@@ -91,5 +91,5 @@ def test_real_run_binarizes_every_source_once_without_held_out_conversations(inp
     assert len(dataset) == len(tokenized) == len(corpus) - 1
     for index in (0, len(dataset) // 2, len(dataset) - 2):
         assert dictionary.string(dataset[index]) == tokenized[index]
-    again = run(*arguments)
+    again = run_here(capsys, *arguments)
     assert again.stdout.count("reusing") == 9 and "binarizing" not in again.stdout  # 7 stages + the corpus twice
