@@ -11,13 +11,13 @@ import os
 import sys
 import types
 
-import numpy as np
 import pytest
 import torch
 
 from palm_plugin import fixes
 from palm_plugin.fixes import checkpoint_copy, generation_options, multi_tensor_optimizer, saved_model_build
 from palm_plugin.fixes.parsed_arguments import check_after_parsing
+from tests.conftest import binarize
 
 FIXES_DIR = os.path.dirname(fixes.__file__)
 
@@ -422,7 +422,8 @@ def test_ema_copies_a_models_integer_state_with_the_keys_it_skips(monkeypatch):
 
 
 def test_data_checks_wrap_fairseqs_dataset_opening_once_and_quiet_its_destructors(monkeypatch, tmp_path):
-    from fairseq.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
+    from fairseq.data import Dictionary
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
     from fairseq.tasks import FairseqTask, translation
 
     from palm_plugin.fixes import data_checks
@@ -449,11 +450,8 @@ def test_data_checks_wrap_fairseqs_dataset_opening_once_and_quiet_its_destructor
         opened_buffer._bin_buffer_mmap = "buffer"
         opened_buffer.__del__()
         assert "_bin_buffer_mmap" not in vars(opened_buffer)  # fairseq's destructor ran
-    for name, tokens in (("empty", []), ("train", [[4, 5, 2]])):
-        builder = MMapIndexedDatasetBuilder(str(tmp_path / f"{name}.bin"), dtype=np.int32)
-        for line in tokens:
-            builder.add_item(torch.tensor(line))
-        builder.finalize(str(tmp_path / f"{name}.idx"))
+    for name, lines in (("empty", []), ("train", [[4, 5]])):
+        binarize(tmp_path / name, lines, Dictionary())
     with pytest.raises(data_checks.BinarizedDataError, match=r"empty.bin: the split has no examples"):
         MMapIndexedDataset._do_init(object.__new__(MMapIndexedDataset), str(tmp_path / "empty"))
     MMapIndexedDataset._do_init(object.__new__(MMapIndexedDataset), str(tmp_path / "train"))
