@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from palm_plugin import fixes
-from palm_plugin.fixes import checkpoint_copy, generation_options, multi_tensor_optimizer, saved_model_build
+from palm_plugin.fixes import (
+    checkpoint_copy, generation_options, multi_tensor_optimizer, parsed_arguments, saved_model_build,
+)
 from palm_plugin.fixes.parsed_arguments import check_after_parsing
 from tests.conftest import binarize
 
@@ -62,7 +64,7 @@ def test_installing_again_changes_nothing_in_fairseq(monkeypatch):
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
     train = types.ModuleType("fairseq_cli.train")  # fairseq-train's module as the command has it, not imported here
-    train.main = lambda cfg: None
+    train.main = train.add_defaults = lambda cfg: None
     monkeypatch.setitem(sys.modules, "fairseq_cli.train", train)
     fixes.install()  # what a command has by the time it imports the plugin again
     fixes.install_after_registration()
@@ -70,7 +72,8 @@ def test_installing_again_changes_nothing_in_fairseq(monkeypatch):
     registry, originals = dict(ARCH_CONFIG_REGISTRY), dict(multi_tensor_optimizer.ORIGINALS)
     fields = list(GenerationConfig.__dataclass_fields__)
     assert {("fairseq.options", "parse_args_and_arch"), ("fairseq.file_io.PathManager", "copy"),  # the scan sees them
-            ("fairseq.models", "build_model"), ("fairseq_cli.train", "main"),
+            ("fairseq.models", "build_model"), ("fairseq_cli.train", "main"), ("fairseq_cli.train", "add_defaults"),
+            ("fairseq.dataclass.initialize", "add_defaults"),
             ("fairseq.search.DiverseBeamSearch", "step"),
             ("fairseq.checkpoint_utils", "load_model_ensemble_and_task")} <= before.keys()
 
@@ -93,6 +96,7 @@ def test_parse_checks_wrap_fairseqs_parse_once_per_marker(monkeypatch):
         return (args, ["left over"]) if parse_known else args
 
     monkeypatch.setattr(options, "parse_args_and_arch", parse)
+    monkeypatch.setattr(parsed_arguments, "CHECKS", {})  # the plugin's own checks stay registered
     seen = []
     check_after_parsing("__test_first__", lambda args, argv: seen.append(("first", args.given, argv)))
     wrapped = options.parse_args_and_arch
@@ -117,6 +121,10 @@ def test_parse_checks_wrap_fairseqs_parse_once_per_marker(monkeypatch):
     seen.clear()
     outer(None, ["x"])
     assert seen == [("first", ["x"], ["x"]), ("second", ["x"], ["x"])]
+    # fairseq-hydra-train parses nothing: its configuration gets the same checks, once each, in the same order
+    seen.clear()
+    parsed_arguments.run_checks(argparse.Namespace(given=["cfg"]), ["--flag"])
+    assert seen == [("first", ["cfg"], ["--flag"]), ("second", ["cfg"], ["--flag"])]
 
 
 def test_help_wraps_fairseqs_parse_once_and_prints_the_options_added_while_parsing(monkeypatch, capsys):

@@ -21,6 +21,7 @@ from palm_plugin.fixes import (
     diverse_beam_rows,
     ema_integer_state,
     generation_options,
+    hydra_config,
     loader_exit,
     model_overrides,
     multi_tensor_optimizer,
@@ -68,6 +69,8 @@ FIXES = (
                              "clip_grad_norm_'s norms go one parameter (one GPU kernel launch each) at a time"),
     (loader_exit, "a run stopped before its epoch's end (--max-update) can abort at exit (-6, 'terminate called "
                   "without an active exception') in fairseq's batch-loading thread"),
+    (hydra_config, "fairseq-hydra-train builds an architecture's model at the base sizes (fairseq #4675), and no "
+                   "check of a parsed command line sees its configuration"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),

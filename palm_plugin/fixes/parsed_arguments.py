@@ -1,8 +1,18 @@
 """Checks of a fairseq command line once it is parsed. Every fairseq command parses in
 ``fairseq.options.parse_args_and_arch``, after the task, model and criterion have added their options, so the fixes
-that check arguments (option_ranges, checkpoint_paths) wrap it, each once."""
+that check arguments (option_ranges, checkpoint_paths) wrap it, each once. fairseq-hydra-train parses no command
+line: :mod:`.hydra_config` runs the same checks on its configuration (:func:`run_checks`)."""
 import functools
 import sys
+
+# every check registered, by marker, in the order they run after a parse
+CHECKS = {}
+
+
+def run_checks(args, argv):
+    """Run every registered check on ``args`` as if parsed from ``argv`` (the flags that count as given)."""
+    for check in CHECKS.values():
+        check(args, argv)
 
 
 def check_after_parsing(marker: str, check):
@@ -13,6 +23,7 @@ def check_after_parsing(marker: str, check):
     parse = options.parse_args_and_arch
     if getattr(parse, marker, False):
         return
+    CHECKS[marker] = check
 
     @functools.wraps(parse)  # keeps the markers of the fixes that wrapped it before, so none wraps twice
     def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
