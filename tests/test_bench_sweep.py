@@ -1,6 +1,7 @@
 """palm-bench --sweep: the quick CPU path of the card's sweep writes its files with values that follow from the
 batches (tokens, FLOPs, MFU recomputed from the record), accumulation equals one large batch, and the search for the
 largest micro-batch backs off on out-of-memory as it should (no timing is judged here)."""
+import functools
 import json
 import logging
 import re
@@ -354,3 +355,21 @@ def test_unaligned_vocabulary_lever_measures_the_matrix_as_it_is_in_its_own_row_
                     ("pmlm_ae_par", "torch_adamw", 64), ("palm", "plain", 64), ("palm", "torch_adamw", 64)]
     assert [(row["key"], row["variant"], row["status"], row["reason"]) for row in result["sweep"]] == [
         ("palm", "unaligned_vocabulary", "skipped", "32000 types, a multiple of 64: nothing to pad")]
+
+
+def test_the_activation_checkpoint_lever_reaches_every_configurations_layers(synthetic_corpus):
+    """checkpoint_activations: --checkpoint-activations on every configuration of the plugin, and the same wrapper
+    (palm_plugin/modules/activation_checkpoints.py) on fairseq's baselines' layers by the benchmark (fairseq 0.12's
+    RoBERTa has no such option), so the card measures the same trade on both sides."""
+    from palm_tools.bench.models import build
+
+    lever = bench_sweep.LEVERS["checkpoint_activations"]
+    for key, spec in {**SPECS, "unilm_bidirectional": bench_sweep.UNILM_BIDIRECTIONAL}.items():
+        assert lever.applies(spec)
+        built = build(synthetic_corpus.path(spec.layout, 32, 8), spec.args("tiny", 32) + lever.args(spec))
+        built.spec_plugin = spec.plugin  # as the sweep marks it before a lever's after_build
+        lever.after_build(built)
+        model = built.model
+        layers = [m for m in model.modules() if isinstance(m.__dict__.get("forward"), functools.partial)]
+        # the plugin's stacks have two layers at tiny size, PALM's encoder and decoder two each
+        assert len(layers) == (4 if key.startswith(("palm", "transformer")) else 2), key

@@ -62,9 +62,9 @@ def test_the_configuration_file_trains_the_architecture_it_names_as_fairseq_trai
             lines = (" ".join(f"w{rng.randrange(80)}" for _ in range(rng.randint(low, high))) for _ in range(count))
             (tmp_path / f"{split}.{side}").write_text("\n".join(lines) + "\n")
     binarize_pairs(tmp_path / "bin", tmp_path / "train", tmp_path / "valid")
-    run_cli("fairseq-hydra-train", "--config-dir", CONFIG, "--config-name", "unilm_finetune", f"common.user_dir={USER_DIR}",
-            "task.data=bin", "+task.source_segment=0", "+task.target_segment=1", "checkpoint.save_dir=ck",
-            "model._name=unilm2_tiny", "+model.encoder_layers=3",
+    run_cli("fairseq-hydra-train", "--config-dir", CONFIG, "--config-name", "unilm_finetune",
+            f"common.user_dir={USER_DIR}", "task.data=bin", "+task.source_segment=0", "+task.target_segment=1",
+            "checkpoint.save_dir=ck", "model._name=unilm2_tiny", "+model.encoder_layers=3",
             "optimization.max_update=2", "dataset.batch_size=4", "common.cpu=true", cwd=tmp_path)
     state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     hydra_model = dict(state["cfg"]["model"])

@@ -37,6 +37,8 @@ FAIRSEQ_ROBERTA = "fairseq's roberta_base arch (fairseq/models/roberta/model.py)
 REQUIRED = ("ours", "required: no default (fairseq's MISSING), the data directories to read")
 SEED = ("ours", "fairseq's --seed (interpolated), so one seed decides the masks and the model's initialisation")
 SPEED = "a speed option, the same values up to float rounding; off by default (measured in docs/benchmarks-gpu.md)"
+ACTIVATION_CHECKPOINTS = ("code", "fairseq's TransformerConfig (fairseq/models/transformer/transformer_config.py): "
+                                  "off, memory traded for time only when asked")
 
 
 def rows(kind, name, source, where, **values):
@@ -152,6 +154,7 @@ DEFAULTS = [
     ("model", "palm", "no_source_bos", False, "ours",
      "the encoder reads <s> source </s> as RoBERTa did, measured in docs/palm-source-format.md"),
     ("model", "palm", "compile_layers", False, "ours", SPEED),
+    ("model", "palm", "checkpoint_activations", False, *ACTIVATION_CHECKPOINTS),
     ("model", "palm", "compile_copy_attention", False, "ours", SPEED),
     ("model", "palm", "copy_attention_impl", "auto", "ours",
      "equation (3) in Triton kernels on CUDA (PALM's step 1.16-1.43x faster than blocked on an H100, "
@@ -178,6 +181,7 @@ DEFAULTS = [
     ("model", "unilm", "relative_position_max_distance", 128, "paper",
      f"{UNILM2} appendix A, Table 7: max relative position 128"),
     ("model", "unilm", "compile_layers", False, "ours", SPEED),
+    ("model", "unilm", "checkpoint_activations", False, *ACTIVATION_CHECKPOINTS),
     ("model", "unilm", "attention_impl", "sdpa", "ours",
      "torch's scaled_dot_product_attention, which runs everywhere (flex needs torch.compile); " + SPEED),
     ("model", "unilm", "drop_full_masks", False, "ours", SPEED),

@@ -5,13 +5,14 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from fairseq import optim
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import OmegaConf
 
 from palm_plugin.criterions.unilm_cloze import UniLMClozeCriterion
 from palm_plugin.fixes import saved_model_build
-from palm_plugin.modules import compiled_layers, unilm_transformer
+from palm_plugin.modules import activation_checkpoints, compiled_layers, unilm_transformer
 from palm_plugin.modules.copy_generator import PointerGenerator
 from palm_plugin.modules.relative_position import RelativePositionBias, masked_offset_bias
 from palm_plugin.optim.torch_adamw import TorchAdamW
@@ -157,7 +158,8 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
     # layer's, FlexAttention's) compiled the same functions for other dtypes, shapes and models
     torch._dynamo.reset()
     plain, batch = built_with(corpus, key)
-    options = ["--compile-layers"] + (["--compile-copy-attention"] if key == "palm" else [])
+    # PALM's layers also checkpointed: the two levers compose (torch.compile traces torch.utils.checkpoint)
+    options = ["--compile-layers"] + (["--compile-copy-attention", "--checkpoint-activations"] if key == "palm" else [])
     compiled, _ = built_with(corpus, key, options)
     layers = [m for m in compiled.model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
     assert len(layers) == (2 if key == "unilm_seq2seq" else 4)
@@ -407,3 +409,39 @@ def test_compile_layers_compiles_each_layer_in_place_and_counts_them(monkeypatch
     assert compiled_layers.compile_layers(layers) == 3 and compiled == layers
     monkeypatch.setattr(compiled_layers, "compiling", lambda: False)
     assert compiled_layers.compile_layers(layers) == 0 and len(compiled) == 3
+
+
+@pytest.mark.parametrize("key", ["pmlm_ae_par", "unilm_seq2seq", "palm"])
+def test_checkpointed_layers_keep_only_their_inputs_and_train_as_the_plain_ones(corpus, key, monkeypatch):
+    """--checkpoint-activations: each layer wrapped in place (the same state dict names) keeps only its inputs for the
+    backward pass, so far fewer bytes are saved during the forward; with dropout on, one update's loss and gradients
+    equal the plain model's (the random state is restored for the recomputation, so the masks are the same); without
+    gradients the layers run plainly, and a model built from a checkpoint for use is not wrapped."""
+    dropout = ["--dropout", "0.1", "--attention-dropout", "0.1"]
+    plain, batch = built_with(corpus, key, dropout)
+    wrapped, _ = built_with(corpus, key, dropout + ["--checkpoint-activations"])
+    wrapped.model.load_state_dict(plain.model.state_dict())
+    assert list(wrapped.model.state_dict()) == list(plain.model.state_dict())
+    calls = []
+    monkeypatch.setattr(activation_checkpoints, "checkpoint", lambda *a, **k: calls.append(k["use_reentrant"]) or checkpoint(*a, **k))
+
+    def update(built):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                      lambda t: t):
+            torch.manual_seed(7)
+            result = loss_and_gradients(built.model.train(), built.criterion, batch)
+        return result, sum(saved)
+
+    (expected, plain_bytes), (got, checkpointed_bytes) = update(plain), update(wrapped)
+    print(f"{key}: {checkpointed_bytes} bytes saved for the backward pass with checkpoints, {plain_bytes} without")
+    layers = 2 if key.startswith(("unilm", "pmlm")) else 4
+    assert checkpointed_bytes < 0.3 * plain_bytes and calls == [False] * layers
+    with torch.no_grad():
+        wrapped.model(**batch["net_input"])
+    assert len(calls) == layers
+    assert torch.equal(got[0], expected[0]) and got[2] == expected[2] and got[3].keys() == expected[3].keys()
+    for name, gradient in expected[3].items():
+        torch.testing.assert_close(got[3][name], gradient, rtol=1e-6, atol=1e-7, msg=name)
+    for_use = wrapped.task.build_model(wrapped.cfg.model, from_checkpoint=True)
+    assert all("forward" not in vars(m) for m in for_use.modules())

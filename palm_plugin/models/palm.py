@@ -38,7 +38,7 @@ from palm_plugin.modules.dictionary_check import (
 )
 from palm_plugin.models.palm_roberta_init import load_roberta_encoder
 from palm_plugin.models.palm_stacks import SOURCE_FORMAT, PalmDecoder, PalmEncoder, transformer_config
-from palm_plugin.modules import compiled_layers
+from palm_plugin.modules import activation_checkpoints, compiled_layers
 from palm_plugin.modules.copy_generator import (COPY_ATTENTION_IMPLS, CopyAttentionImplError, PointerGenerator,
                                                check_copy_attention_impl)
 from palm_plugin.modules.lm_head import MaskedLMHead
@@ -106,6 +106,8 @@ class PalmConfig(FairseqDataclass):
         },
     )
     compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
+    checkpoint_activations: bool = field(default=False,
+                                         metadata={"help": activation_checkpoints.HELP})
     copy_attention_impl: ChoiceEnum(COPY_ATTENTION_IMPLS) = field(
         default="auto",
         metadata={"help": "how the copy layer's attention scores, equation (3), are computed, forward and backward; "
@@ -271,6 +273,8 @@ class PalmModel(FairseqEncoderDecoderModel):
         if cfg.roberta_path and not building_saved_model():
             load_roberta_encoder(model, cfg.roberta_path)
         encoder.one_padding_check = safe_getattr(cfg, "syncs_at_start", False)
+        if safe_getattr(cfg, "checkpoint_activations", False):
+            activation_checkpoints.checkpoint_layers(list(encoder.layers) + list(decoder.layers))
         if safe_getattr(cfg, "compile_layers", False):
             compiled_layers.compile_layers(list(encoder.layers) + list(decoder.layers))
         decoder.pointer_generator.scores_impl = copy_attention_impl

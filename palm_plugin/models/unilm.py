@@ -29,7 +29,7 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.fixes.saved_model_build import building_from_checkpoint
 from palm_plugin.modules import attention_impl as attention_impls
-from palm_plugin.modules import compiled_layers, flex_attention, table_extension
+from palm_plugin.modules import activation_checkpoints, compiled_layers, flex_attention, table_extension
 from palm_plugin.modules.dictionary_check import (
     FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
 )
@@ -66,6 +66,8 @@ class UniLMConfig(FairseqDataclass):
         default=128, metadata={"help": "distance from which relative positions share the last bucket"}
     )
     compile_layers: bool = field(default=False, metadata={"help": compiled_layers.HELP})
+    checkpoint_activations: bool = field(default=False,
+                                         metadata={"help": activation_checkpoints.HELP})
     attention_impl: ChoiceEnum(attention_impls.IMPLEMENTATIONS) = field(
         default="sdpa", metadata={"help": attention_impls.HELP}
     )
@@ -149,6 +151,8 @@ class UniLMModel(FairseqEncoderDecoderModel):
             head = {id(p) for p in (*lm_head.dense.parameters(), *lm_head.layer_norm.parameters(), lm_head.bias)}
             for parameter in self.parameters():
                 parameter.requires_grad_(id(parameter) in head)
+        if getattr(cfg, "checkpoint_activations", False):
+            activation_checkpoints.checkpoint_layers(stack.layers)
         if getattr(cfg, "compile_layers", False):
             compiled_layers.compile_layers(stack.layers)
 

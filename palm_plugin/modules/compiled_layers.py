@@ -28,16 +28,20 @@ def compiling() -> bool:
     return not building_from_checkpoint()
 
 
-def compile_layers(layers: Iterable[nn.Module]) -> int:
-    """Compile each of ``layers`` in place, unless the model is being built from a checkpoint for use; returns how
-    many were compiled."""
+def for_training(layers: Iterable[nn.Module], change: Callable[[nn.Module], None]) -> int:
+    """``change`` each of ``layers`` in place, unless the model is being built from a checkpoint for use; returns how
+    many were changed."""
     if not compiling():
         return 0
-    count = 0
+    layers = list(layers)
     for layer in layers:
-        layer.compile(backend=BACKEND)
-        count += 1
-    return count
+        change(layer)
+    return len(layers)
+
+
+def compile_layers(layers: Iterable[nn.Module]) -> int:
+    """Compile each of ``layers`` in place (:func:`for_training`); returns how many were compiled."""
+    return for_training(layers, lambda layer: layer.compile(backend=BACKEND))
 
 
 def compiled(function: Callable) -> Callable:

@@ -100,7 +100,7 @@ SWEEP_PRESETS = {
                 levers=["fairseq_loops", "torch_adamw", "syncs_at_start", "compile", "compile_copy", "all",
                         "loader_workers", "loader", "drop_full_masks", "no_attention_dropout", "flex", "flex_static",
                         "triton_attention", "triton_copy", "blocked_copy", "all_kernels", "all_triton",
-                        "unaligned_vocabulary"],
+                        "unaligned_vocabulary", "checkpoint_activations"],
                 lever_configs=["palm", "unilm_pretraining", "unilm_seq2seq", "pmlm_ae_par", "transformer", "roberta",
                                "unilm_bidirectional"],
                 compile_backend="inductor", sentences=[1], target_tokens=[128], recompute_target_tokens=[],

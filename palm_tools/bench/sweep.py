@@ -32,6 +32,7 @@ from fairseq.data import iterators
 
 from palm_plugin.fixes.multi_tensor_optimizer import use_fairseq_loops
 from palm_plugin.modules import lm_head
+from palm_plugin.modules.activation_checkpoints import checkpoint_layers
 from palm_plugin.modules.compiled_layers import compile_layers
 from palm_tools.bench.models import TRAIN_SPECS, build, prepare_sample
 from palm_tools.bench.runlog import free_device_memory, log, record_failure, short_error, wanted
@@ -79,6 +80,16 @@ def _compile_args(spec):
 def _compile_baseline(built):
     if not built.spec_plugin:
         compile_layers(_fairseq_layers(built))
+
+
+def _checkpoint_args(spec):
+    return ["--checkpoint-activations"] if spec.plugin else []
+
+
+def _checkpoint_baseline(built):
+    """fairseq's baselines through the plugin's wrapper: RoBERTa has no such option in fairseq 0.12."""
+    if not built.spec_plugin:
+        checkpoint_layers(_fairseq_layers(built))
 
 
 def _compile_copy_args(spec):
@@ -181,6 +192,9 @@ LEVERS = {
                                   applies=lambda spec: spec.plugin,
                                   setting=_module_setting("lm_head", "ROW_MULTIPLE", 1),
                                   unchanged=_aligned_already),
+    "checkpoint_activations": Lever("checkpoint_activations", "--checkpoint-activations (each layer's activations "
+                                    "recomputed in the backward pass: memory for time; baselines: the same, by the "
+                                    "benchmark)", args=_checkpoint_args, after_build=_checkpoint_baseline),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
                             loader=True),
