@@ -86,6 +86,8 @@ def test_an_architecture_fills_what_the_configuration_leaves_out(hydra_road):
                                         criterion={"_name": "label_smoothed_cross_entropy"})).model
     assert (palm.encoder_layers, palm.decoder_layers, palm.encoder_embed_dim, palm.decoder_ffn_embed_dim) == \
         (2, 2, 64, 128)
+    # ``model: unilm_tiny``, the group given as its name alone
+    assert _add_defaults(_configuration("unilm_tiny")).model.encoder_embed_dim == 64
     # a model named by itself (not an architecture) keeps the dataclass's values
     assert _add_defaults(_configuration({"_name": "unilm"})).model.encoder_layers == 12
 
