@@ -2,8 +2,8 @@
 
 A configuration's ``model: {_name: unilm_tiny}`` reaches fairseq's ``add_defaults``, which fills every model field
 from the model's dataclass (unilm's: the base sizes), and then the architecture function, which keeps every field
-already set: the run trains a base-size model (86.8M parameters where unilm_tiny has 0.16M) without a word
-(fairseq #4675; ``--arch`` on fairseq-train's command line is right, since its parser leaves the fields unset). And
+already set: the run trains a base-size model without a word (fairseq #4675; ``--arch`` on fairseq-train's command
+line is right, since its parser leaves the fields unset). And
 the checks the plugin runs on a parsed command line (:mod:`.parsed_arguments`: checkpoint paths and the sizes a
 fine-tuned checkpoint fixes, option ranges, generation options) never see a configuration that no parser made.
 
