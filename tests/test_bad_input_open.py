@@ -289,6 +289,8 @@ def test_a_checkpoints_configuration_reads_the_same_in_each_form_fairseq_saves()
     assert _config({"cfg": {"model": None}}, "model") == {} and _config({}, "task") == {}
     assert _same_model(argparse.Namespace(arch="unilm_base"), model)  # an arch of the model
     assert _same_model(argparse.Namespace(arch="unilm_base"), {"arch": "unilm_tiny"})  # old checkpoints: the arch
+    # a checkpoint that names its model rather than an arch: bart has no arch of that name (its archs: bart_base, ...)
+    assert _same_model(argparse.Namespace(arch="bart_large"), {"_name": "bart"})
     assert not _same_model(argparse.Namespace(arch="palm_base"), model)
     assert not _same_model(argparse.Namespace(), model)  # fairseq-generate's arguments name no --arch
     assert not _same_model(argparse.Namespace(arch="unilm_base"), {})
@@ -839,14 +841,19 @@ def test_training_options_that_cannot_train_name_the_option(dictionaries, monkey
 
 
 def test_the_other_familys_arch_is_refused_through_fairseqs_legacy_namespace_too(dictionaries):
-    """task.build_model(args) with parse_args_and_arch's Namespace (fairseq's older API): --arch, no _name."""
+    """task.build_model(args) with parse_args_and_arch's Namespace (fairseq's older API): --arch, no _name; the task
+    is named as registered, or by its class where it is registered under no name (a subclass made in Python)."""
     from fairseq import options, tasks
 
     args = options.parse_args_and_arch(options.get_training_parser(), [
         str(dictionaries), "--user-dir", str(USER_DIR), "--cpu", *PMLM[:2], "--arch", "palm_tiny"])
+    task = tasks.setup_task(args)
     with pytest.raises(ValueError, match="^--task pmlm makes batches for a unilm model, and --arch palm_tiny is a palm "
                                          "model: give a unilm arch"):
-        tasks.setup_task(args).build_model(args)
+        task.build_model(args)
+    unregistered = type("MyPmlmTask", (type(task),), {}).setup_task(args)
+    with pytest.raises(ValueError, match="^--task MyPmlmTask makes batches for a unilm model, and --arch palm_tiny"):
+        unregistered.build_model(args)
 
 
 def test_options_of_the_other_unilm_seq2seq_layout_are_named_as_unread(dictionaries, caplog):

@@ -299,6 +299,34 @@ def test_model_overrides_wrap_fairseqs_loader_once(monkeypatch):
         wrapped(["a.pt"], {"dropuot": 0.2})
 
 
+def test_safe_loading_wraps_fairseqs_three_loaders_once(monkeypatch):
+    """From fairseq's own loaders (no marker yet): each is wrapped once, and each wrapper returns what it loads."""
+    from fairseq import checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    from palm_plugin.fixes import safe_loading
+
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        return {"read": path}
+
+    def load_checkpoint(self, filename, *rest, **kwargs):
+        return ("restored", filename)
+
+    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, *rest, **kwargs):
+        return ("ensemble", filenames)
+
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu)
+    monkeypatch.setattr(Trainer, "load_checkpoint", load_checkpoint)
+    monkeypatch.setattr(checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task)
+    to_cpu, restore, ensemble = install_twice(safe_loading, lambda: (checkpoint_utils.load_checkpoint_to_cpu,
+                                                                     Trainer.load_checkpoint,
+                                                                     checkpoint_utils.load_model_ensemble_and_task))
+    assert (to_cpu.__wrapped__, restore.__wrapped__, ensemble.__wrapped__) == (
+        load_checkpoint_to_cpu, load_checkpoint, load_model_ensemble_and_task)
+    assert (to_cpu("a.pt"), restore(None, "b.pt"), ensemble(["c.pt"])) == (
+        {"read": "a.pt"}, ("restored", "b.pt"), ("ensemble", ["c.pt"]))
+
+
 def test_generation_options_wrap_fairseqs_generator_once(monkeypatch):
     from fairseq.sequence_generator import SequenceGenerator
     from fairseq.tasks.fairseq_task import FairseqTask
@@ -365,6 +393,37 @@ def test_bf16_install_wraps_each_architecture_once_and_turns_the_implied_tpu_off
     args = argparse.Namespace(bf16=False, tpu=True, cpu=False)  # --tpu asked for without --bf16: fairseq's to handle
     wrapped(args)
     assert args.tpu is True
+
+
+def test_numpy_compat_replaces_get_buckets_only_where_percentile_lacks_interpolation(monkeypatch):
+    """fairseq's get_buckets stays where np.percentile takes ``interpolation`` (numpy 1, which fairseq was written
+    for); where it does not (numpy 2.4 here), each module that holds get_buckets gets the one with ``method``."""
+    import numpy as np
+    from fairseq.data import bucket_pad_length_dataset, data_utils
+    from fairseq.data.audio import raw_audio_dataset
+
+    from palm_plugin.fixes import numpy_compat
+
+    modules = (data_utils, bucket_pad_length_dataset, raw_audio_dataset)
+
+    def fairseqs_get_buckets(sizes, num_buckets):
+        return "fairseq's"
+
+    for module in modules:
+        monkeypatch.setattr(module, "get_buckets", fairseqs_get_buckets)
+    percentile = np.percentile
+
+    def numpy1_percentile(a, q, axis=None, out=None, overwrite_input=False, interpolation="linear", keepdims=False):
+        return percentile(a, q, axis=axis, method=interpolation)
+
+    monkeypatch.setattr(np, "percentile", numpy1_percentile)
+    numpy_compat.install()
+    assert [module.get_buckets for module in modules] == [fairseqs_get_buckets] * 3
+    monkeypatch.setattr(np, "percentile", percentile)
+    assert install_twice(numpy_compat, lambda: [module.get_buckets for module in modules]) == [
+        numpy_compat.get_buckets] * 3
+    # the lower data point at 0, 50 and 100%: 1, 5, 10 of 1..10, the first dropped
+    assert data_utils.get_buckets(np.arange(1, 11), 2).tolist() == [5, 10]
 
 
 def test_incremental_state_lookup_answers_none_without_a_state_and_asks_fairseq_with_one(monkeypatch):

@@ -178,6 +178,14 @@ def test_flex_attention_compiled_for_the_cpu_warns_once_what_it_costs(monkeypatc
     assert [str(w.message) for w in warned] == [
         "--attention-impl flex on the CPU compiles FlexAttention once per batch shape (about 20 s each, inference "
         "only); for CPU work use --attention-impl sdpa"]
+    # from a layer's call of FlexMask.attend, the warning points at that call (here this file), the line Python
+    # prints with it, not at the plugin's internals
+    monkeypatch.setattr(flex_attention, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", lambda function, **options: lambda q, k, v, **rest: q)
+    q = torch.zeros(1, 1, 4, 8)
+    with pytest.warns(UserWarning) as warned:
+        flex_attention.FlexMask(None).attend(q, q, q)
+    assert [w.filename for w in warned] == [__file__]
 
 
 def test_block_counts_of_a_mask_without_full_tiles():

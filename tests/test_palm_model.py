@@ -11,6 +11,7 @@ from fairseq.data import Dictionary
 from palm_plugin.criterions.palm_mlm_lm import PalmMlmLmConfig, PalmMlmLmCriterion
 from palm_plugin.models.palm import REINIT_MARKER, SOURCE_FORMAT, PalmConfig, PalmModel, palm_tiny
 from palm_plugin.modules.dictionary_check import FINGERPRINT
+from tests.test_criterion_metrics import logged
 
 WORDS = 24
 
@@ -204,7 +205,9 @@ def test_criterion_loss_by_value():
         assert sample_size == 1 and log["mlm_tokens"] == int(masked.sum())
         # fairseq's trainer logs the batch size ("bsz") from nsentences
         assert log["nsentences"] == 3 and log["ntokens"] == int(real.sum())
-        torch.testing.assert_close(log["loss"], loss)  # what fairseq's progress bar shows
+        torch.testing.assert_close(log["loss"], loss)
+        # what fairseq's progress bar shows: the logged outputs reduced, in bits, to 3 decimals
+        assert logged(PalmMlmLmCriterion, [log])["loss"] == pytest.approx(float(loss) / math.log(2), abs=6e-4)
         assert len(decoder_calls) == (stage == "joint")  # stage ae costs the encoder alone
 
 
@@ -346,6 +349,12 @@ def test_roberta_path_fills_the_encoder_or_names_what_does_not_fit(roberta_layer
     torch.save({"model": old, "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
     again = load()
     assert all(torch.equal(value, palm.state_dict()[name]) for name, value in again.state_dict().items())
+    # an LM head with parameters missing is refused too, not loaded in part
+    partial = {k: v for k, v in roberta.state_dict().items() if ".lm_head.layer_norm." not in k}
+    torch.save({"model": partial, "cfg": {"model": vars(args)}}, tmp_path / "roberta.pt")
+    with pytest.raises(ValueError, match=r'roberta.pt: its LM head does not fit PALM\'s MLM head \(Missing key\(s\) in '
+                                         r'state_dict: "layer_norm.weight", "layer_norm.bias"\.\); give a checkpoint'):
+        load()
 
 
 def test_roberta_path_that_is_not_a_checkpoint_is_named(tmp_path):
@@ -391,11 +400,14 @@ def test_state_dict_upgrade_under_a_prefix():
     model.load_state_dict({k[len("palm."):]: v for k, v in state.items()}, strict=True)
 
 
-def test_deprecated_compile_copy_attention_agrees_with_copy_attention_impl_compiled(caplog):
-    """--compile-copy-attention (deprecated) means --copy-attention-impl compiled: given both, the model is built
-    with the compiled copy attention, not refused as a contradiction, and the one warning names the new option."""
+# auto: today's default; blocked: the default before auto, which configurations saved then hold
+@pytest.mark.parametrize("impl", ["compiled", "auto", "blocked"])
+def test_deprecated_compile_copy_attention_agrees_with_copy_attention_impl_compiled(caplog, impl):
+    """--compile-copy-attention (deprecated) means --copy-attention-impl compiled: given with compiled or a default,
+    the model is built with the compiled copy attention, not refused as a contradiction, and the one warning names
+    the new option."""
     caplog.set_level(logging.WARNING, logger="palm_plugin.models.palm")
-    model = build(compile_copy_attention=True, copy_attention_impl="compiled")
+    model = build(compile_copy_attention=True, copy_attention_impl=impl)
     assert model.decoder.pointer_generator.scores_impl == "compiled"
     assert caplog.messages == ["--compile-copy-attention is deprecated: use --copy-attention-impl compiled"]
 

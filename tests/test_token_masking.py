@@ -24,6 +24,7 @@ def test_uniform_regular_tokens_cover_every_allowed_index_and_nothing_else():
 
 @pytest.mark.parametrize("settings, message", [
     ({"mask_prob": 0.0}, r"mask_prob must be in \(0, 1\], got 0.0"),
+    ({"mask_prob": 1.5}, r"mask_prob must be in \(0, 1\], got 1.5"),
     ({"mask_token_prob": 0.8, "random_token_prob": 0.3}, "mask_token_prob and random_token_prob must be >= 0 and sum"),
     ({"random_token_prob": -0.1}, "mask_token_prob and random_token_prob must be >= 0 and sum"),
     ({"span_length_probs": (0.5, 0.4)}, r"span_length_probs must sum to 1, got \(0.5, 0.4\)"),

@@ -130,7 +130,13 @@ def load_roberta_encoder(model, path: str) -> None:
     if model.mlm_head is not None:
         head = {k[len("mlm_head."):]: v for k, v in weights.items() if k.startswith("mlm_head.") and k != "mlm_head.weight"}
         if head:
-            model.mlm_head.load_state_dict({**head, "weight": model.mlm_head.weight}, strict=True)
+            try:
+                model.mlm_head.load_state_dict({**head, "weight": model.mlm_head.weight}, strict=True)
+            except RuntimeError as error:  # torch's lines say what is missing or of another shape
+                found = " ".join(line.strip() for line in str(error).splitlines()[1:])
+                raise ValueError(f"{path}: its LM head does not fit PALM's MLM head ({found}); give a checkpoint with "
+                                 "the whole LM head of this model size, or one without an LM head (PALM's then starts "
+                                 "from random weights)") from None
         else:
             logger.warning(f"{path}: no LM head in this checkpoint; PALM's MLM head starts from random weights")
     logger.info(f"initialised the PALM encoder and embeddings from checkpoint {path}")
