@@ -84,6 +84,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# A tool process whose locale encoding is ASCII: the C locale without Python's UTF-8 mode or its C-locale coercion
+# (PEP 540, 538), as on a machine without a UTF-8 locale. A file opened for text without encoding= then fails on the
+# first non-ASCII character (Windows would write it in its code page, cp1252 for English).
+ASCII_LOCALE = {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+
+
 def tool_env(**extra):
     """The environment of a tool's process: this checkout on the path, one thread (each xdist worker has one core)."""
     return dict(os.environ, PYTHONPATH=python_path(REPO), **extra)

@@ -266,8 +266,8 @@ CONVERT_CASES = [
     ("roberta-without-layers", {"r.pt": lambda p: torch_file(p, {"model": {
         "encoder.sentence_encoder.embed_tokens.weight": torch.zeros(6, 2)}, "cfg": ROBERTA_CFG}), "dict.txt": "a 1\n"},
      ["roberta", "--input", "{tmp}/r.pt", "--dict", "{tmp}/dict.txt", "--output", "{tmp}/out"],
-     r"^error: {tmp}/r.pt: missing \['encoder.sentence_encoder.embed_positions.weight', "
-     r"'encoder.sentence_encoder.layers.0.fc1.weight'\]; convert the model's complete weights$"),
+     r"^error: {tmp}/r.pt: missing encoder.sentence_encoder.embed_positions.weight, "
+     r"encoder.sentence_encoder.layers.0.fc1.weight; convert the model's complete weights$"),
     ("roberta-dictionary-of-another-size", {"r.pt": lambda p: torch_file(p, {"model": ROBERTA, "cfg": ROBERTA_CFG}),
                                             "dict.txt": lines("a 1", "b 1")},
      ["roberta", "--input", "{tmp}/r.pt", "--dict", "{tmp}/dict.txt", "--output", "{tmp}/out"],

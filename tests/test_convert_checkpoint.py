@@ -355,18 +355,23 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     incomplete = {k: v for k, v in bert.state_dict().items() if k != "encoder.layer.1.output.dense.weight"}
     torch.save(incomplete, source / "pytorch_model.bin")
     with pytest.raises(SystemExit,
-                       match=r"pytorch_model\.bin: missing parameters \['encoder\.stack\.layers\.1\.fc2\.weight'\]; the "
+                       match=r"pytorch_model\.bin: missing parameters encoder\.stack\.layers\.1\.fc2\.weight; the "
                              r"file holds part of the model, .* convert the model's complete weights$"):
         convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
-    # a whole layer missing (16 parameters): the first 5 names, then " ..." says that the list goes on
-    torch.save({k: v for k, v in bert.state_dict().items() if not k.startswith("encoder.layer.1.")},
-               source / "pytorch_model.bin")
-    with pytest.raises(SystemExit) as exit_status:
-        convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
-    assert re.fullmatch(r"error: .*pytorch_model\.bin: missing parameters \[('encoder\.stack\.layers\.1\.[\w.]+', ){4}"
-                        r"'encoder\.stack\.layers\.1\.[\w.]+'\] \.\.\.; the file holds part of the model, or another "
-                        r"one than config\.json describes: convert the model's complete weights",
-                        str(exit_status.value)), str(exit_status.value)
+    # five missing are all named; more (a whole layer: 16) are the first five and how many more
+    feed_forward = ["intermediate.dense.bias", "intermediate.dense.weight", "output.LayerNorm.bias",
+                    "output.LayerNorm.weight", "output.dense.bias"]
+    five = ", ".join(f"encoder.stack.layers.1.{n}" for n in ("fc1.bias", "fc1.weight", "fc2.bias",
+                                                              "final_layer_norm.bias", "final_layer_norm.weight"))
+    layer_1 = r"encoder\.stack\.layers\.1\.[\w.]+"
+    for dropped, named in ((feed_forward, re.escape(five)), ([""], rf"({layer_1}, ){{4}}{layer_1} and 11 more")):
+        torch.save({k: v for k, v in bert.state_dict().items()
+                    if not k.startswith(tuple(f"encoder.layer.1.{n}" for n in dropped))}, source / "pytorch_model.bin")
+        with pytest.raises(SystemExit) as exit_status:
+            convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out")])
+        assert re.fullmatch(rf"error: .*pytorch_model\.bin: missing parameters {named}; the file holds part of the "
+                            r"model, or another one than config\.json describes: convert the model's complete weights",
+                            str(exit_status.value)), str(exit_status.value)
 
     # no token embedding (checked before any name is mapped): the message names the file and the parameter
     torch.save({k: v for k, v in bert.state_dict().items() if k != "embeddings.word_embeddings.weight"},
@@ -418,7 +423,9 @@ def test_bad_inputs_give_errors_that_name_the_file(tmp_path, capsys):
     assert "{bert,roberta,hf-roberta,export}" in usage and "the following arguments are required: command" in usage
 
     torch.save({"weights": {}}, tmp_path / "no_model.pt")
-    with pytest.raises(SystemExit, match=r"no_model\.pt: not a fairseq checkpoint \(no 'model' entry\)"):
+    with pytest.raises(SystemExit, match=r"no_model\.pt: not a fairseq checkpoint \(no 'model' entry\); pass the "
+                                         r"model\.pt of a fairseq RoBERTa \(an HF RoBERTa folder: palm-convert "
+                                         r"hf-roberta\)$"):
         convert.main(["roberta", "--input", str(tmp_path / "no_model.pt"), "--dict", str(tmp_path / "d.txt"),
                       "--output", str(tmp_path / "out")])
 

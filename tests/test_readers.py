@@ -206,6 +206,13 @@ def test_squad_malformed_records_are_named(tmp_path, capsys):
     assert code == 1
     assert ("train-v1.1.json: article 'University_of_Notre_Dame' paragraph 0 question q3: missing field 'question'"
             in err)
+    data = json.loads(squad_file(squad).read_text())
+    for record, field, where in ((data["data"][1]["paragraphs"][0], "context", "article 'Beyonc\u00e9' paragraph 0"),
+                                 (data["data"][1], "title", "article 1")):
+        del record[field]
+        squad.write_text(json.dumps(data))
+        code, _, err = run(capsys, "squad-qg", "--squad-json", squad, "--out", tmp_path / "x")
+        assert code == 1 and f"train-v1.1.json: {where}: missing field '{field}'" in err
     doclist = tmp_path / "doclist-dev.txt"
     doclist.write_text("Some_Other_Article\n")
     code, _, err = run(capsys, "squad-qg", "--squad-json", squad_file(tmp_path / "s.json"), "--doclist", doclist,
@@ -353,6 +360,8 @@ def test_help_of_every_command(capsys):
     texts = subcommand_help(prepare.main, prepare.build_parser(), "palm-prepare", capsys)
     assert sorted(texts) == ["cnndm", "coqa", "cornell", "encode", "gigaword", "msmarco", "squad-qg", "xsum"]
     assert "--context {paragraph,sentence} the paragraph, or the sentence(s) holding the answer" in texts["squad-qg"]
+    for name in ("squad-qg", "msmarco", "coqa"):  # the default the outputs above are written with, " [SEP] "
+        assert "--separator SEPARATOR text between the parts of the source (default: ' [SEP] ')" in texts[name]
 
 
 @pytest.mark.parametrize("benchmark", ["msmarco", "coqa", "squad-qg"])

@@ -12,7 +12,7 @@ import pytest
 
 from palm_tools.scoring import cli as score
 from palm_tools.scoring import ScoreError, inputs, metrics, perplexity
-from tests.conftest import USER_DIR, binarize_pairs, run_cli, subcommand_help
+from tests.conftest import ASCII_LOCALE, USER_DIR, binarize_pairs, run_cli, subcommand_help
 
 
 def sotu_sentences(count, start=0):
@@ -50,6 +50,9 @@ def test_bleu_equals_nltk_corpus_bleu(tmp_path):
     assert 20 < expected < 90
     assert result["bleu"] == pytest.approx(expected, abs=1e-9)
     assert result["tokenize"] == "none" and "tok:none" in result["signature"] and result["examples"] == 120
+    # the words of the hypotheses and of the references (one each: the closest length is its length)
+    words = [sum(len(line.split()) for line in lines) for lines in (hyps, refs)]
+    assert [result["hyp_len"], result["ref_len"]] == words
 
 
 def test_bleu_lowercase_and_two_references(tmp_path):
@@ -169,7 +172,7 @@ def test_generate_output_parsing(tmp_path):
                        for line in reference_lines]
     scored = write(tmp_path / "scored.out", reference_lines)
     result = perplexity.perplexity_from_generate(scored)
-    assert result["tokens"] == 8 and result["ppl"] == pytest.approx(2 ** (3.0 / 8))
+    assert result == {"ppl": pytest.approx(2 ** (3.0 / 8)), "tokens": 8, "sentences": 2, "source": "generate"}
     with pytest.raises(ScoreError, match=r"every hypothesis is its reference: this is fairseq-generate "
                                          r"--score-reference output"):
         inputs.load_examples(score.build_parser().parse_args(["rougel", "--generate", str(scored)]))
@@ -190,12 +193,16 @@ def test_validate_log_parsing(tmp_path):
         "2026-11-22 05:00:02 | INFO | test | valid on 'test' subset | loss 4.0 | ppl 16 | wps 1",
     ])
     result = perplexity.perplexity_from_log(simple)
-    assert result["ppl"] == pytest.approx(2**5.5) and result["from"] == "nll_loss" and result["logged_ppl"] == 45.25
+    assert result == {"ppl": pytest.approx(2**5.5), "from": "nll_loss", "nll_loss": 5.5, "source": "log",
+                      "subset": "valid", "logged_ppl": 45.25}
     assert perplexity.perplexity_from_log(simple, subset="test")["ppl"] == pytest.approx(16)
     as_json = write(tmp_path / "json.log", [
         '2026-11-22 05:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "3.25", "valid_ppl": "9.51", "valid_wps": "1"}'
     ])
     assert perplexity.perplexity_from_log(as_json)["ppl"] == pytest.approx(2**3.25)
+    # a JSON record at the start of its line (a log without fairseq's "time | level | name |" prefix)
+    bare = write(tmp_path / "bare.log", ['{"epoch": 1, "valid_loss": "2.5", "valid_nll_loss": "2.25"}'])
+    assert perplexity.perplexity_from_log(bare)["ppl"] == pytest.approx(2**2.25)
 
 
 def test_lines_end_only_at_newline(tmp_path):
@@ -246,6 +253,11 @@ def test_meteor_gives_the_jar_one_normalised_line_per_reference(tmp_path, capsys
     assert hyps == "the cat sat\na dog\n"
     # the references of an example on consecutive lines, an empty one replaced by the first
     assert refs == "the cat sat down\nthe cat sat down\na dog barked\none dog barked\n"
+    # the jar reads UTF-8: so are both files where the locale's encoding is another (ASCII here)
+    (tmp_path / "h").write_text("caf\u00e9 cr\u00e8me\n", encoding="utf-8")
+    (tmp_path / "r1").write_text("le caf\u00e9\n", encoding="utf-8")
+    run_cli("palm-score", "meteor", "--hyp", h, "--ref", r1, env_extra=ASCII_LOCALE)
+    assert json.loads((tmp_path / "seen.json").read_text())[1:] == ["caf\u00e9 cr\u00e8me\n", "le caf\u00e9\n"]
 
 
 @pytest.mark.slow

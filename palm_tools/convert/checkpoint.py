@@ -16,7 +16,7 @@ import palm_plugin
 from palm_plugin.models.unilm import UniLMModel
 from palm_plugin.modules.dictionary_check import FINGERPRINT
 from palm_tools.atomic_files import atomic_path
-from palm_tools.convert import ConversionError
+from palm_tools.convert import ConversionError, some_names
 from palm_tools.convert.names import MASK
 
 
@@ -73,9 +73,9 @@ def write_output(output, symbols, model_cfg, converted, source_path, arch_family
     missing = sorted(set(expected) - set(converted) - {"lm_head.weight", FINGERPRINT})  # the record: the model's own
     essential = [n for n in missing if n.startswith("encoder.")]
     if essential:
-        raise ConversionError(f"{source_path}: missing parameters {essential[:5]}{' ...' if len(essential) > 5 else ''}"
-                              "; the file holds part of the model, or another one than config.json describes: "
-                              "convert the model's complete weights")
+        raise ConversionError(f"{source_path}: missing parameters {some_names(essential)}; the file holds part of "
+                              "the model, or another one than config.json describes: convert the model's complete "
+                              "weights")
     if missing:
         print(f"not in {source_path}, so as a new model starts them (weights at random, biases at 0, LayerNorm "
               f"scales at 1): {', '.join(missing)}", file=sys.stderr)

@@ -10,7 +10,7 @@ from fairseq.data import Dictionary
 from palm_plugin.modules.dictionary_check import FINGERPRINT, differing_rows
 from palm_plugin.modules.table_extension import TOKENS
 from palm_tools.atomic_files import atomic_path
-from palm_tools.convert import ConversionError
+from palm_tools.convert import ConversionError, some_names
 from palm_tools.convert.checkpoint import atomic_write_bytes
 from palm_tools.convert.names import BERT_IGNORED, BERT_NAMES, BERT_SPECIALS, MASK, PSEUDO, rename
 from palm_tools.convert.reading import read_state
@@ -78,8 +78,8 @@ def export(args):
         ours = {bert_name.get(symbol, symbol): index for index, symbol in enumerate(dictionary.symbols)}
         missing = [token for token in vocab if token not in ours]
         if missing:
-            raise ConversionError(f"{vocab_path}: tokens not in the checkpoint's dictionary: {missing[:5]}; pass the "
-                                  "vocab.txt the checkpoint was converted from (--vocab), or none")
+            raise ConversionError(f"{vocab_path}: tokens not in the checkpoint's dictionary: {some_names(missing)}; "
+                                  "pass the vocab.txt the checkpoint was converted from (--vocab), or none")
         order = [ours[token] for token in vocab]
     else:
         vocab = [bert_name.get(s, s) for s in dictionary.symbols if s != PSEUDO]

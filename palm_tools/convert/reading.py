@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from palm_plugin.fixes import safe_loading
-from palm_tools.convert import ConversionError
+from palm_tools.convert import ConversionError, some_names
 
 
 def read_state(path):
@@ -69,8 +69,7 @@ def read_weights(directory):
         state.update(read_weight_file(directory / shard))
     missing = sorted(set(weight_map) - set(state))
     if missing:
-        named = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise ConversionError(f"{found}: the shards lack {named}; download the shard files again")
+        raise ConversionError(f"{found}: the shards lack {some_names(missing)}; download the shard files again")
     return state, found
 
 

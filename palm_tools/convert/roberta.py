@@ -12,7 +12,7 @@ from fairseq.data import Dictionary
 from omegaconf import OmegaConf
 
 from palm_plugin.modules import table_extension
-from palm_tools.convert import ConversionError
+from palm_tools.convert import ConversionError, some_names
 from palm_tools.convert.checkpoint import (atomic_save, atomic_write_bytes, fairseq_cfg, untrained_checkpoint,
                                           write_output)
 from palm_tools.convert.names import (BERT_IGNORED, BERT_NAMES, GPT2_SPECIALS, HF_ROBERTA_HEAD, MASK, ROBERTA_IGNORED,
@@ -43,7 +43,7 @@ def convert_roberta(args):
     essential = ("encoder.sentence_encoder.embed_positions.weight", "encoder.sentence_encoder.layers.0.fc1.weight")
     missing = [name for name in essential if name not in weights]
     if missing:
-        raise ConversionError(f"{args.input}: missing {missing}; convert the model's complete weights")
+        raise ConversionError(f"{args.input}: missing {some_names(missing)}; convert the model's complete weights")
     layers = 1 + max(
         int(m.group(1)) for m in (re.match(r"encoder\.sentence_encoder\.layers\.(\d+)\.", k) for k in weights) if m
     )
@@ -169,7 +169,7 @@ def convert_hf_roberta(args):
         weights["encoder.lm_head.weight"] = tokens
     missing = sorted(set(names.values()) - set(weights) - {"encoder.lm_head.weight"})
     if missing:
-        raise ConversionError(f"{weights_path}: missing {missing[:5]}; convert the model's complete weights")
+        raise ConversionError(f"{weights_path}: missing {some_names(missing)}; convert the model's complete weights")
     if dropped:
         print(f"not used by fairseq's RoBERTa (dropped): {', '.join(d for d in dropped if 'token_type' not in d)}",
               file=sys.stderr)
