@@ -606,7 +606,8 @@ def test_hf_roberta_becomes_palms_roberta_path_with_the_same_features(tmp_path, 
 
     weights = load_file(source / "model.safetensors")
     save_file({k: v for k, v in weights.items() if "layer.1.output.dense.weight" not in k}, source / "model.safetensors")
-    with pytest.raises(SystemExit, match=r"model\.safetensors: missing encoder\.sentence_encoder\.layers\.1\.fc2\.weight; "):
+    with pytest.raises(SystemExit,
+                       match=r"model\.safetensors: missing encoder\.sentence_encoder\.layers\.1\.fc2\.weight; "):
         convert.main(["hf-roberta", "--input", str(source), "--output", str(tmp_path / "refused")])
     save_file(weights, source / "model.safetensors")
     for setting in ({"layer_norm_eps": 1e-12}, {"hidden_act": "relu"}):

@@ -159,7 +159,8 @@ def test_compiled_layers_train_as_the_plain_ones(corpus, key, monkeypatch):
     torch._dynamo.reset()
     plain, batch = built_with(corpus, key)
     # PALM's layers also checkpointed: the two levers compose (torch.compile traces torch.utils.checkpoint)
-    options = ["--compile-layers"] + (["--compile-copy-attention", "--checkpoint-activations"] if key == "palm" else [])
+    options = ["--compile-layers"] + (["--compile-copy-attention", "--checkpoint-activations"] if key == "palm"
+                                      else [])
     compiled, _ = built_with(corpus, key, options)
     layers = [m for m in compiled.model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
     assert len(layers) == (2 if key == "unilm_seq2seq" else 4)
@@ -423,7 +424,8 @@ def test_checkpointed_layers_keep_only_their_inputs_and_train_as_the_plain_ones(
     wrapped.model.load_state_dict(plain.model.state_dict())
     assert list(wrapped.model.state_dict()) == list(plain.model.state_dict())
     calls = []
-    monkeypatch.setattr(activation_checkpoints, "checkpoint", lambda *a, **k: calls.append(k["use_reentrant"]) or checkpoint(*a, **k))
+    monkeypatch.setattr(activation_checkpoints, "checkpoint",
+                        lambda *a, **k: calls.append(k["use_reentrant"]) or checkpoint(*a, **k))
 
     def update(built):
         saved = []
