@@ -22,6 +22,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask
 
+from palm_plugin.errors import InputValueError
 from palm_plugin.tasks.shared_dictionary import task_name
 
 
@@ -53,15 +54,16 @@ class PalmMlmLmCriterion(FairseqCriterion):
         super().__init__(task)
         # another task's batches have no mlm_target: a KeyError at the first batch
         if isinstance(task, FairseqTask) and not getattr(task, "trains_encoder_mlm", False):
-            raise ValueError(f"--criterion palm_mlm_lm is PALM's pre-training loss (--task continuation_pair), not one "
-                             f"for --task {task_name(task)}: fine-tune PALM with --criterion "
-                             "label_smoothed_cross_entropy")
+            raise InputValueError(f"--criterion palm_mlm_lm is PALM's pre-training loss (--task continuation_pair), "
+                                  f"not one for --task {task_name(task)}: fine-tune PALM with --criterion "
+                                  "label_smoothed_cross_entropy")
         if stage == "joint" and mlm_weight == 0 and lm_weight == 0:  # a loss of 0: nothing would be learned
-            raise ValueError("--mlm-weight 0 and --lm-weight 0: stage joint would train nothing; give one of them a "
-                             "weight above 0")
+            raise InputValueError("--mlm-weight 0 and --lm-weight 0: stage joint would train nothing; give one of "
+                                  "them a weight above 0")
         if stage == "ae" and getattr(getattr(task, "cfg", None), "objective", None) == "unconditional":
-            raise ValueError("--stage ae trains the encoder, and --objective unconditional gives it no source: train "
-                             "stage ae with --objective continuation, then stage joint with --objective unconditional")
+            raise InputValueError("--stage ae trains the encoder, and --objective unconditional gives it no source: "
+                                  "train stage ae with --objective continuation, then stage joint with --objective "
+                                  "unconditional")
         self.stage = stage
         self.mlm_weight = mlm_weight
         self.lm_weight = lm_weight

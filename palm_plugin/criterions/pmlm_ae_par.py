@@ -23,6 +23,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from fairseq.tasks import FairseqTask
 
+from palm_plugin.errors import InputValueError
 from palm_plugin.modules.attention_masks import PseudoMaskKind
 from palm_plugin.modules.host_syncs import SYNCS_AT_START_HELP, count, flat_indices, select
 from palm_plugin.tasks.pmlm import PseudoMaskedLMTask
@@ -42,8 +43,8 @@ class PseudoMaskedLMCriterion(FairseqCriterion):
         super().__init__(task)
         # another task's batches have no factorization steps or kinds: a KeyError at the first batch
         if isinstance(task, FairseqTask) and not isinstance(task, PseudoMaskedLMTask):
-            raise ValueError(f"--criterion pmlm_ae_par is the loss of --task pmlm's pseudo-masked batches, not of "
-                             f"--task {task_name(task)}: train the other UniLM tasks with --criterion unilm_cloze")
+            raise InputValueError(f"--criterion pmlm_ae_par is the loss of --task pmlm's pseudo-masked batches, not of "
+                                  f"--task {task_name(task)}: train the other UniLM tasks with --criterion unilm_cloze")
         self.syncs_at_start = syncs_at_start
 
     def forward(self, model, sample, reduce=True):

@@ -27,6 +27,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks.translation import TranslationTask
 
+from palm_plugin.errors import InputValueError
 from palm_plugin.fixes.option_ranges import problem
 from palm_plugin.modules.host_syncs import SYNCS_AT_START_HELP, count, flat_indices, select
 from palm_plugin.tasks.shared_dictionary import task_name
@@ -48,12 +49,13 @@ class UniLMClozeCriterion(FairseqCriterion):
         pretraining = getattr(task, "trains_encoder_mlm", False)
         if pretraining or isinstance(task, TranslationTask):
             palm_loss = "palm_mlm_lm" if pretraining else "label_smoothed_cross_entropy"
-            raise ValueError(f"--criterion unilm_cloze is UniLM's loss (tasks unilm_seq2seq, unilm_pretraining, "
-                             f"pmlm), not one for --task {task_name(task)}: train PALM with --criterion {palm_loss}")
+            raise InputValueError(f"--criterion unilm_cloze is UniLM's loss (tasks unilm_seq2seq, unilm_pretraining, "
+                                  f"pmlm), not one for --task {task_name(task)}: train PALM with --criterion "
+                                  f"{palm_loss}")
         # the command line checks it when parsing (palm_plugin.fixes.option_ranges); this is for Python callers
         out_of_range = problem(SimpleNamespace(label_smoothing=label_smoothing))
         if out_of_range:
-            raise ValueError(out_of_range)
+            raise InputValueError(out_of_range)
         self.eps = label_smoothing
         self.syncs_at_start = syncs_at_start
 

@@ -10,6 +10,8 @@ import os
 from fairseq import utils
 from fairseq.data import Dictionary, data_utils
 
+from palm_plugin.errors import InputFileNotFoundError, InputValueError
+
 logger = logging.getLogger(__name__)
 
 
@@ -17,11 +19,11 @@ def load_dictionary(data: str) -> Dictionary:
     """The ``dict.txt`` of the first directory of ``data``; a clear error when there is none."""
     paths = utils.split_paths(data)
     if not paths[0]:  # an empty DATA ("$DATA" of an unset variable): fairseq splits it into [""]
-        raise ValueError("DATA is empty: give the data directory written by fairseq-preprocess --only-source "
-                         "(fairseq-train DATA ...)")
+        raise InputValueError("DATA is empty: give the data directory written by fairseq-preprocess --only-source "
+                              "(fairseq-train DATA ...)")
     path = os.path.join(paths[0], "dict.txt")
     if not os.path.exists(path):
-        raise FileNotFoundError(
+        raise InputFileNotFoundError(
             f"{path}: no dictionary; DATA must be a directory written by fairseq-preprocess --only-source"
         )
     dictionary = Dictionary.load(path)
@@ -44,12 +46,12 @@ def load_sentences(data: str, split: str, epoch: int, dictionary: Dictionary, co
     split_path = split_prefix(data, split, epoch)
     sentences = data_utils.load_indexed_dataset(split_path, dictionary, combine=combine)
     if sentences is None:
-        raise FileNotFoundError(
+        raise InputFileNotFoundError(
             f"no binarized split {split!r} at {split_path}.{{bin,idx}}: run fairseq-preprocess --only-source "
             f"with --trainpref / --validpref, --destdir {os.path.dirname(split_path)}"
         )
     if not (sentences.sizes > 1).any():
-        raise ValueError(
+        raise InputValueError(
             f"{split_path}.bin: no text: its {len(sentences)} lines are all blank. Binarize a text file with one "
             "sentence a line and a blank line between documents (fairseq-preprocess --only-source)"
         )

@@ -30,6 +30,7 @@ import torch
 
 from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset, segment_rows
+from palm_plugin.errors import InputValueError
 
 NOISE_SCHEMES = ("exact", "s2s_ft")
 
@@ -50,7 +51,7 @@ class PseudoSeq2SeqDataset(UniLMSeq2SeqDataset):
         self.noise = noise
         self.pseudo_idx = self.dictionary.index(PSEUDO_SYMBOL)
         if self.pseudo_idx == self.dictionary.unk():
-            raise ValueError(
+            raise InputValueError(
                 f"the dictionary has no {PSEUDO_SYMBOL} symbol: the unilm_seq2seq task adds it with --pseudo-masks"
             )
         if not self.generation:

@@ -22,6 +22,7 @@ from fairseq.data import FairseqDataset, data_utils
 
 from palm_plugin.data.symbols import replacement_exclusions
 from palm_plugin.data.token_masking import sample_rng
+from palm_plugin.errors import InputValueError
 from palm_plugin.modules.attention_masks import Objective
 
 OBJECTIVES = (Objective.BIDIRECTIONAL, Objective.SEQ2SEQ, Objective.LEFT_TO_RIGHT, Objective.RIGHT_TO_LEFT)
@@ -84,7 +85,7 @@ class UniLMPretrainingDataset(FairseqDataset):
     def __init__(self, sentences, dictionary, tokens_per_sample, masking, mask_idx, seed,
                  objective_probs=OBJECTIVE_PROBS):
         if tokens_per_sample < 5:
-            raise ValueError("--tokens-per-sample must be at least 5 ([SOS] A [EOS] B [EOS])")
+            raise InputValueError("--tokens-per-sample must be at least 5 ([SOS] A [EOS] B [EOS])")
         self.sentences = sentences
         self.dictionary = dictionary
         self.budget = tokens_per_sample - 3

@@ -22,6 +22,7 @@ from fairseq.data import FairseqDataset, data_utils
 from palm_plugin.data.collate import pad_rows
 from palm_plugin.data.symbols import replacement_exclusions
 from palm_plugin.data.token_masking import TokenMaskingPolicy, sample_rng
+from palm_plugin.errors import InputValueError
 from palm_plugin.modules.attention_masks import Objective
 
 logger = logging.getLogger(__name__)
@@ -65,9 +66,10 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         generation=False,
     ):
         if target is not None and len(source) != len(target):
-            raise ValueError(f"source has {len(source)} sentences, target {len(target)}: the files are not parallel")
+            raise InputValueError(f"source has {len(source)} sentences, target {len(target)}: the files are not "
+                                  "parallel")
         if max_source_positions < 3 or max_target_positions < 2:
-            raise ValueError("--max-source-positions must be >= 3 and --max-target-positions >= 2")
+            raise InputValueError("--max-source-positions must be >= 3 and --max-target-positions >= 2")
         self.source, self.target = source, target
         self.dictionary = dictionary
         self.max_source_positions, self.max_target_positions = max_source_positions, max_target_positions

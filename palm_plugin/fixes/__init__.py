@@ -22,6 +22,7 @@ from palm_plugin.fixes import (
     ema_integer_state,
     generation_options,
     hydra_config,
+    input_errors,
     loader_exit,
     model_overrides,
     multi_tensor_optimizer,
@@ -71,6 +72,8 @@ FIXES = (
                   "without an active exception') in fairseq's batch-loading thread"),
     (hydra_config, "fairseq-hydra-train builds an architecture's model at the base sizes (fairseq #4675), and no "
                    "check of a parsed command line sees its configuration"),
+    (input_errors, "the plugin's errors of bad input inside the tasks, models and loaders end fairseq's commands "
+                   "below a traceback, not as one line"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),

@@ -20,7 +20,7 @@ import functools
 import os
 import struct
 
-from palm_plugin.errors import CommandError
+from palm_plugin.errors import CommandError, InputFileNotFoundError
 from palm_plugin.modules.dictionary_check import warn_if_unknown
 
 
@@ -52,12 +52,13 @@ def check_split(path):
 
 
 def missing_split(data, split, source, target):
-    """The ``FileNotFoundError`` of a ``split`` of language pair ``source``-``target`` that ``data`` does not hold: it
-    names the splits fairseq-preprocess wrote there (either direction of the pair) and what to do."""
+    """The error (an :class:`~palm_plugin.errors.InputFileNotFoundError`) of a ``split`` of language pair
+    ``source``-``target`` that ``data`` does not hold: it names the splits fairseq-preprocess wrote there (either
+    direction of the pair) and what to do."""
     suffixes = (f".{source}-{target}.{source}.idx", f".{target}-{source}.{source}.idx")
     found = sorted({name[: -len(suffix)] for name in (os.listdir(data) if os.path.isdir(data) else [])
                     for suffix in suffixes if name.endswith(suffix)})
-    return FileNotFoundError(
+    return InputFileNotFoundError(
         f"{os.path.join(data, f'{split}.{source}-{target}.{source}')}.idx: dataset not found (fairseq-preprocess "
         f"output); " + (f"{data} holds {', '.join(found)}: give one of those splits (--gen-subset, --valid-subset), "
                         f"or " if found else "")

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from palm_plugin.errors import CommandError
+from palm_plugin.errors import CommandError, InputValueError
 from palm_plugin.fixes.ngram_repeat_block import PrefixNGramRepeatBlock
 from palm_plugin.fixes.option_ranges import option_flag
 from palm_plugin.fixes.parsed_arguments import check_after_parsing
@@ -126,7 +126,7 @@ def _check_alignment(models):
     for model in models:
         problem = model.alignment_problem() if hasattr(model, "alignment_problem") else None
         if problem:
-            raise ValueError(f"--print-alignment: {problem}")
+            raise InputValueError(f"--print-alignment: {problem}")
 
 
 def batch_length_problem(generator, net_input):
@@ -165,23 +165,23 @@ def _apply(generator, args, dictionary) -> None:
 
     style = getattr(args, "lenpen_style", "fairseq")
     if style not in LENPEN_STYLES:
-        raise ValueError(f"--lenpen-style {style!r}: choose one of {', '.join(LENPEN_STYLES)}")
+        raise InputValueError(f"--lenpen-style {style!r}: choose one of {', '.join(LENPEN_STYLES)}")
     ignore = getattr(args, "no_repeat_ngram_ignore", None)
     if not isinstance(generator, SequenceGenerator):  # --score-reference, sampling-free scorers: nothing to decode
         return
     if getattr(args, "print_alignment", None):
         _check_alignment(generator.model.models)
     if style == "gnmt" and not generator.normalize_scores:
-        raise ValueError("--lenpen-style gnmt normalises scores: leave out --unnormalized")
+        raise InputValueError("--lenpen-style gnmt normalises scores: leave out --unnormalized")
     generator.gnmt_length_penalty = style == "gnmt"
     if ignore:
         n = getattr(args, "no_repeat_ngram_size", 0)
         if not n:
-            raise ValueError("--no-repeat-ngram-ignore needs --no-repeat-ngram-size (s2s-ft: 3)")
+            raise InputValueError("--no-repeat-ngram-ignore needs --no-repeat-ngram-size (s2s-ft: 3)")
         symbols = ignore.split("|")
         missing = [s for s in symbols if dictionary.index(s) == dictionary.unk() and s != dictionary.unk_word]
         if missing:
-            raise ValueError(
+            raise InputValueError(
                 f"--no-repeat-ngram-ignore: {' '.join(missing)} not in the target dictionary; give symbols as they "
                 f"appear in dict.txt (after BPE)"
             )
@@ -236,7 +236,7 @@ def install():
     def generate_within_lengths(self, sample, *rest, **kwargs):
         message = batch_length_problem(self, sample["net_input"])
         if message:
-            raise ValueError(message)
+            raise InputValueError(message)
         return generate(self, sample, *rest, **kwargs)
 
     build_generator_with_options.__palm_plugin__ = True

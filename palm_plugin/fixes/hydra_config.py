@@ -28,7 +28,7 @@ NAMED_GROUPS = {"model": "arch", "task": "task", "criterion": "criterion", "opti
 GIVEN_GROUPS = ("model", "task")
 
 
-def _on_hydra_road():
+def on_hydra_road():
     return "fairseq_cli.hydra_train" in sys.modules
 
 
@@ -86,7 +86,7 @@ def check(cfg, given) -> None:
 def _checked_defaults(add_defaults):
     @functools.wraps(add_defaults)
     def checked(cfg):
-        if not _on_hydra_road():
+        if not on_hydra_road():
             return add_defaults(cfg)
         given = {key for group in GIVEN_GROUPS for key in _group(cfg, group) if not key.startswith("_")}
         fill_from_architecture(cfg)

@@ -30,18 +30,19 @@ import zipfile
 
 import torch
 
+from palm_plugin.errors import InputError
 from palm_plugin.modules.dictionary_check import DictionaryMismatchError
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(InputError, pickle.UnpicklingError):
     """A checkpoint holds something other than tensors and the configuration types fairseq stores."""
 
 
-class CorruptCheckpointError(RuntimeError):
+class CorruptCheckpointError(InputError, RuntimeError):
     """A checkpoint file is truncated or is not a torch file at all."""
 
 
-class ForeignCheckpointError(ValueError):
+class ForeignCheckpointError(InputError, ValueError):
     """A checkpoint of another program, recognised by its parameter names, that the plugin cannot read."""
 
 

@@ -32,6 +32,7 @@ from fairseq.models import FairseqEncoderDecoderModel, register_model, register_
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr
 
+from palm_plugin.errors import InputValueError
 from palm_plugin.fixes.saved_model_build import building_from_checkpoint, building_saved_model
 from palm_plugin.modules.dictionary_check import (
     FINGERPRINT, check_embedding_rows, check_symbols, symbol_fingerprint,
@@ -205,7 +206,7 @@ class PalmModel(FairseqEncoderDecoderModel):
     def build_model(cls, cfg, task):
         dictionary = task.source_dictionary
         if task.target_dictionary is not None and task.target_dictionary != dictionary:
-            raise ValueError(
+            raise InputValueError(
                 "PALM shares one embedding between source and target: binarize both sides with the same "
                 "dictionary (fairseq-preprocess --joined-dictionary or --srcdict/--tgtdict with one file)"
             )
@@ -220,7 +221,7 @@ class PalmModel(FairseqEncoderDecoderModel):
             copy_attention_impl = "blocked"
         check_copy_attention_impl(copy_attention_impl)
         if cfg.reinit_encoder and cfg.roberta_path:
-            raise ValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
+            raise InputValueError("--reinit-encoder replaces the encoder by a random one: leave out --roberta-path")
         markers = safe_getattr(cfg, "source_position_markers", 0)
         num_embeddings = len(dictionary) - markers
         # other symbols taken for markers would share the <unk> embedding and never be generated
@@ -228,7 +229,7 @@ class PalmModel(FairseqEncoderDecoderModel):
         while f"<unk-{present}>" in dictionary:
             present += 1
         if markers != present and markers:
-            raise ValueError(
+            raise InputValueError(
                 f"--source-position-markers {markers}: the dictionary has {present} source position markers (<unk-0>, "
                 "<unk-1>, ... at its end, as fairseq's examples/pointer_generator writes dict.txt): "
                 + (f"give --source-position-markers {present}" if present else
@@ -236,7 +237,7 @@ class PalmModel(FairseqEncoderDecoderModel):
             )
         mask = dictionary.index("<mask>") if "<mask>" in dictionary else None
         if mask is not None and mask >= num_embeddings:
-            raise ValueError(
+            raise InputValueError(
                 f"the dictionary's <mask> (index {mask}) comes after the {markers} source position markers; "
                 "list <mask> in dict.txt before the markers"
             )

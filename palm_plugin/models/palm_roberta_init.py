@@ -17,6 +17,7 @@ in PALM and is refused.
 import logging
 import os
 
+from palm_plugin.errors import InputValueError
 from palm_plugin.fixes import safe_loading
 from palm_plugin.fixes.checkpoint_paths import read_checkpoint
 from palm_plugin.modules.dictionary_check import FINGERPRINT, DictionaryMismatchError
@@ -48,12 +49,13 @@ def _palm_names_from_unilm(state, path, model):
     """A converted BERT-family (``unilm``) state -> PALM names, positions shifted and the source segment folded in."""
     weights, cfg = state["model"], state.get("cfg") or {}
     if _UNILM + "relative_position.weight" in weights:
-        raise ValueError(f"{path}: a UniLMv2 checkpoint (relative position bias): PALM's encoder has none; start PALM "
-                         "from a BERT, UniLM v1 or MiniLM checkpoint")
+        raise InputValueError(f"{path}: a UniLMv2 checkpoint (relative position bias): PALM's encoder has none; start "
+                              "PALM from a BERT, UniLM v1 or MiniLM checkpoint")
     eps = (cfg.get("model") or {}).get("layer_norm_eps", 1e-12)
     own_eps = model.encoder.layernorm_embedding.eps
     if eps != own_eps:
-        raise ValueError(f"{path}: its LayerNorm epsilon is {eps}, this model's {own_eps}: pass --layer-norm-eps {eps}")
+        raise InputValueError(f"{path}: its LayerNorm epsilon is {eps}, this model's {own_eps}: pass "
+                              f"--layer-norm-eps {eps}")
     segment = (cfg.get("task") or {}).get("source_segment", 0)
     renamed = {}
     for key, value in weights.items():
@@ -88,13 +90,14 @@ def load_roberta_encoder(model, path: str) -> None:
         read_checkpoint(path, "--roberta-path")
     state = safe_loading.load_state(path)
     if not isinstance(state, dict) or "model" not in state:
-        raise ValueError(f"{path}: not a fairseq checkpoint (no 'model' entry); pass the model.pt of a RoBERTa model")
+        raise InputValueError(f"{path}: not a fairseq checkpoint (no 'model' entry); pass the model.pt of a RoBERTa "
+                              "model")
     if _UNILM + "embeddings.tokens.weight" in state["model"]:
         weights = _palm_names_from_unilm(state, path, model)
     else:
         weights = _palm_names(state["model"])
     if "encoder.embed_tokens.weight" not in weights:
-        raise ValueError(
+        raise InputValueError(
             f"{path}: no RoBERTa encoder in this checkpoint (expected '{_ENCODER}embed_tokens.weight'); "
             "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture, or the model.pt of "
             "palm-convert bert"
@@ -118,7 +121,7 @@ def load_roberta_encoder(model, path: str) -> None:
         if weights[k].shape != own[k].shape
     ]
     if missing or unexpected or mismatched:
-        raise ValueError(
+        raise InputValueError(
             f"{path}: this RoBERTa encoder does not fit the PALM encoder; set --encoder-layers, "
             "--encoder-embed-dim, --encoder-ffn-embed-dim, --encoder-attention-heads and --encoder-max-positions "
             f"to the checkpoint's. Missing: {missing[:5]}; unexpected: {unexpected[:5]}; shapes: {mismatched[:5]}"
@@ -134,9 +137,9 @@ def load_roberta_encoder(model, path: str) -> None:
                 model.mlm_head.load_state_dict({**head, "weight": model.mlm_head.weight}, strict=True)
             except RuntimeError as error:  # torch's lines say what is missing or of another shape
                 found = " ".join(line.strip() for line in str(error).splitlines()[1:])
-                raise ValueError(f"{path}: its LM head does not fit PALM's MLM head ({found}); give a checkpoint with "
-                                 "the whole LM head of this model size, or one without an LM head (PALM's then starts "
-                                 "from random weights)") from None
+                raise InputValueError(f"{path}: its LM head does not fit PALM's MLM head ({found}); give a checkpoint "
+                                      "with the whole LM head of this model size, or one without an LM head (PALM's "
+                                      "then starts from random weights)") from None
         else:
             logger.warning(f"{path}: no LM head in this checkpoint; PALM's MLM head starts from random weights")
     logger.info(f"initialised the PALM encoder and embeddings from checkpoint {path}")

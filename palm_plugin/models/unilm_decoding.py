@@ -13,6 +13,7 @@ from typing import Dict, Optional
 import torch
 from fairseq.models import FairseqEncoder, FairseqIncrementalDecoder
 
+from palm_plugin.errors import InputValueError
 from palm_plugin.modules.attention_masks import bidirectional_mask, hide_padding, seq2seq_decoding_mask, seq2seq_mask
 from palm_plugin.modules.fixed_shape_decoding import FixedShapeStep
 from palm_plugin.modules.unilm_transformer import UniLMTransformer
@@ -44,7 +45,7 @@ class UniLMSourceEncoder(FairseqEncoder):
             ``relative_bias_table`` (UniLMv2: the bias of every position offset, read by each decoding step).
         """
         if source_segments is None or target_segment is None:
-            raise ValueError(
+            raise InputValueError(
                 "UniLM decoding needs source_segments and target_segment in net_input; use --task unilm_seq2seq"
             )
         padding = src_tokens.eq(self.padding_idx)

@@ -18,6 +18,7 @@ from fairseq import utils
 from fairseq.sequence_scorer import SequenceScorer
 
 from palm_plugin.data.pseudo_seq2seq_dataset import pack_pseudo_seq2seq
+from palm_plugin.errors import InputValueError
 
 
 class UniLMReferenceScorer(SequenceScorer):
@@ -48,7 +49,7 @@ class UniLMReferenceScorer(SequenceScorer):
         for model in models:
             model.eval()
             if longest > model.max_positions():
-                raise ValueError(
+                raise InputValueError(
                     f"a source and reference of {longest} tokens exceed the model's {model.max_positions()} "
                     f"positions: lower --max-source-positions or leave the longest test pairs out"
                 )

@@ -22,10 +22,12 @@ import logging
 
 import torch
 
+from palm_plugin.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 
-class DictionaryMismatchError(ValueError):
+class DictionaryMismatchError(InputError, ValueError):
     """A checkpoint was trained with another dictionary than the one the model was built from."""
 
 

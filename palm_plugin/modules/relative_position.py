@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from palm_plugin.errors import InputValueError
+
 
 def relative_position_bucket(
     relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
@@ -62,7 +64,7 @@ class RelativePositionBias(nn.Module):
         super().__init__()
         # T5's bidirectional scheme needs an exact bucket in each half and a log range beyond it
         if num_buckets < 4 or max_distance <= num_buckets // 4:
-            raise ValueError(
+            raise InputValueError(
                 f"relative position buckets {num_buckets} / max distance {max_distance}: need at least 4 buckets and "
                 f"a max distance above a quarter of them (UniLMv2: 32 / 128); 0 buckets turns the bias off"
             )

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from palm_plugin.errors import InputValueError
 from palm_plugin.modules import flex_attention
 from palm_plugin.modules.attention_impl import IMPLEMENTATIONS
 from palm_plugin.modules.attention_masks import to_additive
@@ -59,7 +60,7 @@ class UniLMEmbeddings(nn.Module):
         """``tokens``, ``positions``, ``segments``: ``(B, T)`` long -> ``(B, T, C)``. ``check``: raise a readable
         error for a position beyond the table (a host synchronisation; fixed-shape decoding bounds them itself)."""
         if check and positions.max() >= self.positions.num_embeddings:
-            raise ValueError(
+            raise InputValueError(
                 f"position id {int(positions.max())} exceeds the model's {self.positions.num_embeddings} positions; "
                 f"truncate the input (--max-source-positions / --max-target-positions / --max-len-b)"
             )

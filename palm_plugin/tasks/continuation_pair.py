@@ -16,6 +16,7 @@ from omegaconf import II, MISSING
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.continuation_pair_dataset import ContinuationPairDataset, build_pair_index
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
+from palm_plugin.errors import InputValueError
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class ContinuationPairTask(SharedDictionaryTask):
         # What a document needs to give a pair in each mode.
         shortest = "two sentences" if self.cfg.split_mode == "sentence" else "two tokens"
         if len(pairs) == 0:
-            raise ValueError(
+            raise InputValueError(
                 f"{split_prefix(self.cfg.data, split, epoch)}: no pairs: none of its {pairs.documents} documents has "
                 f"{shortest}. Put one sentence per line and a blank line between documents"
                 + (" (or use --split-mode fraction)" if self.cfg.split_mode == "sentence" else "")
@@ -114,8 +115,8 @@ class ContinuationPairTask(SharedDictionaryTask):
         for lengths, needed, limit, model_option in zip((source, target), self.max_positions(), model.max_positions(),
                                                         ("--encoder-max-positions", "--decoder-max-positions")):
             if needed > limit:
-                raise ValueError(f"{lengths} + [EOS]: up to {needed} tokens, and the model reads at most "
-                                 f"{model_option} {limit}: lower {lengths.split()[0]} or raise {model_option}")
+                raise InputValueError(f"{lengths} + [EOS]: up to {needed} tokens, and the model reads at most "
+                                      f"{model_option} {limit}: lower {lengths.split()[0]} or raise {model_option}")
         return model
 
     def max_positions(self):

@@ -36,6 +36,7 @@ from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_
 from palm_plugin.data.pmlm_dataset import PseudoMaskedLMDataset
 from palm_plugin.data.symbols import PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
+from palm_plugin.errors import InputValueError
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask, check_positions
 
 logger = logging.getLogger(__name__)
@@ -85,8 +86,8 @@ class PseudoMaskedLMTask(SharedDictionaryTask):
     def __init__(self, cfg: PseudoMaskedLMConfig, dictionary: Dictionary):
         super().__init__(cfg, dictionary)
         if cfg.tokens_per_sample < 5:  # fairseq's TokenBlockDataset failed on blocks of fewer than 2 tokens
-            raise ValueError(f"--tokens-per-sample {cfg.tokens_per_sample}: must be at least 5 ([SOS] S1 [EOS] S2 "
-                             "[EOS], a token on each side)")
+            raise InputValueError(f"--tokens-per-sample {cfg.tokens_per_sample}: must be at least 5 ([SOS] S1 [EOS] S2 "
+                                  "[EOS], a token on each side)")
         self.pseudo_idx = dictionary.add_symbol(PSEUDO_SYMBOL)
         predict_masked_slots, append_pseudo, spans = OBJECTIVES[cfg.objective]
         unused = [f"--{name.replace('_', '-')} {getattr(cfg, name)}" for name in

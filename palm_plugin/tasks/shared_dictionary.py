@@ -4,6 +4,7 @@ from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from fairseq.tasks import TASK_REGISTRY, FairseqTask
 
 from palm_plugin.data.symbols import MASK_SYMBOL
+from palm_plugin.errors import InputValueError
 
 # the plugin's tasks of each model (fairseq's registered name)
 FAMILY_TASKS = {"unilm": "unilm_pretraining, pmlm or unilm_seq2seq",
@@ -21,9 +22,9 @@ def check_positions(model, tokens_per_sample):
     """``model``; stops when its positions cannot hold ``--tokens-per-sample`` tokens (fairseq stopped on the first
     longer block with advice to skip it, or skipped them all and then named the translation tasks' options)."""
     if tokens_per_sample > model.max_positions():
-        raise ValueError(f"--tokens-per-sample {tokens_per_sample}: the model has {model.max_positions()} positions "
-                         f"(--max-positions): give --tokens-per-sample {model.max_positions()} or less, or raise "
-                         "--max-positions")
+        raise InputValueError(f"--tokens-per-sample {tokens_per_sample}: the model has {model.max_positions()} "
+                              f"positions (--max-positions): give --tokens-per-sample {model.max_positions()} or less, "
+                              "or raise --max-positions")
     return model
 
 
@@ -44,7 +45,7 @@ class SharedDictionaryTask(FairseqTask):
         family = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
         if arch is not None and family != self.model_name:
             archs = ", ".join(a for a, model in ARCH_MODEL_NAME_REGISTRY.items() if model == self.model_name)
-            raise ValueError(
+            raise InputValueError(
                 f"--task {task_name(self)} makes batches for a {self.model_name} model, and --arch {arch} is a "
                 f"{family} model: give a {self.model_name} arch ({archs})"
                 + (f", or train {family} with --task {FAMILY_TASKS[family]}" if family in FAMILY_TASKS else ""))

@@ -14,6 +14,7 @@ from omegaconf import II, MISSING
 from palm_plugin.data.monolingual import load_dictionary, load_sentences, split_prefix
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 from palm_plugin.data.unilm_pretraining_dataset import NUM_OBJECTIVE_SEGMENTS, UniLMPretrainingDataset
+from palm_plugin.errors import InputValueError
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask, check_positions
 
 logger = logging.getLogger(__name__)
@@ -24,11 +25,11 @@ def _floats(text, option, meaning, count=None):
     try:
         values = tuple(float(Fraction(x.strip())) for x in text.split(","))
     except (ValueError, ZeroDivisionError):
-        raise ValueError(f"{option}: expected comma-separated numbers or fractions, got {text!r}") from None
+        raise InputValueError(f"{option}: expected comma-separated numbers or fractions, got {text!r}") from None
     # a negative one failed in numpy's sampling at the first batch, and a sum other than 1 named no option
     if (count and len(values) != count) or min(values) < 0 or abs(sum(values) - 1) > 1e-6:
-        raise ValueError(f"{option} {text}: {len(values)} values summing to {sum(values):g}; give "
-                         f"{count or 'the'} probabilities {meaning}, none negative, that sum to 1")
+        raise InputValueError(f"{option} {text}: {len(values)} values summing to {sum(values):g}; give "
+                              f"{count or 'the'} probabilities {meaning}, none negative, that sum to 1")
     return values
 
 
@@ -78,7 +79,7 @@ class UniLMPretrainingTask(SharedDictionaryTask):
             self.objective_probs,
         )
         if len(dataset) == 0:
-            raise ValueError(
+            raise InputValueError(
                 f"{split_prefix(self.cfg.data, split, epoch)}: no chunk of two text tokens: every document is a "
                 "single one-token sentence. Give documents of several words, one sentence a line"
             )
@@ -94,7 +95,7 @@ class UniLMPretrainingTask(SharedDictionaryTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         if model.cfg.num_segments < NUM_OBJECTIVE_SEGMENTS:
-            raise ValueError(
+            raise InputValueError(
                 f"unilm_pretraining marks the objective with segment ids 0-5; the model has {model.cfg.num_segments} "
                 f"segment types: use a unilm_* arch (not unilm2_*) or --num-segments 6"
             )

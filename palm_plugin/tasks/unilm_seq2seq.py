@@ -33,6 +33,7 @@ from palm_plugin.data.pseudo_seq2seq_dataset import NOISE_SCHEMES, PseudoSeq2Seq
 from palm_plugin.data.symbols import MASK_SYMBOL, PSEUDO_SYMBOL
 from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+from palm_plugin.errors import InputFileNotFoundError, InputValueError
 from palm_plugin.fixes.data_checks import missing_split
 from palm_plugin.models.unilm_reference_scorer import UniLMReferenceScorer
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
@@ -115,10 +116,11 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         paths = [os.path.join(data, f"dict.{lang}.txt") for lang in (cfg.source_lang, cfg.target_lang)]
         for path in paths:
             if not os.path.exists(path):
-                raise FileNotFoundError(f"{path}: no dictionary; run fairseq-preprocess (translation layout) first")
+                raise InputFileNotFoundError(f"{path}: no dictionary; run fairseq-preprocess (translation layout) "
+                                             "first")
         source_dict, target_dict = (Dictionary.load(path) for path in paths)
         if source_dict.symbols != target_dict.symbols:
-            raise ValueError(
+            raise InputValueError(
                 f"{paths[0]} and {paths[1]} differ: UniLM shares one vocabulary; preprocess with "
                 f"--joined-dictionary (or the same --srcdict and --tgtdict)"
             )
@@ -139,7 +141,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         source = data_utils.load_indexed_dataset(prefix + self.cfg.source_lang, self.dictionary)
         target = data_utils.load_indexed_dataset(prefix + self.cfg.target_lang, self.dictionary)
         if source is None or target is None:
-            raise FileNotFoundError(f"{prefix}{{{self.cfg.source_lang},{self.cfg.target_lang}}}.bin: cannot read")
+            raise InputFileNotFoundError(f"{prefix}{{{self.cfg.source_lang},{self.cfg.target_lang}}}.bin: cannot read")
         dataset = self._dataset(source, target)
         counts = (
             f"{split}: {len(dataset)} pairs; truncated {dataset.truncated_sources} sources to --max-source-positions "
@@ -165,7 +167,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         """Sources to decode (``fairseq-interactive``, hub interfaces): token tensors ending with [EOS], as
         ``source_dictionary.encode_line`` gives them; batches hold the generation view (no target)."""
         if constraints is not None:
-            raise ValueError("--constraints is not supported by the unilm decoder; decode without constraints")
+            raise InputValueError("--constraints is not supported by the unilm decoder; decode without constraints")
         return self._dataset(ListDataset(src_tokens, sizes=list(src_lengths)), None, generation=True)
 
     def build_model(self, cfg, from_checkpoint=False):
@@ -176,7 +178,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         model = super().build_model(cfg, from_checkpoint)
         segments = model.cfg.num_segments
         if not (0 <= self.cfg.source_segment < segments and 0 <= self.cfg.target_segment < segments):
-            raise ValueError(
+            raise InputValueError(
                 f"--source-segment {self.cfg.source_segment} / --target-segment {self.cfg.target_segment} do not fit "
                 f"the model's {segments} segment types (UniLMv2 and BERT checkpoints: --source-segment 0 "
                 f"--target-segment 1)"
@@ -231,7 +233,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         longest = int(src_tokens.ne(self.dictionary.pad()).sum(1).max())
         room = positions - 1 - longest
         if min_len > room:
-            raise ValueError(
+            raise InputValueError(
                 f"--min-len {min_len}: the longest source of this batch takes {longest} of the model's {positions} "
                 f"positions, which leaves room for {room} tokens before </s>; give --min-len {room} or less, or "
                 f"shorter sources (--max-source-positions)"

@@ -73,23 +73,26 @@ class Lever:
     unchanged: Callable = lambda built: None  # why the lever would measure the plain row again, if it would
 
 
+def _on_baseline_layers(wrap):
+    """The ``after_build`` of a lever whose option fairseq's models lack (fairseq 0.12's RoBERTa and transformer have
+    no --compile-layers or --checkpoint-activations): the benchmark wraps the layers of the baselines with the plugin's
+    own ``wrap``, so that each row is measured against the same change."""
+    def after_build(built):
+        if not built.spec_plugin:
+            wrap(_fairseq_layers(built))
+
+    return after_build
+
+
 def _compile_args(spec):
     return ["--compile-layers"] if spec.plugin else []
 
 
-def _compile_baseline(built):
-    if not built.spec_plugin:
-        compile_layers(_fairseq_layers(built))
+_compile_baseline = _on_baseline_layers(compile_layers)
 
 
 def _checkpoint_args(spec):
     return ["--checkpoint-activations"] if spec.plugin else []
-
-
-def _checkpoint_baseline(built):
-    """fairseq's baselines through the plugin's wrapper: RoBERTa has no such option in fairseq 0.12."""
-    if not built.spec_plugin:
-        checkpoint_layers(_fairseq_layers(built))
 
 
 def _compile_copy_args(spec):
@@ -194,7 +197,8 @@ LEVERS = {
                                   unchanged=_aligned_already),
     "checkpoint_activations": Lever("checkpoint_activations", "--checkpoint-activations (each layer's activations "
                                     "recomputed in the backward pass: memory for time; baselines: the same, by the "
-                                    "benchmark)", args=_checkpoint_args, after_build=_checkpoint_baseline),
+                                    "benchmark)", args=_checkpoint_args,
+                                    after_build=_on_baseline_layers(checkpoint_layers)),
     "loader": Lever("loader", "batches from fairseq's iterator, pinned memory, 0 workers", loader=True),
     "loader_workers": Lever("loader_workers", "batches from fairseq's iterator, pinned memory, --loader-workers workers",
                             loader=True),
