@@ -96,7 +96,8 @@ def test_fairseq_train_and_hydra_train_end_a_tasks_error_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: {empty}/dict.txt: no dictionary; DATA must be a directory written by fairseq-preprocess --only-source")
     result = run_cli("fairseq-hydra-train", "--config-dir", REPO / "examples" / "hydra", "--config-name",
-                     "unilm_finetune", f"task.data={empty}", f"common.user_dir={USER_DIR}", cwd=tmp_path,
+                     "unilm_finetune", f"task.data={empty}", f"common.user_dir={USER_DIR}",
+                     f"checkpoint.save_dir={tmp_path / 'ck'}", f"hydra.run.dir={tmp_path}", "hydra.job.chdir=False",
                      check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1] == (
