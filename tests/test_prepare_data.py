@@ -439,6 +439,22 @@ def test_without_a_wikipedia_extract_the_log_says_why(tmp_path, monkeypatch):
                                f"no --wiki-xml given"]
 
 
+def test_help_shows_every_options_help_text(capsys, monkeypatch):
+    """palm-data --help shows each option with its help text, as every option of the other tools does (their
+    subcommands are checked with tests.conftest.subcommand_help)."""
+    from palm_tools.data import corpora
+
+    monkeypatch.setenv("COLUMNS", "1000")  # unwrapped: argparse breaks lines at hyphens too
+    with pytest.raises(SystemExit) as stop:
+        corpora.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert stop.value.code == 0 and text.startswith("usage: palm-data ")
+    assert "--vocab-size VOCAB_SIZE sentencepiece vocabulary size" in text
+    assert "--seed SEED seed of every random choice" in text
+    for action in corpora.build_parser()._actions:
+        assert action.help and " ".join(action.help.split()) in text, action.option_strings
+
+
 def test_defaults_are_the_documented_ones():
     """palm-data without options writes data/ (docs/data.md; `make data` names it too) and its chitchat10k subset
     has 10,000 training pairs, the size of PALM's Cornell experiment (section 3.6: "10K pairs randomly sampled")."""

@@ -200,6 +200,20 @@ def test_squad_question_generation_sentence_and_paragraph(tmp_path, capsys):
     assert lines(tmp_path / "all.src")[0].startswith("Architecturally, the school has a Catholic character. Atop")
 
 
+def test_squad_sentence_context_with_a_repeated_sentence(tmp_path, capsys):
+    """The sentence holding the answer is found where the answer is, also when the same sentence occurs again later in
+    the paragraph: a repeated sentence does not move the search past the sentences between."""
+    paragraph = "It rained. The bridge closed. It rained."
+    qas = [{"id": "r1", "question": "What happened first?", "answers": [{"text": "rained", "answer_start": 3}]},
+           {"id": "r2", "question": "What closed?",
+            "answers": [{"text": "The bridge", "answer_start": paragraph.index("The bridge")}]}]
+    squad = tmp_path / "s.json"
+    squad.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": paragraph, "qas": qas}]}]}))
+    code, _, err = run(capsys, "squad-qg", "--squad-json", squad, "--context", "sentence", "--out", tmp_path / "o")
+    assert code == 0, err
+    assert lines(tmp_path / "o.src") == ["It rained. [SEP] rained", "The bridge closed. [SEP] The bridge"]
+
+
 def test_squad_malformed_records_are_named(tmp_path, capsys):
     squad = squad_file(tmp_path / "train-v1.1.json", drop_field="question")
     code, _, err = run(capsys, "squad-qg", "--squad-json", squad, "--out", tmp_path / "x")
@@ -208,7 +222,9 @@ def test_squad_malformed_records_are_named(tmp_path, capsys):
             in err)
     data = json.loads(squad_file(squad).read_text())
     for record, field, where in ((data["data"][1]["paragraphs"][0], "context", "article 'Beyonc\u00e9' paragraph 0"),
-                                 (data["data"][1], "title", "article 1")):
+                                 (data["data"][1], "title", "article 1"),
+                                 (data["data"][0]["paragraphs"][0]["qas"][0]["answers"][0], "answer_start",
+                                  "article 'University_of_Notre_Dame' paragraph 0 question q1 answer 0")):
         del record[field]
         squad.write_text(json.dumps(data))
         code, _, err = run(capsys, "squad-qg", "--squad-json", squad, "--out", tmp_path / "x")
@@ -343,6 +359,15 @@ def test_cornell_malformed_lines_are_named(tmp_path, capsys):
     code, _, err = run(capsys, "cornell", "--lines", movie_lines, "--conversations", movie_conversations,
                        "--out-dir", tmp_path / "raw")
     assert code == 1 and "movie_lines.txt:1: expected 5 fields" in err
+    assert not (tmp_path / "raw").exists()
+
+
+def test_cornell_requires_movie_lines(tmp_path, capsys):
+    _, movie_conversations = cornell_files(tmp_path, ["a b", "c d"], [["L0", "L1"]])
+    with pytest.raises(SystemExit) as stop:  # argparse's usage error, before anything is read
+        run(capsys, "cornell", "--conversations", movie_conversations, "--out-dir", tmp_path / "raw")
+    assert stop.value.code == 2
+    assert "palm-prepare cornell: error: the following arguments are required: --lines" in capsys.readouterr().err
     assert not (tmp_path / "raw").exists()
 
 

@@ -90,7 +90,7 @@ def test_every_arch_has_the_sizes_of_the_design(monkeypatch):
         stack = build_on_meta(arch).stack
         assert len(stack.layers) == layers, arch
         assert all((layer.q_proj.out_features, layer.fc1.out_features) == (dim, ffn) for layer in stack.layers), arch
-        assert stack.num_heads == heads and stack.embeddings.tokens.embedding_dim == dim, arch
+        assert stack.layers[0].num_heads == heads and stack.embeddings.tokens.embedding_dim == dim, arch
         assert stack.embeddings.segments.num_embeddings == segments, arch
         relative = stack.relative_position
         assert (tuple(relative.weight.shape) == (heads, buckets)) if buckets else relative is None, arch

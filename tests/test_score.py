@@ -119,6 +119,18 @@ def test_rouge_sentence_markers_are_split_not_scored(tmp_path):
         assert json.loads(Path(out).read_text())["rouge-1"]["f"] == pytest.approx(expected)
 
 
+def test_rouge_sentence_split_takes_each_documented_value_by_name(tmp_path, capsys):
+    """--sentence-split marker / period / none, as --help lists them, each accepted on the command line; marker (the
+    default) and period split the two sentences, so their order does not matter to ROUGE-Lsum; none does not."""
+    h = write(tmp_path / "h", ["the president signed it . <q> the senate passed the bill ."])
+    r = write(tmp_path / "r", ["the senate passed the bill . <q> the president signed it ."])
+    out = tmp_path / "o.json"
+    for flags, expected in (([], 100), (["--sentence-split", "marker"], 100), (["--sentence-split", "period"], 100),
+                            (["--sentence-split", "none"], 100 * 5 / 9)):
+        assert score.main(["rouge", "--hyp", h, "--ref", r, "--out", str(out), *flags]) == 0, capsys.readouterr().err
+        assert json.loads(out.read_text())["rouge-l"]["f"] == pytest.approx(expected), flags
+
+
 def test_answer_f1_as_coqa_computes_it(tmp_path):
     # normalised: "the White cat!" -> "white cat"; "a white dog" -> "white dog": one common word of two each
     assert metrics.normalize_answer("The  White cat!") == "white cat"
@@ -240,7 +252,9 @@ def test_meteor_gives_the_jar_one_normalised_line_per_reference(tmp_path, capsys
                     "import json, sys\n"
                     "files = [open(name, encoding='utf-8').read() for name in sys.argv[4:6]]\n"
                     f"open({str(tmp_path / 'seen.json')!r}, 'w').write(json.dumps([sys.argv[1:], *files]))\n"
-                    "print('Final score:            0.4321')\n")
+                    # the jar's report: a header, each segment's score and the statistics before the final score
+                    "print('Meteor version: 1.5\\n\\nSegment 1 score:\\t0.9\\nSegment 2 score:\\t0.1\\n\\n"
+                    "f1:                     0.8\\n\\nFinal score:            0.4321')\n")
     java.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     h = write(tmp_path / "h", ["the  cat\tsat", "a dog"])

@@ -197,7 +197,6 @@ class UniLMTransformer(nn.Module):
         if attention_impl not in IMPLEMENTATIONS:
             raise ValueError(f"attention_impl {attention_impl!r}: one of {', '.join(IMPLEMENTATIONS)}")
         self.attention_impl = attention_impl
-        self.num_heads = num_heads
         self.embeddings = UniLMEmbeddings(
             vocab_size, padding_idx, dim, max_positions, num_segments, layer_norm_eps, dropout
         )
