@@ -312,7 +312,9 @@ def test_stage_ae_refuses_the_unconditional_objective():
 
     dictionary = Dictionary()
     task = SimpleNamespace(cfg=SimpleNamespace(objective="unconditional"), target_dictionary=dictionary)
-    with pytest.raises(ValueError, match="train stage ae with --objective continuation, then stage joint"):
+    # the options as the user types them (choices are case-sensitive)
+    with pytest.raises(ValueError, match="train stage ae with --objective continuation, then stage joint with "
+                                         "--objective unconditional$"):
         PalmMlmLmCriterion(task, "ae", 0.0, 1.0)
     assert PalmMlmLmCriterion(task, "joint", 0.0, 1.0).stage == "joint"
 
@@ -341,3 +343,40 @@ def test_a_split_loaded_without_an_epoch_is_the_first_shards(tmp_path):
     assert continuation() == ["continued0", "</s>"]
     assert [continuation(epoch=epoch) for epoch in (1, 2, 3, 4)] == [
         ["continued0", "</s>"], ["continued1", "</s>"], ["continued2", "</s>"], ["continued0", "</s>"]]
+
+
+def parts_of_a_split(folder):
+    """A continuation_pair data folder whose train split was binarized in two parts (train, train1), a document of
+    two sentences each (ending with a blank line, so that the parts read together stay two documents); returns the
+    task and each part's continuation as words."""
+    from palm_plugin.tasks.continuation_pair import ContinuationPairConfig, ContinuationPairTask
+
+    dictionary = Dictionary()
+    parts = [(dictionary.add_symbol(f"context{k}"), dictionary.add_symbol(f"continued{k}")) for k in range(2)]
+    dictionary.save(str(folder / "dict.txt"))
+    for k, (context, continued) in enumerate(parts):
+        binarize(folder / f"train{k or ''}", [[context], [continued], []], dictionary)
+    task = ContinuationPairTask.setup_task(ContinuationPairConfig(data=str(folder), seed=1))
+    return task, [[f"continued{k}", "</s>"] for k in range(2)]
+
+
+def test_a_split_loaded_without_combine_is_its_first_part_only(tmp_path):
+    """fairseq-generate and fairseq-validate load their split with ``load_dataset(split)``, no combine: a split
+    binarized in parts (train, train1) is read as its first part, as fairseq's tasks do; fairseq-train's combine=True
+    reads every part."""
+    task, continuations = parts_of_a_split(tmp_path)
+
+    def loaded(**combine):
+        task.load_dataset("train", **combine)
+        dataset = task.dataset("train")
+        return [[task.dictionary[t] for t in dataset[i]["target"].tolist()] for i in range(len(dataset))]
+
+    assert loaded() == continuations[:1]
+    assert loaded(combine=True) == continuations
+
+
+def test_a_loaded_split_logs_its_pairs_mode_and_lines(tmp_path, caplog):
+    task, _ = parts_of_a_split(tmp_path)
+    with caplog.at_level("INFO", logger="palm_plugin.tasks.continuation_pair"):
+        task.load_dataset("train", combine=True)
+    assert [r.getMessage() for r in caplog.records] == ["train: 2 pairs (sentence mode) from 6 lines"]

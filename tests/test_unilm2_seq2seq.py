@@ -131,6 +131,23 @@ def test_training_batches_are_ordered_by_length_in_a_seeded_shuffle():
     assert len({tuple(order) for order in orders}) > 1
 
 
+def test_training_examples_of_one_length_keep_the_seeded_shuffles_order():
+    """fairseq's convention: the shuffle drawn from numpy's seed, then a stable sort by length, so that examples of one
+    length are batched in the shuffled order. Hundreds of one length: numpy's default argsort is unstable at that
+    size and would reorder them."""
+    from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
+
+    dictionary = make_dictionary()
+    lengths = [6 + i % 2 for i in range(400)]
+    source, target = Sentences(dictionary, lengths, seed=0), Sentences(dictionary, [4] * len(lengths), seed=1)
+    dataset = UniLMSeq2SeqDataset(source, target, dictionary, 64, 32, TokenMaskingPolicy(mask_prob=0.5),
+                                  dictionary.index(MASK_SYMBOL), SOURCE_SEGMENT, TARGET_SEGMENT, 7)
+    np.random.seed(3)
+    shuffled = np.random.permutation(len(lengths)).tolist()
+    np.random.seed(3)
+    assert dataset.ordered_indices().tolist() == sorted(shuffled, key=lambda i: lengths[i])  # Python's sort is stable
+
+
 def test_batch_layout():
     dictionary = make_dictionary()
     dataset = make_dataset(dictionary)
@@ -385,6 +402,17 @@ def test_one_view_per_use_and_raw_sources_for_inference(tmp_path, pseudo_masks):
     assert batch["target"] is None
     assert batch["net_input"]["src_tokens"][0].tolist() == [dictionary.bos(), *lines[0].tolist()]
     assert batch["net_input"]["src_tokens"][1].tolist() == [dictionary.bos(), *lines[1].tolist(), dictionary.pad()]
+
+
+def test_constraints_for_inference_are_refused_with_what_to_do(tmp_path):
+    """fairseq-interactive --constraints hands the constraints to build_dataset_for_inference: the unilm decoder has
+    no constrained search, so an error that says so, not constraints silently ignored."""
+    dictionary = make_dictionary()
+    task = seq2seq_task(tmp_path, dictionary)
+    lines = [torch.tensor([dictionary.index("w3"), dictionary.eos()])]
+    with pytest.raises(ValueError) as refused:
+        task.build_dataset_for_inference(lines, [2], constraints=torch.tensor([[1, dictionary.index("w4"), 0]]))
+    assert str(refused.value) == "--constraints is not supported by the unilm decoder; decode without constraints"
 
 
 def test_inference_step_adds_the_tasks_segments_and_refuses_a_training_batch(tmp_path):
