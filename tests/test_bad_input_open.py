@@ -209,6 +209,9 @@ def test_a_resume_of_the_same_run_with_other_training_options_goes_on():
      r"--task unilm_pretraining \(checkpoint: unilm_seq2seq\)\. .*, or keep this --save-dir and pass "
      r"--reset-optimizer --reset-lr-scheduler --reset-meters --reset-dataloader$"),
     (checkpoint_state(mask_prob=0.5), False, r"--mask-prob 0.5 \(checkpoint: 0.7\)\. "),
+    # a model without a dataclass (fairseq's lstm): its configuration, a Namespace, names the architecture "arch"
+    ({"cfg": {"model": {"arch": "lstm", "encoder_layers": 1}, "task": checkpoint_state()["cfg"]["task"]},
+      "model": {"encoder.weight": torch.zeros(8, 8)}}, False, r"--arch lstm \(checkpoint: unilm_tiny\)\. "),
     # --pseudo-masks adds <pseudo> to the dictionary: the same arch with one more embedding row
     (checkpoint_state(rows=41, pseudo_masks=True), True,
      r"the model's parameters \(the task's dictionary\); --pseudo-masks True \(checkpoint: None\)\. .*"
@@ -273,6 +276,29 @@ def test_a_checkpoint_path_that_is_no_checkpoint_file_names_what_to_give(tmp_pat
         with pytest.raises(CheckpointPathError) as stop:
             read_checkpoint(str(path), "--path")
         assert str(stop.value) == "error: " + message  # CommandError's last line
+
+
+def test_a_checkpoint_whose_memory_mapped_read_fails_names_the_file_and_torchs_error(tmp_path, monkeypatch):
+    """The memory-mapped read fails with an error that is not the legacy format's RuntimeError (here a filesystem
+    that cannot map files), and the whole-file read, whose errors name the file, does not fail: the message names the
+    file and what torch said."""
+    import errno
+
+    from palm_plugin.fixes.checkpoint_paths import CheckpointPathError, read_checkpoint
+
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"model": {}, "cfg": {}}, path)
+    load = torch.load
+
+    def load_without_mmap(f, *args, mmap=None, **kwargs):
+        if mmap:
+            raise OSError(errno.ENODEV, "No such device")
+        return load(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load_without_mmap)
+    with pytest.raises(CheckpointPathError) as stop:
+        read_checkpoint(str(path), "--path")
+    assert str(stop.value) == f"error: {path}: cannot read ([Errno {errno.ENODEV}] No such device)"
 
 
 def test_a_checkpoints_configuration_reads_the_same_in_each_form_fairseq_saves():

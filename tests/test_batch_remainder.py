@@ -50,3 +50,29 @@ def test_thirteen_sentences_give_thirteen_through_a_dataset():
     assert sum(map(len, batch_by_size_fn(np.arange(13, dtype=np.int64), lambda i: 5, 1000, -1, 8))) == 13
     batches = Sentences(np.full(13, 5)).batch_by_size(np.arange(13), max_tokens=1000, required_batch_size_multiple=8)
     assert np.concatenate(batches).tolist() == list(range(13))
+
+
+def test_install_over_fairseqs_batcher_passes_each_call_on_and_adds_the_dropped_tail(monkeypatch):
+    """The plugin installed the fix when it was imported; installed here over a stand-in for fairseq's batch_by_size
+    (which drops a last batch of 5 for a multiple of 8, and keeps its fixed-shape batches as they are), the wrapper
+    hands fairseq the call it got and returns fairseq's batches, the dropped tail added."""
+    from palm_plugin.fixes import batch_remainder
+
+    calls = []
+
+    def fairseqs(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None, max_sentences=None,
+                 required_batch_size_multiple=1, fixed_shapes=None):
+        calls.append((indices.tolist(), num_tokens_vec, max_tokens, max_sentences, required_batch_size_multiple,
+                      fixed_shapes))
+        if fixed_shapes is not None:
+            return [indices[:4], indices[4:]]
+        batches = [indices[start:start + 8] for start in range(0, len(indices), 8)]
+        return batches if len(batches[-1]) % 8 == 0 else batches[:-1]
+
+    monkeypatch.setattr(data_utils, "batch_by_size", fairseqs)
+    batch_remainder.install()
+    wrapped = data_utils.batch_by_size
+    assert wrapped is not fairseqs
+    assert [b.tolist() for b in wrapped(range(13), len, None, 1000, None, 8)] == [list(range(8)), list(range(8, 13))]
+    assert [b.tolist() for b in wrapped(range(6), len, fixed_shapes=[(4, 10)])] == [[0, 1, 2, 3], [4, 5]]
+    assert calls == [(list(range(13)), None, 1000, None, 8, None), (list(range(6)), None, None, None, 1, [(4, 10)])]

@@ -266,3 +266,40 @@ def test_palm_from_a_checkpoint_without_a_roberta_encoder_says_what_roberta_path
         f"{path}: no RoBERTa encoder in this checkpoint (expected 'encoder.sentence_encoder.embed_tokens.weight'); "
         "--roberta-path takes a checkpoint of fairseq's masked_lm task / roberta architecture, or the model.pt of "
         "palm-convert bert")
+
+
+def test_palm_from_a_bert_with_fewer_positions_than_its_hidden_size_equals_bert(converted, tmp_path):
+    """A BERT whose position table has fewer rows (48) than its hidden size (64): here the converted BERT cut to its
+    first 48 positions, which computes what BERT computes on shorter sentences. PALM's position table takes its rows
+    after fairseq's padding rows."""
+    reference, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    positions = "encoder.stack.embeddings.positions.weight"
+    assert state["model"][positions].shape == (64, 64)
+    path = tmp_path / "model.pt"
+    torch.save({**state, "model": {**state["model"], positions: state["model"][positions][:48].clone()}}, path)
+    palm = build_palm(dictionary, roberta_path=str(path), layer_norm_eps=1e-12, encoder_layers=2, encoder_embed_dim=64,
+                      encoder_ffn_embed_dim=256, encoder_attention_heads=4, encoder_max_positions=48).eval()
+    offset = palm.encoder.embed_positions.padding_idx + 1
+    assert palm.encoder.embed_positions.weight.shape == (48 + offset, 64)
+    tokens = sample_batch(dictionary, torch.Generator().manual_seed(4), lengths=(9, 9))[:, 1:]
+    ids, _ = bert_ids(dictionary, torch.cat([torch.full((2, 1), dictionary.bos()), tokens], dim=1))
+    with torch.no_grad():
+        expected = reference(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+        states = palm.encoder(tokens, src_lengths=torch.full((2,), tokens.size(1)))["encoder_out"][0].transpose(0, 1)
+    torch.testing.assert_close(states, expected, atol=1e-5, rtol=0)
+
+
+def test_palm_from_a_bert_without_its_lm_head_warns_that_the_mlm_head_starts_from_random_weights(converted, tmp_path,
+                                                                                                  caplog):
+    _, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    path = tmp_path / "model.pt"
+    torch.save({**state, "model": {k: v for k, v in state["model"].items() if not k.startswith("lm_head.")}}, path)
+    with caplog.at_level(logging.WARNING, logger="palm_plugin.models.palm_roberta_init"):
+        palm = build_palm(dictionary, roberta_path=str(path), layer_norm_eps=1e-12, encoder_layers=2,
+                          encoder_embed_dim=64, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
+                          encoder_max_positions=64)
+    assert palm.mlm_head is not None
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{path}: no LM head in this checkpoint; PALM's MLM head starts from random weights"]

@@ -169,7 +169,10 @@ def test_saved_model_build_wraps_build_model_and_train_main_once(monkeypatch, tm
         return cfg, task, from_checkpoint, saved_model_build.building_saved_model(), \
             saved_model_build.building_from_checkpoint()
 
-    def main(cfg):
+    keywords = []
+
+    def main(cfg, **kwargs):  # fairseq's distributed_utils.call_main(cfg, main, **kwargs) hands main its keywords
+        keywords.append(kwargs)
         return saved_model_build.building_saved_model(), saved_model_build.building_from_checkpoint()
 
     train = types.ModuleType("fairseq_cli.train")  # fairseq-train's module, loaded before the plugin
@@ -188,6 +191,7 @@ def test_saved_model_build_wraps_build_model_and_train_main_once(monkeypatch, tm
             save_dir=str(tmp_path), restore_file=restore_file, finetune_from_model=finetune_from_model))
 
     assert wrapped_main(checkpoint()) == (False, False)  # a new run
+    assert wrapped_main(checkpoint(), passed="on") == (False, False) and keywords[-1] == {"passed": "on"}
     assert wrapped_main(checkpoint(finetune_from_model="roberta.pt")) == (True, False)
     assert wrapped_main(checkpoint(restore_file=str(tmp_path / "other.pt"))) == (False, False)  # missing: scratch
     (tmp_path / "checkpoint_last.pt").write_bytes(b"")

@@ -252,6 +252,23 @@ def test_generation_options_no_hypothesis_can_meet_stop_at_the_command_line(case
     assert stop.value.code == message
 
 
+
+def test_match_source_len_counts_a_batchs_sources_without_padding_when_it_gives_no_lengths():
+    """A sample whose net_input has no src_lengths (a script's own batch): each source counts its tokens but padding
+    and </s>, as fairseq's SequenceGenerator counts them then, and the message says so."""
+    from palm_plugin.fixes.generation_options import batch_length_problem
+
+    d = dictionary()
+    a, b, c = (d.index(word) for word in "abc")
+    tokens = torch.tensor([[a, b, c, d.eos(), d.pad(), d.pad()], [a, d.eos()] + [d.pad()] * 4])  # 3 and 1 words
+    generator = Namespace(min_len=4, match_source_len=True, eos=d.eos(), pad=d.pad())
+    assert batch_length_problem(generator, {"src_tokens": tokens}) == (
+        "--min-len 4 with --match-source-len: the longest source of this batch counts 3 tokens (without its </s>, as "
+        "fairseq counts), the longest a hypothesis may be; give --min-len 3 or less, or leave out --match-source-len")
+    generator.min_len = 3
+    assert batch_length_problem(generator, {"src_tokens": tokens}) is None
+
+
 MODEL_OVERRIDE_CASES = {
     # fairseq's overwrite_args_by_name dropped them: the model decoded as if they had not been given
     "typo": ("unilm", "{'decoding_grahp': True}",
@@ -297,6 +314,23 @@ def test_model_overrides_the_checkpoint_lacks_stop_the_command(tmp_path, case):
     with pytest.raises(SystemExit) as stop:
         load()
     assert stop.value.code == message.format(path=path)
+
+
+
+def test_model_overrides_are_checked_against_a_model_configured_by_a_namespace():
+    """A model without a dataclass (fairseq's lstm) keeps its options in the configuration as an argparse Namespace:
+    the names --model-overrides is checked against include them (overriding one is not refused), and not a typo."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from palm_plugin.fixes.model_overrides import option_names
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "data", "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "lstm"])
+    cfg = convert_namespace_to_omegaconf(args)
+    assert isinstance(cfg.model, Namespace)
+    names = option_names(cfg)
+    assert {"encoder_hidden_size", "decoder_attention", "lr", "beam"} <= names and "dropuot" not in names
 
 
 ALIGNMENT_CASES = {

@@ -286,6 +286,17 @@ def test_blocks_hold_one_row_when_a_row_exceeds_the_budget(monkeypatch):
     ]
 
 
+
+def test_blocks_on_an_accelerator_take_its_budget():
+    """A device without an entry in BLOCK_ELEMENTS (a GPU; here the meta device, which allocates nothing) takes
+    ACCELERATOR_BLOCK_ELEMENTS: rows of 256 x 256 elements, 4 to a block on a CPU, all 2 x 8 in one block there."""
+    memory = torch.zeros(2, 256, 256)
+    assert copy_generator._blocks(memory, steps=8)[1].shape == (1, 4, 256, 256)  # 2**18 elements
+    blocks, workspace = copy_generator._blocks(memory.to("meta"), steps=8)
+    assert workspace.shape == (2, 8, 256, 256) and workspace.device.type == "meta"
+    assert [(b.start, t.start, t.stop) for b, t in blocks] == [(0, 0, 8)]
+
+
 def test_each_copy_attention_impl_takes_its_own_evaluation(monkeypatch):
     """Equation (3)'s evaluation by --copy-attention-impl: compiled through torch.compile's function (for batches whose
     sides all exceed 1: torch specialises sizes of 1, so those take the blocks), blocked by blocks, and auto, on CPU

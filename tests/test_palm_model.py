@@ -265,7 +265,7 @@ def finetuning_model(seed, **ablation):
 
 
 @pytest.mark.parametrize("part", ["encoder", "decoder"])
-def test_table6_reinit_replaces_one_part_of_the_pretrained_palm(part):
+def test_table6_reinit_replaces_one_part_of_the_pretrained_palm(part, caplog):
     """--reinit-encoder / --reinit-decoder: loading the pre-trained PALM (fairseq's load_state_dict, as
     --finetune-from-model does) gives that part a fresh initialisation (the same as a model built with the same
     seed) and the rest, the shared embedding included, the checkpoint's values."""
@@ -279,13 +279,16 @@ def test_table6_reinit_replaces_one_part_of_the_pretrained_palm(part):
         checkpoint[key] = checkpoint["encoder.embed_tokens.weight"]
     fresh = finetuning_model(seed=5).state_dict()
     model = finetuning_model(seed=5, **{f"reinit_{part}": True})
-    model.load_state_dict({k: v.clone() for k, v in checkpoint.items()}, strict=True)
+    with caplog.at_level(logging.INFO, logger="palm_plugin.models.palm"):
+        model.load_state_dict({k: v.clone() for k, v in checkpoint.items()}, strict=True)
     loaded = model.state_dict()
     embedding = "encoder.embed_tokens.weight"
     rows = fresh[embedding].size(0)
     reinitialised = [k for k in loaded if k.startswith(part + ".") and k not in shared | {SOURCE_FORMAT}]
     assert any("pointer_generator.gate" in k for k in reinitialised) == (part == "decoder")
     assert len(reinitialised) > 10
+    assert f"{part} re-initialised ({len(reinitialised)} tensors; token embedding kept from the checkpoint)" in [
+        r.getMessage() for r in caplog.records if r.name == "palm_plugin.models.palm"]
     for key, value in loaded.items():
         if key == REINIT_MARKER:
             continue

@@ -229,6 +229,21 @@ def test_compiled_functions_take_other_batch_shapes_without_recompiling(monkeypa
         torch.testing.assert_close(got, weighted_sums(memory.double(), query.double(), w.double()).float())
 
 
+
+def test_compiled_functions_stop_where_torch_would_run_them_uncompiled(monkeypatch):
+    """compiled() compiles the whole function or stops (fullgraph): a function torch cannot trace in one graph is
+    refused, not run eagerly, which would allocate what the functions written to be fused avoid."""
+    monkeypatch.setattr(compiled_layers, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+
+    def broken_sums(memory, query):
+        torch._dynamo.graph_break()
+        return (memory.unsqueeze(1) + query.unsqueeze(2)).sum(-1)
+
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compiled_layers.compiled(broken_sums)(torch.randn(2, 3, 4), torch.randn(2, 5, 4))
+
+
 def test_compiled_layers_take_batches_of_other_lengths_after_one_recompile(monkeypatch):
     """--compile-layers under fairseq's batches, whose length and size change every update: the first shape compiles,
     the second once more with its sizes symbolic (torch's automatic dynamic shapes), and no later batch recompiles.

@@ -138,13 +138,13 @@ def batch_length_problem(generator, net_input):
     if tokens is None:
         return None
     if generator.match_source_len:
-        lengths = net_input.get("src_lengths")
-        if lengths is None:
-            lengths = (tokens.ne(generator.eos) & tokens.ne(generator.pad)).sum(1)
+        lengths, counted = net_input.get("src_lengths"), "with its </s>"
+        if lengths is None:  # fairseq's own count then leaves </s> out
+            lengths, counted = (tokens.ne(generator.eos) & tokens.ne(generator.pad)).sum(1), "without its </s>"
         longest = int(lengths.max())
         if low > longest:
             return (f"--min-len {low} with --match-source-len: the longest source of this batch counts {longest} "
-                    f"tokens (with its </s>, as fairseq counts), the longest a hypothesis may be; give --min-len "
+                    f"tokens ({counted}, as fairseq counts), the longest a hypothesis may be; give --min-len "
                     f"{longest} or less, or leave out --match-source-len")
         return None
     a, b, width = generator.max_len_a, generator.max_len_b, tokens.size(1)
