@@ -224,6 +224,22 @@ def test_a_resume_of_another_task_model_or_data_is_refused_with_what_differs(our
                     stop.value.code), stop.value.code
 
 
+def test_the_checkpoint_checked_before_a_resume_is_the_one_fairseq_resumes_from(tmp_path):
+    """fairseq's load_checkpoint resumes from --save-dir's checkpoint_last{suffix}.pt for the default --restore-file
+    (when there is one), and from the --restore-file given otherwise, with the shard's suffix before .pt."""
+    from palm_plugin.fixes.save_dir_guard import _resume_path
+
+    def cfg(restore_file="checkpoint_last.pt"):
+        return argparse.Namespace(restore_file=restore_file, save_dir=str(tmp_path))
+
+    assert _resume_path(cfg(), "") is None  # a new run
+    (tmp_path / "checkpoint_last-shard0.pt").write_bytes(b"")
+    assert _resume_path(cfg(), "-shard0") == str(tmp_path / "checkpoint_last-shard0.pt")
+    assert _resume_path(cfg(), "") is None
+    assert _resume_path(cfg("other/c.pt"), "") == "other/c.pt"
+    assert _resume_path(cfg("other/c.pt"), "-shard1") == "other/c-shard1.pt"
+
+
 def test_a_checkpoint_decoded_with_another_familys_task_is_refused():
     from palm_plugin.fixes.checkpoint_paths import check_decoding_task
 
