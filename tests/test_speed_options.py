@@ -18,6 +18,7 @@ from palm_plugin.modules.relative_position import RelativePositionBias, masked_o
 from palm_plugin.optim.torch_adamw import TorchAdamW
 from palm_tools.bench.models import TRAIN_SPECS, build, load_batch
 from palm_tools.bench.train import TrainStep
+from tests.conftest import mutmut_stats_pass
 
 LENGTH = 32
 SPECS = {spec.key: spec for spec in TRAIN_SPECS}
@@ -240,8 +241,11 @@ def test_compiled_functions_stop_where_torch_would_run_them_uncompiled(monkeypat
         torch._dynamo.graph_break()
         return (memory.unsqueeze(1) + query.unsqueeze(2)).sum(-1)
 
+    function = compiled_layers.compiled(broken_sums)
+    if mutmut_stats_pass():  # compiled functions run eagerly there (tests/conftest.py); the call above is recorded
+        pytest.skip("mutmut's stats pass runs compiled functions eagerly")
     with pytest.raises(torch._dynamo.exc.Unsupported):
-        compiled_layers.compiled(broken_sums)(torch.randn(2, 3, 4), torch.randn(2, 5, 4))
+        function(torch.randn(2, 3, 4), torch.randn(2, 5, 4))
 
 
 def test_compiled_layers_take_batches_of_other_lengths_after_one_recompile(monkeypatch):
