@@ -1,8 +1,8 @@
 """Checks of a fairseq command line once it is parsed. Every fairseq command parses in
 ``fairseq.options.parse_args_and_arch``, after the task, model and criterion have added their options, so the fixes
 that check arguments (option_ranges, checkpoint_paths, ...) register their checks here, and one wrapper of it runs
-them all. fairseq-hydra-train parses no command
-line: :mod:`.hydra_config` runs the same checks on its configuration (:func:`run_checks`)."""
+them all. fairseq-hydra-train parses no command line: :mod:`.hydra_config` runs the same checks on its
+configuration (:func:`run_checks`)."""
 import functools
 import sys
 
