@@ -453,14 +453,22 @@ def test_torchrun_without_gpus_takes_the_world_from_its_environment(monkeypatch)
 
     from palm_plugin.fixes import distributed
 
-    monkeypatch.setattr(utils, "infer_init_method", lambda cfg, force_distributed=False: ("fairseq's", cfg))
+    def infer_init_method(cfg, force_distributed=False):
+        cfg.distributed_init_method = "env://"  # as fairseq's torchrun road sets it
+        return "fairseq's", cfg
+
+    monkeypatch.setattr(utils, "infer_init_method", infer_init_method)
     monkeypatch.setattr(utils, "_infer_torch_distributed_launch_init", lambda cfg: "fairseq's torchrun")
-    install_twice(distributed, lambda: (utils.infer_init_method, utils._infer_torch_distributed_launch_init))
+    monkeypatch.setattr(utils, "_infer_single_node_init", lambda cfg: "fairseq's single node")
+    monkeypatch.setattr(utils, "call_main", lambda cfg, main, **kwargs: ("fairseq's call_main", kwargs))
+    install_twice(distributed, lambda: (utils.infer_init_method, utils._infer_torch_distributed_launch_init,
+                                        utils._infer_single_node_init, utils.call_main))
 
     for name, value in (("MASTER_ADDR", "localhost"), ("MASTER_PORT", "29500"), ("WORLD_SIZE", "3"), ("RANK", "2")):
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    cfg = types.SimpleNamespace(distributed_world_size=1)  # fairseq's default on CPU
+    cfg = types.SimpleNamespace(distributed_world_size=1, tpu=False,  # fairseq's default on CPU
+                                distributed_init_method=None, distributed_no_spawn=True)
     assert utils.infer_init_method(cfg) == ("fairseq's", cfg) and cfg.distributed_world_size == 3
     cfg = types.SimpleNamespace()
     utils._infer_torch_distributed_launch_init(cfg)
@@ -468,6 +476,59 @@ def test_torchrun_without_gpus_takes_the_world_from_its_environment(monkeypatch)
                          "device_id": 0, "distributed_no_spawn": True}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # with GPUs: fairseq's
     assert utils._infer_torch_distributed_launch_init(types.SimpleNamespace()) == "fairseq's torchrun"
+
+
+def test_processes_fairseq_cannot_start_stop_with_what_to_do(monkeypatch):
+    """Without torchrun fairseq starts one process a GPU: with fewer GPUs than --distributed-world-size it failed on
+    an assertion, crashed after building the model (--distributed-port without SLURM) or, given
+    --distributed-init-method on a machine without GPUs, started nothing and exited with status 0."""
+    from fairseq.dataclass.configs import DistributedTrainingConfig
+    from fairseq.distributed import utils
+
+    from palm_plugin.errors import InputValueError
+    from palm_plugin.fixes import distributed
+
+    monkeypatch.setattr(utils, "infer_init_method", lambda cfg, force_distributed=False: "fairseq's")
+    monkeypatch.setattr(utils, "_infer_torch_distributed_launch_init", lambda cfg: "fairseq's torchrun")
+    monkeypatch.setattr(utils, "_infer_single_node_init", lambda cfg: "fairseq's single node")
+    monkeypatch.setattr(utils, "call_main", lambda cfg, main, **kwargs: ("fairseq's call_main", kwargs))
+    install_twice(distributed, lambda: (utils.infer_init_method, utils._infer_single_node_init, utils.call_main))
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+    def config(**values):
+        return DistributedTrainingConfig(**{"distributed_world_size": 2, "tpu": False, **values})  # tpu: common.tpu
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(InputValueError) as stop:
+        utils._infer_single_node_init(config())
+    assert str(stop.value) == (
+        "--distributed-world-size 2 starts 2 processes on this machine, one a GPU, and it has 0 GPUs: to train on 2 "
+        "CPU processes, start them with torchrun --nproc_per_node 2 $(which fairseq-train) ... --cpu "
+        "--distributed-backend gloo --ddp-backend legacy_ddp (docs/training.md)")
+    with pytest.raises(InputValueError, match=r"^--distributed-world-size 2, and nothing starts the other processes: "
+                                              r".* --distributed-port 29500 alone names no machine\. Start"):
+        utils.infer_init_method(config(distributed_port=29500))  # fairseq's inference set no init method
+    assert utils.infer_init_method(config(distributed_world_size=1)) == "fairseq's"  # one process: nothing to start
+    assert utils.infer_init_method(config(tpu=True)) == "fairseq's"  # xla starts the processes
+    given = types.SimpleNamespace(distributed_training=config(distributed_init_method="tcp://localhost:23456"))
+    with pytest.raises(InputValueError, match=r"^--distributed-init-method tcp://localhost:23456 makes fairseq start "
+                                              r"one process a GPU, and this machine has none: nothing would train\. "
+                                              r"On CPU start the processes with torchrun --nproc_per_node 2 "):
+        utils.call_main(given, print)
+    given.distributed_training.distributed_no_spawn = True  # each process started by hand
+    assert utils.call_main(given, print, start_rank=1) == ("fairseq's call_main", {"start_rank": 1})
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert utils._infer_single_node_init(config()) == "fairseq's single node"
+    with pytest.raises(InputValueError, match=r"^--distributed-world-size 4 starts 4 processes on this machine, one a "
+                                              r"GPU, and it has 2 GPUs: use --distributed-world-size 2 or fewer, or "):
+        utils._infer_single_node_init(config(distributed_world_size=4))
+    given.distributed_training.distributed_no_spawn = False
+    assert utils.call_main(given, print)[0] == "fairseq's call_main"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(InputValueError, match="it has 1 GPU: use --distributed-world-size 1 or fewer"):
+        utils._infer_single_node_init(config())
 
 
 def test_ema_copies_a_models_integer_state_with_the_keys_it_skips(monkeypatch):

@@ -70,6 +70,33 @@ def test_only_fairseq_commands_end_in_one_line(hook, monkeypatch, capsys):
     assert hook.seen == [bad] and capsys.readouterr().err == "error: DATA/dict.txt: no dictionary\n"
 
 
+def _child(rank, error):  # a process of torch.multiprocessing.spawn, as fairseq starts one a GPU
+    try:
+        raise KeyError("the error being handled")
+    except KeyError:
+        raise error
+
+
+def test_the_parent_of_spawned_processes_ends_a_childs_input_error_in_one_line(hook, capsys):
+    """On a machine with GPUs fairseq-train spawns a process per GPU; a child's error reaches the parent as torch's
+    ProcessRaisedException, the child's traceback (here with an exception chained before it) as its text."""
+    import torch.multiprocessing
+
+    def parents_error(error):
+        with pytest.raises(torch.multiprocessing.ProcessRaisedException) as raised:
+            torch.multiprocessing.spawn(_child, args=(error,), nprocs=1)
+        return raised.value
+
+    bad = parents_error(DictionaryMismatchError("CKPT: its dictionary has 30 symbols, DATA/dict.txt 31: ...\nsecond"))
+    hook.call(bad)
+    assert hook.seen == [] and capsys.readouterr().err == (
+        "error: CKPT: its dictionary has 30 symbols, DATA/dict.txt 31: ...\nsecond\n")
+    bug = parents_error(ValueError("a bug: palm_plugin.errors.InputValueError: in its message"))
+    hook.call(bug)
+    assert hook.seen == [bug] and capsys.readouterr().err == ""
+    assert input_errors.spawned_input_error(InputValueError("not from a child")) is None
+
+
 def test_hydra_lets_the_error_through_to_the_hook_unless_the_user_chose(monkeypatch):
     """hydra prints its own shortened traceback of what fairseq-hydra-train raises, unless HYDRA_FULL_ERROR is 1."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
@@ -81,6 +108,20 @@ def test_hydra_lets_the_error_through_to_the_hook_unless_the_user_chose(monkeypa
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
     input_errors.install()
     assert os.environ["HYDRA_FULL_ERROR"] == "0"
+
+
+def test_fairseq_train_stops_processes_it_cannot_start_in_one_line(tmp_path):
+    """Real processes on this machine without GPUs: --distributed-world-size 2 ended on fairseq's assertion below a
+    traceback; with --distributed-init-method, fairseq started no process at all and exited with status 0."""
+    for given in ([], ["--distributed-init-method", "tcp://localhost:23456"]):
+        result = run_cli("fairseq-train", tmp_path, "--user-dir", USER_DIR, *PRETRAINING["pmlm"], "--cpu",
+                         "--distributed-world-size", 2, *given, "--save-dir", tmp_path / "ck", check=False)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: --distributed-") and last.endswith(
+            "--cpu --distributed-backend gloo --ddp-backend legacy_ddp (docs/training.md)"
+            + (", or start each yourself with --distributed-no-spawn --distributed-rank R" if given else "")), last
+    assert not (tmp_path / "ck").exists()
 
 
 def test_fairseq_train_and_hydra_train_end_a_tasks_error_in_one_line(tmp_path):

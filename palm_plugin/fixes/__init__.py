@@ -49,7 +49,8 @@ FIXES = (
     (ngram_repeat_block, "--no-repeat-ngram-size blocks nothing on CPU (fairseq #5206)"),
     (generation_options, "no GNMT length penalty (--lenpen-style gnmt) or n-gram blocking that ignores tokens"),
     (quiet_warnings, "hydra deprecation and CPU pin_memory warnings on every command"),
-    (distributed, "torchrun without GPUs: division by zero, and every process training alone"),
+    (distributed, "torchrun without GPUs: division by zero, and every process training alone; more processes than "
+                  "GPUs without torchrun: an assertion, a crash, or no process and exit status 0"),
     (saved_model_build, "models cannot tell a build for a saved checkpoint from a new one (--roberta-path re-read)"),
     (option_ranges, "numeric options out of range (--label-smoothing 1.5, --mask-prob 0, --beam 0) train or fail "
                     "deep inside"),
@@ -73,7 +74,7 @@ FIXES = (
     (hydra_config, "fairseq-hydra-train builds an architecture's model at the base sizes (fairseq #4675), and no "
                    "check of a parsed command line sees its configuration"),
     (input_errors, "the plugin's errors of bad input inside the tasks, models and loaders end fairseq's commands "
-                   "below a traceback, not as one line"),
+                   "below a traceback, not as one line (a spawned process's, in its parent, too)"),
 )
 FIXES_AFTER_REGISTRATION = (
     (bf16_without_xla, "--bf16 implies --tpu and asks torch_xla for a device, on CPUs and GPUs alike"),

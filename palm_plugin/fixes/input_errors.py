@@ -10,6 +10,10 @@ traceback (a bug shows where it is), and so does a program that is not one of fa
 test: Python code catches the built-in kind each error also is), and any run with ``PALM_PLUGIN_TRACEBACK=1`` (for a
 bug report).
 
+On a machine with several GPUs fairseq starts one process a GPU with ``torch.multiprocessing.spawn``; the error of
+a child reaches the parent as torch's ``ProcessRaisedException``, the child's traceback as its text. When that
+traceback ends in an InputError, the parent ends with its message the same way.
+
 hydra catches the exceptions of fairseq-hydra-train itself and prints a shortened traceback, then a line about
 ``HYDRA_FULL_ERROR``, below the message; with that variable set it lets them through. So on that command's road the
 plugin sets ``HYDRA_FULL_ERROR=1`` (unless the user set it): the plugin's errors end as one line, others with
@@ -17,6 +21,7 @@ Python's whole traceback.
 """
 import os
 import sys
+from typing import Optional
 
 from palm_plugin.errors import InputError
 from palm_plugin.fixes.hydra_config import on_hydra_road
@@ -31,15 +36,41 @@ def on_fairseq_command() -> bool:
             or (spec is not None and spec.name.startswith("fairseq_cli.")))
 
 
-def ends_in_one_line(error: BaseException) -> bool:
-    """Whether ``error``, uncaught, ends this process as one line rather than below a traceback."""
-    return isinstance(error, InputError) and on_fairseq_command() and os.environ.get(TRACEBACK, "") in ("", "0")
+def _kinds(kind=InputError):
+    yield kind
+    for subclass in kind.__subclasses__():
+        yield from _kinds(subclass)
+
+
+def spawned_input_error(error: BaseException) -> Optional[str]:
+    """The message of the InputError that ended a process of ``torch.multiprocessing.spawn``, read from the child's
+    traceback that the parent's exception carries (None for any other error)."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    if not isinstance(error, ProcessRaisedException):
+        return None
+    last = str(error).rsplit("Traceback (most recent call last):", 1)[-1]  # the last of chained exceptions
+    lines = last.strip("\n").splitlines()
+    start = next((i for i, line in enumerate(lines) if line and not line.startswith(" ")), None)
+    if start is None:
+        return None
+    kind, _, message = "\n".join(lines[start:]).partition(": ")
+    names = {f"{k.__module__}.{k.__qualname__}" for k in _kinds()}
+    return message if kind in names else None
+
+
+def one_line(error: BaseException) -> Optional[str]:
+    """The message that ends this process in one line when ``error`` is uncaught (None: it keeps its traceback)."""
+    if not on_fairseq_command() or os.environ.get(TRACEBACK, "") not in ("", "0"):
+        return None
+    return str(error) if isinstance(error, InputError) else spawned_input_error(error)
 
 
 def _one_line_excepthook(excepthook):
     def one_line_excepthook(kind, error, traceback):
-        if ends_in_one_line(error):
-            sys.stderr.write(f"error: {error}\n")
+        message = one_line(error)
+        if message is not None:
+            sys.stderr.write(f"error: {message}\n")
         else:
             excepthook(kind, error, traceback)
 
