@@ -97,6 +97,26 @@ def test_the_parent_of_spawned_processes_ends_a_childs_input_error_in_one_line(h
     assert input_errors.spawned_input_error(InputValueError("not from a child")) is None
 
 
+def test_under_torchrun_the_line_is_what_torchruns_failure_summary_shows(hook, monkeypatch, tmp_path, capsys):
+    """torchrun names each process an error file and prints a summary of the failures last; without the file it
+    showed a link to its documentation there, the message scrolled away above its own traceback."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    error_file = tmp_path / "attempt_0" / "0" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    hook.call(ValueError("a bug"))  # keeps its traceback, and torch's own reporting
+    assert not error_file.exists()
+    hook.call(InputFileNotFoundError("DATA/dict.txt: no dictionary"))
+    assert capsys.readouterr().err == "error: DATA/dict.txt: no dictionary\n"
+    failure = ProcessFailure(local_rank=0, pid=123, exitcode=1, error_file=str(error_file))
+    summary = ChildFailedError("fairseq-train", {0: failure}).format_msg()
+    assert "  traceback : error: DATA/dict.txt: no dictionary\n" in summary, summary
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", "")  # torchrun's value when its logs go to /dev/null
+    hook.call(InputFileNotFoundError("DATA/dict.txt: no dictionary"))
+    assert capsys.readouterr().err == "error: DATA/dict.txt: no dictionary\n"
+
+
 def test_hydra_lets_the_error_through_to_the_hook_unless_the_user_chose(monkeypatch):
     """hydra prints its own shortened traceback of what fairseq-hydra-train raises, unless HYDRA_FULL_ERROR is 1."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)

@@ -12,15 +12,19 @@ bug report).
 
 On a machine with several GPUs fairseq starts one process a GPU with ``torch.multiprocessing.spawn``; the error of
 a child reaches the parent as torch's ``ProcessRaisedException``, the child's traceback as its text. When that
-traceback ends in an InputError, the parent ends with its message the same way.
+traceback ends in an InputError, the parent ends with its message the same way. Under ``torchrun`` each process
+prints the line and also leaves it in the error file torchrun names it (``TORCHELASTIC_ERROR_FILE``), so that the
+failure summary torchrun prints last shows the message where it showed a link to its documentation.
 
 hydra catches the exceptions of fairseq-hydra-train itself and prints a shortened traceback, then a line about
 ``HYDRA_FULL_ERROR``, below the message; with that variable set it lets them through. So on that command's road the
 plugin sets ``HYDRA_FULL_ERROR=1`` (unless the user set it): the plugin's errors end as one line, others with
 Python's whole traceback.
 """
+import json
 import os
 import sys
+import time
 from typing import Optional
 
 from palm_plugin.errors import InputError
@@ -66,11 +70,21 @@ def one_line(error: BaseException) -> Optional[str]:
     return str(error) if isinstance(error, InputError) else spawned_input_error(error)
 
 
+def tell_torchrun(line: str) -> None:
+    """Leave ``line`` where torchrun reads the failure of this process, in the format of its error files."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with open(path, "w") as file:
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                    "timestamp": str(int(time.time()))}}}, file)
+
+
 def _one_line_excepthook(excepthook):
     def one_line_excepthook(kind, error, traceback):
         message = one_line(error)
         if message is not None:
             sys.stderr.write(f"error: {message}\n")
+            tell_torchrun(f"error: {message}")
         else:
             excepthook(kind, error, traceback)
 
