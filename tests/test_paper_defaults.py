@@ -122,6 +122,12 @@ DEFAULTS = [
      "pseudo slots hold the symbol decoding feeds, so training and decoding see one placeholder; s2s-ft's own "
      "scheme is --pseudo-mask-noise s2s_ft"),
     ("task", "unilm_seq2seq", "seed", "${common.seed}", *SEED),
+    *rows("task", "unilm_seq2seq", "ours", "fairseq's translation task (fairseq/tasks/translation.py), the same "
+          "options with the same defaults: validation by the loss unless --eval-bleu is asked for",
+          eval_bleu=False, eval_bleu_args="{}", eval_bleu_detok="space", eval_bleu_detok_args="{}",
+          eval_tokenized_bleu=False, eval_bleu_remove_bpe=None, eval_bleu_print_samples=False),
+    ("task", "unilm_seq2seq", "train_subset", "${dataset.train_subset}", "ours",
+     "fairseq's --train-subset (interpolated): the other splits are decoded with --eval-bleu"),
     # --- criteria ------------------------------------------------------------------------------------------------
     ("criterion", "palm_mlm_lm", "stage", "joint", "paper",
      f"{PALM} 2.1: the second stage, the decoder's predictions (equation 1)"),

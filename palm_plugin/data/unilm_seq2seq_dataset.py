@@ -12,6 +12,9 @@ One view per use (``generation`` chooses it, once, before batches are drawn):
 * generation (``fairseq-generate``, ``fairseq-interactive``, the task's ``build_dataset_for_inference``):
   ``net_input`` holds the source ``[SOS] S1 [EOS]`` alone with its segments, ``target`` the whole reference
   ``S2 [EOS]``, not truncated (``None`` when there is none). No noise is drawn.
+
+With ``with_generation_view`` a training-view batch also holds the generation view of its pairs, as ``generation``
+(a validation split decoded at each validation: ``--eval-bleu``).
 """
 import logging
 
@@ -78,6 +81,7 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         self.source_segment, self.target_segment = source_segment, target_segment
         self.seed = seed
         self.generation = generation or target is None
+        self.with_generation_view = False
         self.epoch = 1
         self.excluded_replacements = replacement_exclusions(dictionary)
         # Binarized items end with [EOS]; the packed source adds [SOS].
@@ -106,12 +110,13 @@ class UniLMSeq2SeqDataset(FairseqDataset):
         bos, eos = self.dictionary.bos(), self.dictionary.eos()
         source_body = self.source[index].numpy()[:-1][: self.max_source_positions - 2]
         source = np.concatenate([[bos], source_body, [eos]]).astype(np.int64)
+        reference = self.target[index] if self.target is not None else None
         if self.generation:
-            reference = self.target[index] if self.target is not None else None
             return {"id": index, "source": torch.from_numpy(source), "reference": reference}
-        target_body = self.target[index].numpy()[:-1][: self.max_target_positions - 1]
+        target_body = reference.numpy()[:-1][: self.max_target_positions - 1]
         target = np.concatenate([target_body, [eos]]).astype(np.int64)
-        item = {"id": index, "source": torch.from_numpy(source), "target": torch.from_numpy(target)}
+        item = {"id": index, "source": torch.from_numpy(source), "target": torch.from_numpy(target),
+                "reference": reference}
         item.update(self.training_item(source, target, sample_rng(self.seed, self.epoch, index)))
         return item
 
@@ -139,6 +144,8 @@ class UniLMSeq2SeqDataset(FairseqDataset):
             return {}
         batch = {"id": torch.tensor([s["id"] for s in samples]), "nsentences": len(samples)}
         batch.update(self.generation_batch(samples) if self.generation else self.training_batch(samples))
+        if self.with_generation_view and not self.generation:
+            batch["generation"] = {"id": batch["id"], "nsentences": len(samples), **self.generation_batch(samples)}
         return batch
 
     def generation_batch(self, samples):

@@ -13,7 +13,9 @@ plugin's alike. It also refuses, with what to do, the generation options that fa
 traceback in the middle of decoding, or ignore: a ``--min-len`` above ``--max-len-b`` (:func:`length_problem`) and
 fairseq-interactive's ``--score-reference`` or ``--prefix-size`` when the command line is parsed,
 ``--print-alignment`` on models whose attention is no alignment to the source, and at each batch a ``--min-len`` above
-that batch's longest output (:func:`batch_length_problem`).
+that batch's longest output (:func:`batch_length_problem`); and ``--eval-bleu-args`` that is no JSON object of
+decoding options (:func:`~palm_plugin.tasks.bleu_validation.eval_bleu_problem`: fairseq's ``translation`` ignores the
+names it does not know).
 """
 import dataclasses
 import logging
@@ -28,6 +30,7 @@ from palm_plugin.errors import CommandError, InputValueError
 from palm_plugin.fixes.ngram_repeat_block import PrefixNGramRepeatBlock
 from palm_plugin.fixes.option_ranges import option_flag
 from palm_plugin.fixes.parsed_arguments import check_after_parsing
+from palm_plugin.tasks.bleu_validation import eval_bleu_problem
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ def _interactive_problem(args):
 
 
 def _check_parsed(args):
-    message = length_problem(args) or _interactive_problem(args)
+    message = length_problem(args) or _interactive_problem(args) or eval_bleu_problem(args)
     if message:
         raise GenerationOptionError(message)
 

@@ -9,7 +9,9 @@ code, for example) into an error that names the file.
 
 The allow-list was read off real checkpoints with ``torch.serialization.get_unsafe_globals_in_checkpoint``:
 ``fairseq-train`` checkpoints need ``argparse.Namespace``; configs pickled as ``DictConfig``/``ListConfig`` need
-omegaconf's container, node and metadata classes plus the plain types they record as ``ref_type``/``key_type``.
+omegaconf's container, node and metadata classes plus the plain types they record as ``ref_type``/``key_type``; a
+run with ``--eval-bleu`` keeps numpy arrays in its meters (the BLEU statistics), which need numpy's array
+reconstruction, ``ndarray`` and the numeric dtypes (a resumed run and fairseq-generate refused such checkpoints).
 
 fairseq's model loader is wrapped too, to name the checkpoint and the data's dictionary when the model finds that
 the checkpoint was trained with another dictionary (:mod:`palm_plugin.modules.dictionary_check`), and so is
@@ -82,6 +84,16 @@ def _pickled_strings(path):
         return []
 
 
+def numpy_array_globals():
+    """What a pickled numeric numpy array references: building an empty ``ndarray`` of a dtype, whose bytes follow."""
+    import numpy as np
+    from numpy._core.multiarray import _reconstruct
+
+    numeric = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.float16,
+               np.float32, np.float64)
+    return [_reconstruct, np.ndarray, np.dtype, *(type(np.dtype(kind)) for kind in numeric)]
+
+
 def allowed_globals():
     """The classes a fairseq checkpoint may reference, for ``torch.serialization.add_safe_globals``."""
     from omegaconf import DictConfig, ListConfig
@@ -108,6 +120,7 @@ def allowed_globals():
         float,
         str,
         bool,
+        *numpy_array_globals(),
     ]
 
 
@@ -216,16 +229,17 @@ def load_state(path):
         # torch's zip reader raises "[Errno 22] Invalid argument", naming no file, for a file cut in its first ~64 KB
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
     except pickle.UnpicklingError as error:
-        # a pickle that names a class or function torch does not allow; any other refusal is of bytes that are no
-        # pickle at all ("Unsupported operand"): a corrupt file, not a dangerous one
-        found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(error))
+        # a pickle that names a class or function torch does not allow (or, through an allowed one, builds a type
+        # torch does not allow: a numpy array of Python objects); any other refusal is of bytes that are no pickle at
+        # all ("Unsupported operand"): a corrupt file, not a dangerous one
+        found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)|but got <class '([\w.]+)'>", str(error))
         if "Weights only load failed" in str(error) and found:
             if is_released_palm(_pickled_strings(path)):  # it pickles its optimiser objects
                 raise ForeignCheckpointError(released_palm_message(path)) from None
             raise UnsafeCheckpointError(
-                f"{path}: refused to load this checkpoint: it references {found.group(1)}, which fairseq checkpoints "
-                f"never contain, so unpickling it could run code. If you made this file yourself and trust it, "
-                f"re-save it as a plain state dict (tensors, numbers, strings, argparse.Namespace)"
+                f"{path}: refused to load this checkpoint: it references {found.group(1) or found.group(2)}, which "
+                "fairseq checkpoints never contain, so unpickling it could run code. If you made this file yourself "
+                "and trust it, re-save it as a plain state dict (tensors, numbers, strings, argparse.Namespace)"
             ) from error
         raise CorruptCheckpointError(_corruption_message(path, error)) from error
     except Exception as error:  # torch's parsers fail on garbage with many exception types

@@ -16,6 +16,10 @@ interface) decodes raw text through :meth:`UniLMSeq2SeqTask.build_dataset_for_in
 arguments and batch keys as :class:`~palm_plugin.data.unilm_seq2seq_dataset.UniLMSeq2SeqDataset`), the dictionary
 gets the pseudo symbol, and decoding feeds the pseudo symbol as placeholder (``--pseudo-mask-noise s2s_ft``:
 [MASK], the symbol s2s-ft's pseudo slots mostly hold).
+
+``--eval-bleu`` (:mod:`palm_plugin.tasks.bleu_validation`, the options of fairseq's ``translation`` task) decodes the
+validation splits at each validation and logs their BLEU: their batches carry the generation view of the same pairs
+beside the training view the loss reads.
 """
 import contextlib
 import logging
@@ -36,13 +40,14 @@ from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.errors import InputFileNotFoundError, InputValueError
 from palm_plugin.fixes.data_checks import missing_split
 from palm_plugin.models.unilm_reference_scorer import UniLMReferenceScorer
+from palm_plugin.tasks.bleu_validation import BleuValidation, BleuValidationConfig, decoding_options, reduce_bleu
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class UniLMSeq2SeqConfig(BertReplacementConfig):
+class UniLMSeq2SeqConfig(BertReplacementConfig, BleuValidationConfig):
     data: str = field(default=MISSING, metadata={"help": "directory of fairseq-preprocess output (translation layout)"})
     source_lang: str = field(
         default="src", metadata={"help": "source language suffix of the data files", "argparse_alias": "-s"}
@@ -151,6 +156,7 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         )
         changed = dataset.truncated_sources + dataset.truncated_targets + dataset.empty_sources + dataset.empty_targets
         (logger.warning if changed else logger.info)(counts)
+        dataset.with_generation_view = self.cfg.eval_bleu and split != self.cfg.train_subset
         self.datasets[split] = dataset
 
     def _dataset(self, source, target, generation=False):
@@ -183,6 +189,10 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
                 f"the model's {segments} segment types (UniLMv2 and BERT checkpoints: --source-segment 0 "
                 f"--target-segment 1)"
             )
+        if self.cfg.eval_bleu:
+            # the loaded validation splits keep their training view: the loss reads it
+            self.bleu = BleuValidation(self.cfg, super().build_generator([model], decoding_options(
+                self.cfg.eval_bleu_args)))
         return model
 
     def build_generator(self, models, args, **kwargs):
@@ -195,6 +205,17 @@ class UniLMSeq2SeqTask(SharedDictionaryTask):
         if getattr(args, "score_reference", False):
             return UniLMReferenceScorer(self.dictionary, self.cfg.source_segment, self.cfg.target_segment)
         return super().build_generator(models, args, **kwargs)
+
+    def valid_step(self, sample, model, criterion):
+        loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
+        if self.cfg.eval_bleu and "generation" in sample:  # not in the dummy batch of a process without one
+            logging_output.update(self.bleu.logging_output(self, sample["generation"], model))
+        return loss, sample_size, logging_output
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        if self.cfg.eval_bleu:
+            reduce_bleu(logging_outputs)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """fairseq-interactive passes ``src_tokens`` and ``src_lengths`` only: add the segments of this task."""
