@@ -33,6 +33,8 @@ SCORE_CASES = [
      r"{tmp}/g holds no H-/D- lines: is it the output of fairseq-generate\?$"),
     ("generate-without-targets", {"g": lines("S-0\ta b", "H-0\t-0.5\ta b", "D-0\t-0.5\ta b")},
      ["bleu", "--generate", "{tmp}/g"], r"{tmp}/g has no T- line for sample 0: pass the references with --ref$"),
+    ("hypotheses-without-references", {"h": "a b\n"}, ["bleu", "--hyp", "{tmp}/h"],
+     r"give --hyp FILE and --ref FILE, or --generate FILE \(fairseq-generate output\)$"),
     ("empty-hypotheses", {"h": "", "r": ""}, ["bleu", "--hyp", "{tmp}/h", "--ref", "{tmp}/r"], r"{tmp}/h is empty$"),
     ("positional-scores-not-numbers", {"g": lines("S-0\ta b", "T-0\ta b", "H-0\t-0.5\ta b", "P-0\t-0.1 x")},
      ["ppl", "--generate", "{tmp}/g"], r"{tmp}/g:4: a P- line must hold numbers: "),

@@ -286,8 +286,11 @@ def test_max_positions_grows_the_table_as_s2s_ft_does(tmp_path, capsys):
     source = write_bert_dir(tmp_path / "bert", reference, config)
     convert.main(["bert", "--input", str(source), "--output", str(tmp_path / "out"), "--max-positions", "150",
                   "--num-segments", "4"])
-    # both resized tables are named, at the end of the line that says where each default came from
-    assert "; resized positions 64 -> 150, segments 2 -> 4\n" in capsys.readouterr().err
+    # both resized tables are named, at the end of the line that says where each default came from; a config.json
+    # without source_type_id / target_type_id and with 2 token types: BERT's sentence A / B, said so
+    err = capsys.readouterr().err
+    assert "; segments source 0 / target 1 (BERT's sentence A / B); " in err
+    assert "; resized positions 64 -> 150, segments 2 -> 4\n" in err
     model, _ = load_converted(tmp_path / "out")
     table = model.stack.embeddings.positions.weight
     original = reference.bert.embeddings.position_embeddings.weight

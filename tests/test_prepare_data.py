@@ -326,6 +326,9 @@ def test_dropped_pairs_are_counted_and_an_empty_split_is_warned(tiny, capsys):
     pairs = [line for split in ("train", "valid", "test")
              for line in (tiny / "out" / "raw" / f"chitchat.{split}.tgt").read_text().splitlines()]
     assert sorted(pairs) == [f"hello {i}" for i in range(6)]
+    # the small training subset (all of train's pairs here, fewer than 10,000) is counted as written
+    small = (tiny / "out" / "raw" / "chitchat10k.train.tgt").read_text().splitlines()
+    assert small and f"[prepare_data] chitchat10k.train: {len(small)} pairs\n" in log
 
     # three conversations, one of a single turn: it is the only one small enough to hold out, for valid
     (tiny / "dialogs.json").write_text(conversations(["a", "b", "c"], ["d", "e", "f"], ["g"]))

@@ -4,7 +4,8 @@ corpus and holds no valid or test conversation."""
 import bz2
 import json
 
-from palm_tools.data.pretraining_corpus import conversations_from_pairs, wiki_documents, wikitext_paragraphs
+from palm_tools.data.pretraining_corpus import (conversations_from_pairs, read_documents, wiki_documents,
+                                               wikitext_paragraphs)
 from tests.test_prepare_data import SMALL, inputs, run_here  # noqa: F401 (inputs: a module fixture)
 
 ARTICLE = """{{Infobox person|name=Ada {{small|Lovelace}}|born=1815}}
@@ -55,6 +56,11 @@ def test_wiki_documents_are_articles_split_into_sentences(tmp_path):
     assert documents[0][1:3] == ["Analytical Engine.",
                                  "She was the first to recognise that the machine had applications beyond pure "
                                  "calculation."]
+
+
+def test_documents_are_blank_line_separated_the_last_one_without_a_blank_line_after_it(tmp_path):
+    (tmp_path / "t.txt").write_text("One.\nTwo.\n\n\nThree.\nFour.")
+    assert read_documents(tmp_path / "t.txt") == [["One.", "Two."], ["Three.", "Four."]]
 
 
 def test_conversations_from_pairs():

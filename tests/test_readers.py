@@ -194,6 +194,12 @@ def test_squad_question_generation_sentence_and_paragraph(tmp_path, capsys):
     ]
     assert lines(tmp_path / "test.tgt") == ["What sits on top of the Main Building?",
                                            "What character does the school have?"]
+    # an article left out of the doclist before a listed one: the listed one is still read
+    doclist.write_text("Beyonc\u00e9\n")
+    code, out, err = run(capsys, "squad-qg", "--squad-json", squad, "--doclist", doclist, "--out", tmp_path / "b")
+    assert code == 0, err
+    assert lines(tmp_path / "b.src") == ["She sang. It was loud. [SEP] She"]
+    assert lines(tmp_path / "b.tgt") == ["Who sang?"]
     code, out, _ = run(capsys, "squad-qg", "--squad-json", squad, "--no-answer", "--out", tmp_path / "all")
     assert code == 0 and "read 5, kept 3" in out
     assert lines(tmp_path / "all.src")[2] == "She sang. It was loud."

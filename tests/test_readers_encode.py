@@ -52,6 +52,19 @@ def test_wordpiece_pieces(tmp_path, capsys):
     assert not (tmp_path / "b.wp.tgt").exists()
 
 
+def test_repeated_inputs_and_outputs_options_add_up(tmp_path, capsys):
+    """--inputs A --inputs B --outputs X --outputs Y encodes A into X and B into Y, as --inputs A B --outputs X Y."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s"]) + "\n")
+    (tmp_path / "a.txt").write_text("The cat\n")
+    (tmp_path / "b.txt").write_text("the cats\n")
+    code, captured = run(capsys, "encode", "--bpe", "wordpiece", "--uncased", "--model", vocab, "--inputs",
+                         tmp_path / "a.txt", "--inputs", tmp_path / "b.txt", "--outputs", tmp_path / "x",
+                         "--outputs", tmp_path / "y")
+    assert code == 0, captured.err
+    assert ((tmp_path / "x").read_text(), (tmp_path / "y").read_text()) == ("the cat\n", "the cat ##s\n")
+
+
 def test_an_output_that_is_an_input_is_refused_and_nothing_is_written(tmp_path, capsys):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]) + "\n")

@@ -92,7 +92,9 @@ def test_rougel_coco_formula_and_multiple_references(tmp_path):
                       (("h", "a b c d e"), ("r1", "a c e f"), ("r2", "b d"), ("r3", "")))
     assert score.main(["rougel", "--hyp", h, "--ref", r1, "--ref", r_2, "--ref", r3, "--out",
                        str(tmp_path / "o.json")]) == 0
-    assert json.loads((tmp_path / "o.json").read_text())["rouge-l"] == pytest.approx(both)
+    # the JSON records the recall weight and casing the score was computed with, under their documented names
+    assert json.loads((tmp_path / "o.json").read_text()) == {"rouge-l": pytest.approx(both), "beta": 1.2,
+                                                             "lowercase": False, "examples": 1, "metric": "rougel"}
     assert metrics.rouge_l(["A B"], [["a b"]], lowercase=True)["rouge-l"] == pytest.approx(100)
     assert metrics.rouge_l(["A B"], [["a b"]])["rouge-l"] == 0  # cased unless --lowercase, as coco-caption scores
     assert metrics.rouge_l([""], [["a b"]])["rouge-l"] == 0
@@ -241,6 +243,25 @@ def test_help_of_every_command(capsys):
     assert sorted(texts) == ["bleu", "f1", "meteor", "ppl", "rouge", "rougel"]
     assert "--lowercase compare lower-cased text" in texts["bleu"]
     assert "--log LOG fairseq-validate or fairseq-train log" in texts["ppl"]
+    assert ("--generate GENERATE fairseq-generate output instead of --hyp (references from T- lines unless --ref is "
+            "given; then sample ids index the lines of --ref)") in texts["bleu"]
+    assert ("--sentence-split {marker,period,none} how ROUGE-L splits a line into sentences: at <q> markers "
+            "(default), after every period (files2rouge's default), or not at all") in texts["rouge"]
+
+
+def test_help_lists_every_command_with_what_it_computes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # unwrapped: argparse breaks lines at hyphens too
+    with pytest.raises(SystemExit) as stop:
+        score.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert stop.value.code == 0
+    for line in ("rouge ROUGE-1/2/L F1 as files2rouge (ROUGE-1.5.5 -c 95 -r 1000 -n 2 -a -m)",
+                 "bleu corpus BLEU-4 (sacrebleu)",
+                 "rougel ROUGE-L F_beta as coco-caption computes it (MS MARCO, QG)",
+                 "f1 word-overlap F1 of normalised answers (CoQA, SQuAD)",
+                 "meteor METEOR 1.5 (Java; the jar of the pycocoevalcap package)",
+                 "ppl perplexity from fairseq-generate --score-reference output or a validate log"):
+        assert line in text, line
 
 
 def test_meteor_gives_the_jar_one_normalised_line_per_reference(tmp_path, capsys, monkeypatch):
