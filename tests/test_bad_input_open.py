@@ -252,6 +252,12 @@ def test_a_checkpoint_decoded_with_another_familys_task_is_refused():
         check_decoding_task(argparse.Namespace(task="unilm_seq2seq", beam=5),
                             checkpoint_state("translation", "palm_tiny"), "p.pt")
     check_decoding_task(argparse.Namespace(task="unilm_seq2seq", beam=5), checkpoint_state(), "u.pt")
+    # a checkpoint of fairseq's legacy format names the arch and the task in its argparse "args", with no "cfg"
+    legacy = {"args": argparse.Namespace(arch="unilm_tiny", task="unilm_seq2seq"), "model": checkpoint_state()["model"]}
+    with pytest.raises(SystemExit) as stop:
+        check_decoding_task(generate, legacy, "old.pt")
+    assert stop.value.code == ("error: --path old.pt is a unilm model (trained with --task unilm_seq2seq), which "
+                               "--task translation cannot decode; decode it with --task unilm_seq2seq")
     # fairseq-validate scores a checkpoint under any task (no --beam): left alone
     check_decoding_task(argparse.Namespace(task="translation"), checkpoint_state(), "u.pt")
 
@@ -861,6 +867,8 @@ UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_t
     (UNILM_PRE + ["--span-length-probs", "0.5,0.1"], ValueError,  # it named no option
      "--span-length-probs 0.5,0.1: 2 values summing to 0.6; give the probabilities of spans of 1, 2, 3, ... tokens, "
      "none negative, that sum to 1"),
+    (UNILM_PRE + ["--span-length-probs", "0.8;0.2"], ValueError,
+     "--span-length-probs: expected comma-separated numbers or fractions, got '0.8;0.2'"),
     (UNILM_PRE + ["--objective-probs=-1,1,0.5,0.5"], ValueError,  # numpy at the first batch: "not non-negative"
      "--objective-probs -1,1,0.5,0.5: 4 values summing to 1; give 4 probabilities of bidirectional, seq2seq, "
      "left-to-right, right-to-left, none negative, that sum to 1"),
@@ -874,7 +882,8 @@ UNILM_ARCHS = "unilm, unilm_base, unilm_large, unilm_tiny, unilm2_base, unilm2_t
         "unilm_cloze-continuation_pair", "unilm_cloze-translation", "palm_mlm_lm-translation", "no-loss-weight", "no-markers",
         "pmlm-tokens-per-sample", "pmlm-positions", "unilm_pretraining-positions", "continuation_pair-positions",
         "continuation_pair-decoder-positions", "masked_span-positions",
-        "span-length-probs", "negative-objective-prob", "roberta-path-missing", "heads-do-not-divide"])
+        "span-length-probs", "span-length-probs-separator", "negative-objective-prob", "roberta-path-missing",
+        "heads-do-not-divide"])
 def test_training_options_that_cannot_train_name_the_option(dictionaries, monkeypatch, arguments, error, message):
     monkeypatch.chdir(dictionaries)
     with pytest.raises(error) as stopped:

@@ -74,7 +74,7 @@ def test_a_bert_checkpoint_under_unilm2_tasks_computes_what_the_checkpoint_compu
     torch.testing.assert_close(logits[..., pseudo], logits[..., dictionary.index("<mask>")], atol=0, rtol=0)
 
 
-def test_fine_tuning_a_checkpoint_without_relative_bias_keeps_the_unilm2_arch(converted):
+def test_fine_tuning_a_checkpoint_without_relative_bias_keeps_the_unilm2_arch(converted, caplog):
     """fairseq-train --arch unilm2_* --finetune-from-model BERT adopts the checkpoint's sizes but not its lack of a
     relative position bias (that would silently train UniLM v1); a size that conflicts still stops."""
     _, out, state = converted
@@ -107,8 +107,11 @@ def test_fine_tuning_a_checkpoint_without_relative_bias_keeps_the_unilm2_arch(co
                                                        "source_segment": 0, "target_segment": 1}}}
     args = argparse.Namespace(arch="unilm2_tiny", source_segment=4, target_segment=5, pseudo_masks=False,
                               task="unilm_seq2seq")
+    caplog.set_level(logging.INFO, logger="palm_plugin.fixes.checkpoint_paths")
     checkpoint_paths.adopt(args, [], tuned, "tuned.pt", sizes=False)
     assert (args.pseudo_masks, args.source_segment, args.target_segment) == (True, 0, 1)
+    # the log tells the user which values came from the checkpoint
+    assert "from tuned.pt: source_segment=0, target_segment=1, pseudo_masks=True" in caplog.messages
     with pytest.raises(checkpoint_paths.CheckpointPathError, match="--encoder-layers 2"):
         checkpoint_paths.adopt(argparse.Namespace(arch="unilm2_tiny", encoder_layers=4, task="unilm_seq2seq"),
                                ["--encoder-layers", "4"], state, str(out / "model.pt"))

@@ -105,6 +105,18 @@ def test_code_payload_is_refused_and_not_run(tmp_path):
         checkpoint_utils.load_checkpoint_to_cpu(str(evil))
 
 
+def test_code_payload_is_refused_even_where_the_environment_turns_off_weights_only_loading(monkeypatch, tmp_path):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 makes torch.load unpickle anything where the caller leaves weights_only
+    unset; the plugin's readers ask for weights-only loading explicitly, which the variable does not override."""
+    marker = tmp_path / "payload_ran"
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {}, "args": CodePayload(marker)}, evil)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(UnsafeCheckpointError, match="evil.pt: refused to load"):
+        load_state(evil)
+    assert not marker.exists()
+
+
 @pytest.mark.slow
 def test_generate_refuses_code_payload(trained, tmp_path, cli):
     marker = tmp_path / "payload_ran"
@@ -123,8 +135,10 @@ def test_truncated_file_names_the_file(tmp_path):
     path = tmp_path / "model.pt"
     torch.save({"w": torch.zeros(100)}, path)
     path.write_bytes(path.read_bytes()[:50])
-    with pytest.raises(RuntimeError, match="model.pt: cannot read this file"):
+    with pytest.raises(RuntimeError, match="model.pt: cannot read this file") as raised:
         load_state(path)
+    # the message quotes torch's own diagnosis of the file
+    assert "(torch: RuntimeError: PytorchStreamReader failed reading zip archive" in str(raised.value)
 
 
 def test_a_file_cut_in_its_first_64_kb_is_named_as_truncated(tmp_path):

@@ -281,3 +281,28 @@ def test_the_task_refuses_a_model_with_fewer_segment_types_than_its_six_objectiv
     assert task.build_model(model_config(6)).cfg.num_segments == 6
     with pytest.raises(ValueError, match="the model has 5 segment types: use a unilm_\\* arch .* or --num-segments 6"):
         task.build_model(model_config(5))
+
+
+@pytest.mark.parametrize("span_length_probs, least, most", [("0,1", 0.8, 1.0), ("1", 0.15, 0.35)])
+def test_span_length_probs_shapes_the_masked_positions_of_the_tasks_data(monkeypatch, span_length_probs, least, most):
+    """--span-length-probs 0,1 masks bigrams: nearly every masked token has a masked neighbour (spans are cut only at
+    a sentence's end or at the budget); with 1, positions are drawn one at a time, and ~2 * 15% of them have one."""
+    from palm_plugin.tasks import unilm_pretraining
+
+    d, _, sentences = corpus()
+    monkeypatch.setattr(unilm_pretraining, "load_sentences", lambda *args: sentences)  # the data the task reads
+    cfg = unilm_pretraining.UniLMPretrainingConfig(data="unused", seed=3, span_length_probs=span_length_probs)
+    task = unilm_pretraining.UniLMPretrainingTask(cfg, d)
+    task.load_dataset("train")
+    dataset = task.datasets["train"]
+    masked = paired = 0
+    for epoch in (1, 2, 3):
+        dataset.set_epoch(epoch)
+        for index in range(len(dataset)):
+            chosen = dataset[index]["target"].ne(d.pad())
+            neighbour = torch.zeros_like(chosen)
+            neighbour[1:] |= chosen[:-1]
+            neighbour[:-1] |= chosen[1:]
+            masked += int(chosen.sum())
+            paired += int((chosen & neighbour).sum())
+    assert least < paired / masked < most, paired / masked

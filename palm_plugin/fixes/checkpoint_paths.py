@@ -237,7 +237,8 @@ def check_decoding_task(args, state, path):
     task = getattr(args, "task", None)
     decoding = hasattr(args, "beam")  # generate, interactive; not validate, which scores any task
     if decoding and family in DECODING_TASK and task != DECODING_TASK[family] and task in DECODING_TASK.values():
-        trained = _config(state, "task").get("_name")
+        task_cfg = _config(state, "task")
+        trained = task_cfg.get("_name") or task_cfg.get("task")  # cfg, or args of old (as adopt reads it)
         raise CheckpointPathError(
             f"--path {path} is a {family} model (trained with --task {trained}), which --task {task} cannot decode; "
             f"decode it with --task {DECODING_TASK[family]}")
