@@ -48,6 +48,19 @@ def test_one_rule_covers_every_mask_of_the_family():
         assert torch.equal(shown_by_ranks(*layout, padding), mask_from_fields(**fields)), name
 
 
+def test_ranks_are_on_the_device_of_the_layout():
+    """The Triton attention builds the ranks from a batch on the GPU: padding's ranks (one per column) are made on the
+    batch's device too, or torch.where refuses the mix. The meta device stands in for CUDA on a machine without one
+    (tests/test_gpu.py runs the kernels on CUDA)."""
+    from palm_plugin.modules.attention_masks import visibility_ranks
+
+    steps = torch.zeros(2, 5, dtype=torch.long, device="meta")
+    kinds = torch.full((2, 5), int(K.CONTEXT), device="meta")
+    padding = torch.zeros(2, 5, dtype=torch.bool, device="meta")
+    rank, reach = visibility_ranks(steps, kinds, padding)
+    assert rank.device == reach.device == torch.device("meta") and rank.shape == reach.shape == (2, 5)
+
+
 def test_ranks_give_the_pseudo_masked_rule_for_any_steps_and_kinds():
     """Random layouts the family never builds: steps from -40 to 40 (right-to-left's are negative), kinds mixed in
     any order, steps with several tokens of a kind and steps with none, padding anywhere (500 rows of 37 tokens)."""

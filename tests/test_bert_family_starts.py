@@ -258,6 +258,20 @@ def test_palm_takes_the_layer_norm_epsilon_its_converted_checkpoint_records(conv
     assert args.layer_norm_eps == 1e-5
 
 
+def test_palm_from_a_converted_bert_with_a_nested_layer_parameter_names_it(converted, tmp_path):
+    """A converted checkpoint whose layers hold a module PALM's layers lack, nested a level deeper than theirs (an
+    adapter's ``layers.1.adapter.down.weight``): refused, naming that parameter under PALM's name."""
+    _, out, state = converted
+    dictionary = Dictionary.load(str(out / "dict.txt"))
+    path = tmp_path / "model.pt"
+    torch.save({**state, "model": {**state["model"], "encoder.stack.layers.1.adapter.down.weight": torch.zeros(8, 64)}},
+               path)
+    with pytest.raises(ValueError, match=r"Missing: \[\]; unexpected: \['encoder\.layers\.1\.adapter\.down\.weight'\]; "
+                                         r"shapes: \[\]$"):
+        build_palm(dictionary, roberta_path=str(path), layer_norm_eps=1e-12, encoder_layers=2, encoder_embed_dim=64,
+                   encoder_ffn_embed_dim=256, encoder_attention_heads=4, encoder_max_positions=64)
+
+
 def test_palm_from_a_checkpoint_without_a_roberta_encoder_says_what_roberta_path_takes(tmp_path):
     """A fairseq checkpoint (a 'model' entry) holding no RoBERTa encoder: the message names the file, the parameter
     it looked for and what --roberta-path takes."""

@@ -214,6 +214,8 @@ def test_a_block_of_one_sentence_is_cut_between_two_of_its_tokens_uniformly():
     assert counts[0] == counts[6] == 0 and (counts[1:6] > 300).all()
     tokens, segments = sentence_pair(np.array([10, 11, eos]), bos, eos, rng)  # the shortest block that can be cut
     assert tokens.tolist() == [bos, 10, eos, 11, eos] and segments.tolist() == [0, 0, 0, 1, 1]
+    # segment ids index an embedding table, as token ids do: integers (tolist() above reads 0.0 as 0)
+    assert tokens.dtype == segments.dtype == np.int64
 
 
 def test_a_block_of_several_sentences_is_cut_at_an_inner_sentence_end_uniformly():

@@ -44,8 +44,8 @@ def sentence_pair(text, bos, eos, rng):
         rng: draws the cut: one of the sentence boundaries inside the block, uniformly; a block of one sentence is
             cut between two of its tokens, uniformly. S1 and S2 are the two sides (each may hold several sentences).
     Returns:
-        ``tokens`` ``(L,)`` with ``L <= T + 3`` and ``segments`` ``(L,)``: 0 on ``[SOS] S1 [EOS]``, 1 on
-        ``S2 [EOS]`` (BERT's segment ids; positions run on through both).
+        ``tokens`` ``(L,)`` with ``L <= T + 3`` and ``segments`` ``(L,)``, both int64: 0 on ``[SOS] S1 [EOS]``, 1
+        on ``S2 [EOS]`` (BERT's segment ids; positions run on through both).
     """
     body = text[:-1] if len(text) and text[-1] == eos else text
     inner = np.flatnonzero(body == eos)
