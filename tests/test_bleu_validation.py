@@ -162,6 +162,11 @@ def test_eval_bleu_options_that_fairseq_would_ignore_or_fail_on_stop_with_what_t
             parse(task, "--eval-bleu", "--eval-bleu-detok-args", "moses")
         assert stop.value.code.startswith("error: --eval-bleu-detok-args 'moses': not JSON")
         assert eval_bleu_problem(parse(task, "--eval-bleu-args", "not read without --eval-bleu")) is None
+    with pytest.raises(SystemExit) as stop:  # fairseq's post_process raised NotImplementedError at the first validation
+        parse("translation", "--eval-bleu", "--eval-bleu-remove-bpe", " ##")
+    assert stop.value.code == (
+        "error: --eval-bleu-remove-bpe ' ##': fairseq joins '@@ ', '@@', 'subword_nmt', 'sentencepiece', 'wordpiece', "
+        "'letter', 'silence', '_EOW', 'none'; leave it out to count BPE pieces (GPT-2's, BERT's WordPiece)")
     args = parse("unilm_seq2seq", "--eval-bleu", "--eval-bleu-remove-bpe")
     assert (args.eval_bleu_remove_bpe, args.eval_bleu_detok, args.eval_tokenized_bleu) == ("@@ ", "space", False)
 
@@ -180,3 +185,49 @@ def test_a_checkpoint_holding_numeric_numpy_arrays_loads_weights_only_and_one_of
     with pytest.raises(UnsafeCheckpointError, match="objects.pt: refused to load this checkpoint: it references "
                                                     "numpy.dtypes.ObjectDType, which fairseq checkpoints never"):
         load_state(tmp_path / "objects.pt")
+
+
+def test_the_statistics_of_batches_add_up_to_the_corpus_bleu_of_the_text_fairseq_generate_prints():
+    """Two validation batches: BLEU from their summed statistics is sacrebleu's corpus BLEU of all the sentences,
+    subwords joined (--eval-bleu-remove-bpe), <unk> never matching <unk>, and sacrebleu's 13a tokenization unless
+    --eval-bleu-tokenized (a stand-in task returns the hypotheses; the decoding itself is the test above's)."""
+    import types
+
+    from fairseq import metrics
+    from fairseq.data import Dictionary
+
+    from palm_plugin.tasks.bleu_validation import BleuValidation, BleuValidationConfig, reduce_bleu
+
+    dictionary = Dictionary()
+    for word in ("the", "cat", "sat", "sat.", "play@@", "ing", "a", ",", "b", "."):
+        dictionary.add_symbol(word)
+    pad, eos, unk = dictionary.pad(), dictionary.eos(), dictionary.unk()
+
+    def row(text, width):
+        ids = [dictionary.index(w) if w != "<unk>" else unk for w in text.split()] + [eos]
+        return ids + [pad] * (width - len(ids))
+
+    batches = [(["the cat sat.", "play@@ ing <unk>"], ["the cat sat .", "play@@ ing <unk>"]),
+               (["a , b", "the cat sat , a b"], ["a , b", "the cat sat , a b ."])]
+    generator = types.SimpleNamespace(symbols_to_strip_from_output={eos})
+
+    def statistics(tokenized):
+        cfg = BleuValidationConfig(eval_bleu=True, eval_bleu_remove_bpe="@@ ", eval_tokenized_bleu=tokenized)
+        validation = BleuValidation(cfg, generator)
+        logs = []
+        for hypotheses, references in batches:
+            task = types.SimpleNamespace(target_dictionary=dictionary, inference_step=lambda g, m, s, h=hypotheses: [
+                [{"tokens": torch.tensor(row(text, 0)[:len(text.split()) + 1])}] for text in h])
+            target = torch.tensor([row(text, 9) for text in references])
+            logs.append(validation.logging_output(task, {"target": target}, model=None))
+        with metrics.aggregate() as aggregated:
+            reduce_bleu(logs)
+        return aggregated.get_smoothed_values()["bleu"]
+
+    hypotheses = ["the cat sat.", "playing UNKNOWNTOKENINHYP", "a , b", "the cat sat , a b"]
+    references = ["the cat sat .", "playing UNKNOWNTOKENINREF", "a , b", "the cat sat , a b ."]
+    scores = {tokenized: statistics(tokenized) for tokenized in (False, True)}
+    for tokenized, score in scores.items():
+        expected = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none" if tokenized else "13a").score
+        assert score == round(expected, 2)
+    assert scores[False] > scores[True] > 0  # 13a splits "sat." as the reference is split

@@ -25,6 +25,8 @@ from palm_plugin.errors import InputValueError
 logger = logging.getLogger(__name__)
 
 ORDER = 4  # BLEU-4
+# the markers fairseq's post_process joins (fairseq/data/data_utils.py); any other raises there, at a validation
+REMOVE_BPE = ("@@ ", "@@", "subword_nmt", "sentencepiece", "wordpiece", "letter", "silence", "_EOW", "none")
 # an unknown word matches nothing: the reference's and the hypothesis's <unk> are written apart (as fairseq does)
 UNKNOWN_IN_REFERENCE, UNKNOWN_IN_HYPOTHESIS = "UNKNOWNTOKENINREF", "UNKNOWNTOKENINHYP"
 
@@ -58,8 +60,9 @@ class BleuValidationConfig(FairseqDataclass):
     )
     eval_bleu_remove_bpe: Optional[str] = field(
         default=None,
-        metadata={"help": "with --eval-bleu: the subword marker to join before BLEU, as --remove-bpe takes it "
-                          "('@@ ' when given alone; sentencepiece; ' ##' for WordPiece)",
+        metadata={"help": "with --eval-bleu: join subwords before BLEU, as fairseq-generate's --post-process does: "
+                          f"{', '.join(REMOVE_BPE)} ('@@ ' when given alone); without it, and for BPE these do not "
+                          "cover (GPT-2's, BERT's WordPiece), BLEU counts the pieces",
                   "argparse_const": "@@ "},
     )
     eval_bleu_print_samples: bool = field(
@@ -97,6 +100,10 @@ def eval_bleu_problem(args) -> Optional[str]:
     too, and reads them only when the model is built), or None."""
     if not getattr(args, "eval_bleu", False):
         return None
+    remove_bpe = getattr(args, "eval_bleu_remove_bpe", None)
+    if remove_bpe is not None and remove_bpe not in REMOVE_BPE:
+        return (f"--eval-bleu-remove-bpe {remove_bpe!r}: fairseq joins {', '.join(map(repr, REMOVE_BPE))}; leave it "
+                "out to count BPE pieces (GPT-2's, BERT's WordPiece)")
     try:
         decoding_options(args.eval_bleu_args)
         _json_option("eval-bleu-detok-args", args.eval_bleu_detok_args)
