@@ -16,7 +16,7 @@ from palm_plugin.data.pseudo_seq2seq_dataset import PseudoSeq2SeqDataset
 from palm_plugin.data.token_masking import TokenMaskingPolicy
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.errors import InputValueError
-from palm_plugin.tasks.bleu_validation import decoding_options, eval_bleu_problem
+from palm_plugin.fixes.generation_options import decoding_options, eval_bleu_problem
 from tests.conftest import USER_DIR, binarize_pairs, run_cli
 
 DECODING = {"beam": 2, "max_len_b": 12}

@@ -14,27 +14,31 @@ traceback in the middle of decoding, or ignore: a ``--min-len`` above ``--max-le
 fairseq-interactive's ``--score-reference`` or ``--prefix-size`` when the command line is parsed,
 ``--print-alignment`` on models whose attention is no alignment to the source, and at each batch a ``--min-len`` above
 that batch's longest output (:func:`batch_length_problem`); and ``--eval-bleu-args`` that is no JSON object of
-decoding options (:func:`~palm_plugin.tasks.bleu_validation.eval_bleu_problem`: fairseq's ``translation`` ignores the
-names it does not know).
+decoding options (:func:`eval_bleu_problem`, for ``--eval-bleu`` of fairseq's ``translation`` and of the plugin's ``unilm_seq2seq``:
+fairseq ignores the names it does not know).
 """
 import dataclasses
+import json
 import logging
 import math
-from dataclasses import dataclass, field
+from argparse import Namespace
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.configs import GenerationConfig
 
 from palm_plugin.errors import CommandError, InputValueError
 from palm_plugin.fixes.ngram_repeat_block import PrefixNGramRepeatBlock
 from palm_plugin.fixes.option_ranges import option_flag
 from palm_plugin.fixes.parsed_arguments import check_after_parsing
-from palm_plugin.tasks.bleu_validation import eval_bleu_problem
 
 logger = logging.getLogger(__name__)
 
 LENPEN_STYLES = ("fairseq", "gnmt")
+# the markers fairseq's post_process joins (fairseq/data/data_utils.py); any other raises there, at a validation
+REMOVE_BPE = ("@@ ", "@@", "subword_nmt", "sentencepiece", "wordpiece", "letter", "silence", "_EOW", "none")
 
 
 @dataclass
@@ -120,6 +124,47 @@ def _check_parsed(args):
     message = length_problem(args) or _interactive_problem(args) or eval_bleu_problem(args)
     if message:
         raise GenerationOptionError(message)
+
+
+def json_option(name: str, value: str) -> dict:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise InputValueError(f"--{name} {value!r}: not JSON ({error}); write it as '{{\"beam\": 4}}', names and "
+                              "strings in double quotes") from None
+    if not isinstance(parsed, dict):
+        raise InputValueError(f"--{name} {value!r}: a JSON object of options is needed, e.g. '{{\"beam\": 4}}'")
+    return parsed
+
+
+def decoding_options(value: str) -> Namespace:
+    """``--eval-bleu-args`` as the namespace ``build_generator`` reads; a name fairseq-generate does not have stops
+    (fairseq's translation task ignores it, and decodes with the default)."""
+    options = json_option("eval-bleu-args", value)
+    known = {f.name for f in fields(GenerationConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InputValueError(f"--eval-bleu-args: {', '.join(unknown)}: not a decoding option; give fairseq-generate's "
+                              "names with underscores (beam, lenpen, max_len_a, max_len_b, min_len, "
+                              "no_repeat_ngram_size, lenpen_style, ...)")
+    return Namespace(**options)
+
+
+def eval_bleu_problem(args) -> Optional[str]:
+    """What stops ``--eval-bleu``'s options of a parsed command line (fairseq's ``translation`` task has them
+    too, and reads them only when the model is built), or None."""
+    if not getattr(args, "eval_bleu", False):
+        return None
+    remove_bpe = getattr(args, "eval_bleu_remove_bpe", None)
+    if remove_bpe is not None and remove_bpe not in REMOVE_BPE:
+        return (f"--eval-bleu-remove-bpe {remove_bpe!r}: fairseq joins {', '.join(map(repr, REMOVE_BPE))}; leave it "
+                "out to count BPE pieces (GPT-2's, BERT's WordPiece)")
+    try:
+        decoding_options(args.eval_bleu_args)
+        json_option("eval-bleu-detok-args", args.eval_bleu_detok_args)
+    except InputValueError as error:
+        return str(error)
+    return None
 
 
 def _check_alignment(models):

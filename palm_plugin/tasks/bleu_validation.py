@@ -5,28 +5,25 @@
 fairseq's own implementation lives in its ``TranslationTask`` and calls that class through ``super()``, so another
 task cannot borrow it; this one computes the same statistics (sacrebleu's n-gram counts and lengths a batch, summed
 over batches and processes, BLEU from the sums with exponential smoothing) under the same logging keys, and checks
-what fairseq takes silently: decoding options it does not know are ignored there.
+what fairseq takes silently (:func:`~palm_plugin.fixes.generation_options.eval_bleu_problem`, for fairseq's
+``translation`` too): decoding options it does not know are ignored there.
 """
-import json
 import logging
 from argparse import Namespace
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 from fairseq import metrics, utils
 from fairseq.data import encoders
 from fairseq.dataclass import FairseqDataclass
-from fairseq.dataclass.configs import GenerationConfig
 from omegaconf import II
 
-from palm_plugin.errors import InputValueError
+from palm_plugin.fixes.generation_options import REMOVE_BPE, json_option
 
 logger = logging.getLogger(__name__)
 
 ORDER = 4  # BLEU-4
-# the markers fairseq's post_process joins (fairseq/data/data_utils.py); any other raises there, at a validation
-REMOVE_BPE = ("@@ ", "@@", "subword_nmt", "sentencepiece", "wordpiece", "letter", "silence", "_EOW", "none")
 # an unknown word matches nothing: the reference's and the hypothesis's <unk> are written apart (as fairseq does)
 UNKNOWN_IN_REFERENCE, UNKNOWN_IN_HYPOTHESIS = "UNKNOWNTOKENINREF", "UNKNOWNTOKENINHYP"
 
@@ -71,47 +68,6 @@ class BleuValidationConfig(FairseqDataclass):
     train_subset: str = II("dataset.train_subset")
 
 
-def _json_option(name: str, value: str) -> dict:
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as error:
-        raise InputValueError(f"--{name} {value!r}: not JSON ({error}); write it as '{{\"beam\": 4}}', names and "
-                              "strings in double quotes") from None
-    if not isinstance(parsed, dict):
-        raise InputValueError(f"--{name} {value!r}: a JSON object of options is needed, e.g. '{{\"beam\": 4}}'")
-    return parsed
-
-
-def decoding_options(value: str) -> Namespace:
-    """``--eval-bleu-args`` as the namespace ``build_generator`` reads; a name fairseq-generate does not have stops
-    (fairseq's translation task ignores it, and decodes with the default)."""
-    options = _json_option("eval-bleu-args", value)
-    known = {f.name for f in fields(GenerationConfig)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise InputValueError(f"--eval-bleu-args: {', '.join(unknown)}: not a decoding option; give fairseq-generate's "
-                              "names with underscores (beam, lenpen, max_len_a, max_len_b, min_len, "
-                              "no_repeat_ngram_size, lenpen_style, ...)")
-    return Namespace(**options)
-
-
-def eval_bleu_problem(args) -> Optional[str]:
-    """What stops ``--eval-bleu``'s JSON options of a parsed command line (fairseq's ``translation`` task has them
-    too, and reads them only when the model is built), or None."""
-    if not getattr(args, "eval_bleu", False):
-        return None
-    remove_bpe = getattr(args, "eval_bleu_remove_bpe", None)
-    if remove_bpe is not None and remove_bpe not in REMOVE_BPE:
-        return (f"--eval-bleu-remove-bpe {remove_bpe!r}: fairseq joins {', '.join(map(repr, REMOVE_BPE))}; leave it "
-                "out to count BPE pieces (GPT-2's, BERT's WordPiece)")
-    try:
-        decoding_options(args.eval_bleu_args)
-        _json_option("eval-bleu-detok-args", args.eval_bleu_detok_args)
-    except InputValueError as error:
-        return str(error)
-    return None
-
-
 class BleuValidation:
     """What ``--eval-bleu`` adds to a task: a generator and a detokenizer, built with the model, and the BLEU
     statistics of a validation batch (the batch's ``generation`` part: sources alone and whole references)."""
@@ -119,7 +75,7 @@ class BleuValidation:
     def __init__(self, cfg: BleuValidationConfig, generator):
         self.cfg = cfg
         self.generator = generator
-        detok_options = _json_option("eval-bleu-detok-args", cfg.eval_bleu_detok_args)
+        detok_options = json_option("eval-bleu-detok-args", cfg.eval_bleu_detok_args)
         self.tokenizer = encoders.build_tokenizer(Namespace(tokenizer=cfg.eval_bleu_detok, **detok_options))
 
     def _text(self, dictionary, tokens, unknown: str) -> str:

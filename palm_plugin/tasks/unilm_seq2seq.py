@@ -39,8 +39,9 @@ from palm_plugin.data.token_masking import BertReplacementConfig, TokenMaskingPo
 from palm_plugin.data.unilm_seq2seq_dataset import UniLMSeq2SeqDataset
 from palm_plugin.errors import InputFileNotFoundError, InputValueError
 from palm_plugin.fixes.data_checks import missing_split
+from palm_plugin.fixes.generation_options import decoding_options
 from palm_plugin.models.unilm_reference_scorer import UniLMReferenceScorer
-from palm_plugin.tasks.bleu_validation import BleuValidation, BleuValidationConfig, decoding_options, reduce_bleu
+from palm_plugin.tasks.bleu_validation import BleuValidation, BleuValidationConfig, reduce_bleu
 from palm_plugin.tasks.shared_dictionary import SharedDictionaryTask
 
 logger = logging.getLogger(__name__)
