@@ -60,3 +60,33 @@ def test_a_terminated_driver_stops_its_runs_and_what_they_started(tmp_path):
     assert process.wait(timeout=20) == 128 + signal.SIGTERM
     time.sleep(4)
     assert not marker.exists(), "a run of a terminated driver went on"
+
+
+def test_a_run_that_starts_while_the_driver_is_stopped_stops_and_none_starts_after(tmp_path, monkeypatch):
+    """The runs go on in threads: one whose process started just after the stop handler read the runs going on ran
+    to its end while the driver waited for its thread, and wrote its result (CI saw palm-demo's killed pre-training
+    finish). It now stops itself, and a run asked for after the stop starts nothing."""
+    import signal
+    import subprocess
+
+    from palm_tools.experiments import logged_run
+
+    stopping = logged_run._STOPPING
+    popen = subprocess.Popen
+
+    def popen_then_stop(*args, **kwargs):  # the signal arrives as the process starts, before it is recorded
+        process = popen(*args, **kwargs)
+        stopping.set()
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_stop)
+    try:
+        log = tmp_path / "log.txt"
+        status, wall, _ = run_logged([sys.executable, "-c", "import time; time.sleep(30)"], log)
+        assert status == -signal.SIGTERM and wall < 20
+        monkeypatch.setattr(subprocess, "Popen", popen)
+        assert run_logged([sys.executable, "-c", "open('x', 'w')"], tmp_path / "after.txt") == (
+            128 + signal.SIGTERM, 0.0, 0.0)
+        assert not (tmp_path / "after.txt").exists()
+    finally:
+        stopping.clear()

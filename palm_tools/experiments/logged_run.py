@@ -5,18 +5,23 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _RUNNING = set()  # the process ids of the runs going on (each leads its own process group)
+# set when the driver is stopped: a run whose process starts after the handler read _RUNNING (in another thread)
+# stops itself, else it ran to its end while the driver waited for that thread, and wrote its result
+_STOPPING = threading.Event()
 
 
 def stop_runs_on_termination():
     """On SIGTERM or SIGHUP, stop every run going on (and what it started) before exiting: each runs in a session of
     its own, so the signal would not reach it."""
     def stop(signum, _frame):
+        _STOPPING.set()
         for pid in list(_RUNNING):
             try:
                 os.killpg(pid, signal.SIGTERM)
@@ -49,6 +54,8 @@ def run_logged(command, log, threads: int = 1, timeout: float = None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     started = time.time()
+    if _STOPPING.is_set():  # the driver is stopping: start nothing more
+        return 128 + signal.SIGTERM, 0.0, 0.0
     with open(log, "a") as output:
         offset = output.tell()
         output.write("$ " + " ".join(command) + "\n")
@@ -56,6 +63,8 @@ def run_logged(command, log, threads: int = 1, timeout: float = None):
         process = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
         _RUNNING.add(process.pid)
+        if _STOPPING.is_set():  # stopped between the line above and the handler's reading of _RUNNING
+            os.killpg(process.pid, signal.SIGTERM)
         try:
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             while pid == 0 and (timeout is None or time.time() - started < timeout):
