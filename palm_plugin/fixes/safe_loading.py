@@ -87,11 +87,11 @@ def _pickled_strings(path):
 def numpy_array_globals():
     """What a pickled numeric numpy array references: building an empty ``ndarray`` of a dtype, whose bytes follow."""
     import numpy as np
-    from numpy._core.multiarray import _reconstruct
 
+    reconstruct = np.zeros(0).__reduce__()[0]  # numpy.core (numpy 1) or numpy._core (numpy 2): what pickles name
     numeric = (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.float16,
                np.float32, np.float64)
-    return [_reconstruct, np.ndarray, np.dtype, *(type(np.dtype(kind)) for kind in numeric)]
+    return [reconstruct, np.ndarray, np.dtype, *(type(np.dtype(kind)) for kind in numeric)]
 
 
 def allowed_globals():
